@@ -1,0 +1,76 @@
+"""The whole exception tree of tangram_sdk, in one place.
+
+::
+
+    TangramError
+    ├── SpecError (also ValueError)        a spec or pool that is invalid on its face
+    ├── InfeasibleSpecError                valid, but can never fit this pool: raised by acquire at once
+    ├── RuntimeClosedError                 acquire on a Tangram that is not running
+    ├── SchedulerBrokenError               the scheduling task died; every waiter gets this with the cause
+    └── ManagerError                       a resource manager failed to apply or release a grant
+        ├── DockerError                    the Docker daemon / a container failed (names the container)
+        ├── CgroupError                    a cgroup file could not be read or written (names the path)
+        └── DeviceError                    a GPU restore/evict failed (names service and device)
+
+Timeouts stay the builtin :class:`TimeoutError`; cancellation is never swallowed.
+Foreign errors (aiodocker, OSError, torch) are translated into ManagerError subclasses at the
+manager boundary, with the original chained as ``__cause__``.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "CgroupError",
+    "DeviceError",
+    "DockerError",
+    "InfeasibleSpecError",
+    "ManagerError",
+    "RuntimeClosedError",
+    "SchedulerBrokenError",
+    "SpecError",
+    "TangramError",
+]
+
+
+class TangramError(Exception):
+    """Root of every error this SDK raises on purpose."""
+
+
+class SpecError(TangramError, ValueError):
+    """An ActionSpec, Pool or Quota is invalid (negative, NaN, unknown name, bad range)."""
+
+
+class InfeasibleSpecError(TangramError):
+    """The spec is valid but can never be granted by this pool (e.g. 9 GPUs on an 8-GPU pool)."""
+
+
+class RuntimeClosedError(TangramError):
+    """acquire() was called on a Tangram that has not started or has already exited."""
+
+
+class SchedulerBrokenError(TangramError):
+    """The scheduler task died; waiters get this instead of hanging. ``__cause__`` holds why."""
+
+
+class ManagerError(TangramError):
+    """A resource manager could not apply or release a grant.
+
+    ``resource`` names what failed (a container id, a cgroup path, ``service@cuda:0``) so a log line
+    alone says where to look.
+    """
+
+    def __init__(self, message: str, *, resource: str | None = None) -> None:
+        super().__init__(message)
+        self.resource = resource
+
+
+class DockerError(ManagerError):
+    """The Docker daemon is unreachable, or a container is unknown/stopped/removed."""
+
+
+class CgroupError(ManagerError):
+    """A cgroup file could not be written (not writable, vanished container, bad path)."""
+
+
+class DeviceError(ManagerError):
+    """Restoring or evicting a service on a device failed (e.g. out of memory after one retry)."""

@@ -1,0 +1,364 @@
+"""The live runtime: an asyncio task that feeds events to the pure scheduler and hands out leases.
+
+Data flow: ``acquire`` posts *Submitted* and awaits a future -> the scheduler task drains every
+pending event, runs one round of the core, and resolves futures with grants -> the waiter applies
+the grant through the managers (in its own task, so a slow Docker call delays only that action)
+-> the action runs -> leaving the context parks/evicts (shielded) and posts *Released*.
+
+Cancellation is safe at every ``await``: a waiter that leaves for any reason posts *Cancelled*,
+which the core treats as "drop from the queue" or "release the grant", whichever is true by then.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+from collections.abc import Callable, Iterable, Sequence
+from types import TracebackType
+from typing import Any
+
+import anyio
+
+from .errors import (
+    InfeasibleSpecError,
+    ManagerError,
+    RuntimeClosedError,
+    SchedulerBrokenError,
+    SpecError,
+    TangramError,
+)
+from .lease import Lease
+from .managers.base import Manager, ManagerContext
+from .pool import Pool
+from .scheduler.core import Scheduler
+from .scheduler.decisions import Decision, Grant, Reject
+from .scheduler.events import Cancelled, Event, Released, Submitted, Tick
+from .spec import ActionSpec
+
+__all__ = ["Tangram", "Observer"]
+
+log = logging.getLogger("tangram_sdk")
+
+# observer(events, now, decisions): called after every round (decision logs, traces, metrics)
+Observer = Callable[[Sequence[Event], float, Sequence[Decision]], None]
+
+
+class Tangram:
+    """Action-level resource manager for one pool, embedded in the current asyncio loop.
+
+    ::
+
+        async with Tangram(Pool(cpus=8, quotas={"search": Quota(concurrency=4)})) as tangram:
+            async with tangram.acquire(ActionSpec(kind="test", cpus=1)) as lease:
+                ...
+
+    ``managers`` make grants real (Docker cpusets, GPU restores); without any, grants are pure
+    accounting and ``lease.run`` pins local subprocesses. Scheduler options (``window``, ``depth``,
+    ``elastic``, ``lookahead``, ``default_duration``...) pass through to :class:`Scheduler`.
+    """
+
+    def __init__(
+        self,
+        pool: Pool,
+        *,
+        managers: Iterable[Manager] = (),
+        observers: Iterable[Observer] = (),
+        batch: bool = True,
+        **scheduler_options: Any,
+    ) -> None:
+        if not isinstance(pool, Pool):
+            raise SpecError(f"Tangram needs a Pool, got {pool!r}")
+        self.pool = pool
+        self.managers: tuple[Manager, ...] = tuple(managers)
+        self.observers: list[Observer] = list(observers)
+        self._batch = batch
+        self._core = Scheduler(pool, **scheduler_options)
+        self._ids = itertools.count(1)
+        self._waiters: dict[int, asyncio.Future[Grant]] = {}
+        self._pending: list[Event] = []
+        self._wake: asyncio.Event | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at: float | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._state = "new"  # new -> open -> closed
+        self._broken: BaseException | None = None
+        self._started_managers: list[Manager] = []
+
+    # ------------------------------------------------------------------------------ lifecycle
+    async def __aenter__(self) -> Tangram:
+        if self._state != "new":
+            raise RuntimeClosedError("a Tangram can be entered once; create a new one")
+        self._loop = asyncio.get_running_loop()
+        self._wake = asyncio.Event()
+        ctx = ManagerContext(pool=self.pool, post=self._post)
+        try:
+            for m in self.managers:
+                await m.start(ctx)
+                self._started_managers.append(m)
+        except BaseException:
+            await self._close_managers()
+            self._state = "closed"
+            raise
+        self._state = "open"
+        self._task = self._loop.create_task(self._run(), name="tangram-scheduler")
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Stop scheduling: queued waiters get RuntimeClosedError; managers release what they made."""
+        if self._state == "closed":
+            return
+        self._state = "closed"
+        closed = RuntimeClosedError("the Tangram was closed while this action was queued")
+        for fut in self._waiters.values():
+            if not fut.done():
+                fut.set_exception(closed)
+        if self._timer is not None:
+            self._timer.cancel()
+        if self._task is not None:
+            self._task.cancel()
+            with anyio.CancelScope(shield=True):
+                try:
+                    await self._task
+                except asyncio.CancelledError:
+                    pass
+                except BaseException:  # already reported to waiters as SchedulerBrokenError
+                    pass
+        with anyio.CancelScope(shield=True):
+            await self._close_managers()
+
+    async def _close_managers(self) -> None:
+        for m in reversed(self._started_managers):
+            try:
+                await m.aclose()
+            except Exception:
+                log.exception("manager %s failed to close", getattr(m, "name", m))
+        self._started_managers.clear()
+
+    # ------------------------------------------------------------------------------ public API
+    def acquire(self, spec: ActionSpec, *, timeout: float | None = None) -> _Acquire:
+        """Wait for ``spec``'s resources; an async context manager yielding a :class:`Lease`.
+
+        Raises SpecError / InfeasibleSpecError at once for specs this pool can never serve,
+        TimeoutError after ``timeout`` seconds of queueing, RuntimeClosedError when closed.
+        """
+        return _Acquire(self, spec, timeout)
+
+    def statistics(self) -> dict[str, Any]:
+        """A snapshot: free/used per resource, running, queued, completed, mean ACT and queueing."""
+        s = dict(self._core.statistics())
+        s["state"] = "broken" if self._broken is not None else self._state
+        s["waiters"] = len(self._waiters)
+        return s
+
+    @property
+    def scheduler(self) -> Scheduler:
+        """The pure core (read it; do not feed it events behind the runtime's back)."""
+        return self._core
+
+    def __repr__(self) -> str:
+        core = self._core
+        L = core.ledger
+        parts = []
+        if self.pool.cpus:
+            parts.append(f"cpu {len(self.pool.cpus) - L.free_cpus}/{len(self.pool.cpus)}")
+        if self.pool.gpus:
+            parts.append(f"gpu {len(self.pool.gpus) - L.free_gpus}/{len(self.pool.gpus)}")
+        for n, used in L.q_used.items():
+            c = L.q_conc[n]
+            parts.append(f"{n} {used}/{c}" if c is not None else f"{n} {used}")
+        state = "" if self._state == "open" and self._broken is None else f" [{self.statistics()['state']}]"
+        return f"<Tangram {' '.join(parts) or 'empty pool'} | {core.running} running, {core.queued} queued{state}>"
+
+    # ------------------------------------------------------------------------------ internals
+    def _check_spec(self, spec: ActionSpec) -> None:
+        if not isinstance(spec, ActionSpec):
+            raise SpecError(f"acquire() needs an ActionSpec, got {type(spec).__name__}")
+        conc = self._core.ledger.q_conc
+        for name, _ in spec.quotas:
+            if name not in conc:
+                raise SpecError(f"unknown quota {name!r}; this pool has {sorted(conc) or 'no quotas'}")
+        reason = self._core.feasibility(spec)
+        if reason is not None:
+            raise InfeasibleSpecError(f"{spec.kind}: {reason}")
+        for m in self.managers:
+            m.check(spec)
+
+    def _post(self, ev: Event) -> None:
+        """Queue an event for the scheduler task (safe to call from any code on the loop)."""
+        if self._state != "open" or self._broken is not None:
+            return
+        self._pending.append(ev)
+        wake = self._wake
+        assert wake is not None
+        wake.set()
+
+    async def _run(self) -> None:
+        wake = self._wake
+        loop = self._loop
+        assert wake is not None and loop is not None
+        core = self._core
+        try:
+            while True:
+                if not self._pending:
+                    await wake.wait()
+                wake.clear()
+                events, self._pending = self._pending, []
+                now = loop.time()
+                if not events:
+                    events = [Tick()]
+                if self._batch:
+                    decisions = core.handle_many(events, now)
+                    self._dispatch(events, now, decisions)
+                else:
+                    for ev in events:
+                        decisions = core.handle(ev, now)
+                        self._dispatch((ev,), now, decisions)
+                self._arm_timer(core.next_wakeup)
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:
+            self._break(exc)
+            raise
+
+    def _dispatch(self, events: Sequence[Event], now: float, decisions: Sequence[Decision]) -> None:
+        waiters = self._waiters
+        for d in decisions:
+            fut = waiters.get(d.action_id)
+            if isinstance(d, Grant):
+                if fut is None or fut.done():  # the waiter left before the grant: give it back
+                    self._pending.append(Cancelled(d.action_id))
+                    assert self._wake is not None
+                    self._wake.set()
+                else:
+                    fut.set_result(d)
+            elif isinstance(d, Reject):
+                if fut is not None and not fut.done():
+                    fut.set_exception(InfeasibleSpecError(d.reason))
+        for obs in self.observers:
+            obs(events, now, decisions)
+
+    def _arm_timer(self, when: float | None) -> None:
+        if when == self._timer_at:
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._timer_at = when
+        if when is not None:
+            assert self._loop is not None and self._wake is not None
+            wake = self._wake
+
+            def fire() -> None:
+                self._timer = None
+                self._timer_at = None
+                wake.set()
+
+            self._timer = self._loop.call_at(when, fire)
+
+    def _break(self, exc: BaseException) -> None:
+        self._broken = exc
+        log.error("tangram scheduler died: %r", exc)
+        for fut in self._waiters.values():
+            if not fut.done():
+                err = SchedulerBrokenError(f"the scheduler task died: {exc!r}")
+                err.__cause__ = exc
+                fut.set_exception(err)
+
+    def _submit(self, spec: ActionSpec) -> tuple[int, asyncio.Future[Grant]]:
+        if self._broken is not None:
+            raise SchedulerBrokenError(f"the scheduler task died: {self._broken!r}") from self._broken
+        if self._state != "open":
+            raise RuntimeClosedError(
+                "this Tangram is not running; use `async with Tangram(pool) as tangram:`"
+                if self._state == "new" else "this Tangram has been closed"
+            )
+        self._check_spec(spec)
+        assert self._loop is not None
+        aid = next(self._ids)
+        fut: asyncio.Future[Grant] = self._loop.create_future()
+        self._waiters[aid] = fut
+        self._post(Submitted(aid, spec))
+        return aid, fut
+
+    def _leave(self, aid: int, *, failed: bool, granted: bool) -> None:
+        """The waiter is done with ``aid`` (released, cancelled, or failed to apply)."""
+        self._waiters.pop(aid, None)
+        self._post(Released(aid, failed=failed) if granted else Cancelled(aid))
+
+
+class _Acquire:
+    """The async context manager returned by :meth:`Tangram.acquire`."""
+
+    __slots__ = ("_rt", "_spec", "_timeout", "_aid", "_grant", "_lease", "_applied")
+
+    def __init__(self, rt: Tangram, spec: ActionSpec, timeout: float | None) -> None:
+        if timeout is not None and not (timeout >= 0):
+            raise SpecError(f"timeout must be None or seconds >= 0, got {timeout!r}")
+        self._rt = rt
+        self._spec = spec
+        self._timeout = timeout
+        self._aid = 0
+        self._grant: Grant | None = None
+        self._lease: Lease | None = None
+        self._applied: list[Manager] = []
+
+    async def __aenter__(self) -> Lease:
+        rt = self._rt
+        loop = rt._loop
+        aid, fut = rt._submit(self._spec)
+        self._aid = aid
+        assert loop is not None
+        t0 = loop.time()
+        try:
+            if self._timeout is None:
+                grant = await fut
+            else:
+                grant = await asyncio.wait_for(fut, self._timeout)
+        except BaseException as exc:
+            rt._leave(aid, failed=True, granted=False)
+            if isinstance(exc, asyncio.TimeoutError) and not isinstance(exc, TimeoutError):
+                raise TimeoutError(f"{self._spec.kind}: not granted within {self._timeout} s") from exc
+            raise
+        self._grant = grant
+        now = loop.time()
+        lease = Lease(aid, self._spec, cpus=grant.cpus, gpus=grant.gpus, units=grant.units,
+                      memory=grant.memory, quotas=grant.quotas, queued_s=now - t0, granted_at=now)
+        self._lease = lease
+        if rt.managers:
+            try:
+                for m in rt.managers:
+                    await m.apply(grant, lease)
+                    self._applied.append(m)
+            except BaseException as exc:
+                with anyio.CancelScope(shield=True):
+                    await self._unapply()
+                rt._leave(aid, failed=True, granted=True)
+                if isinstance(exc, Exception) and not isinstance(exc, TangramError):
+                    raise ManagerError(f"{self._spec.kind}: applying the grant failed: {exc!r}") from exc
+                raise
+        return lease
+
+    async def _unapply(self) -> None:
+        grant, lease = self._grant, self._lease
+        assert grant is not None and lease is not None
+        for m in reversed(self._applied):
+            try:
+                await m.release(grant, lease)
+            except Exception:
+                log.exception("manager %s failed to release action %s", getattr(m, "name", m), self._aid)
+        self._applied.clear()
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if self._applied:
+            with anyio.CancelScope(shield=True):
+                await self._unapply()
+        self._rt._leave(self._aid, failed=exc_type is not None, granted=True)

@@ -1,0 +1,823 @@
+"""The pure scheduling core: ``Scheduler.handle(event, now) -> list[Decision]``.
+
+No I/O, no clocks, no event loop: time comes in as an argument, decisions go out as values. The live
+runtime and the simulator drive this same class, so a trace replayed through either gives the same
+decision log.
+
+One round, run after every event:
+
+1. **Admit** (FCFS, by priority then arrival): walk the wait queue; an action that fits at its
+   minimum is tentatively reserved and becomes a candidate; one that does not fit blocks the
+   resources it lacks for everyone behind it (no overtaking on a contended resource, so nobody
+   starves), while actions needing other resources still pass.
+2. **Split** the spare units of each elastic resource among that resource's elastic candidates.
+   For a price ``mu`` on unit-seconds, the split minimising ``sum T_i(m_i) + mu * m_i * T_i(m_i)``
+   is found exactly (greedy for convex costs, a DP over legal shapes otherwise); a small grid of
+   prices yields plans from "all spare to whoever waits now" to "everyone at minimum".
+3. **Estimate** each plan's total ACT: candidates' execution + queued actions' waits (a
+   completion-time heap over running actions' releases) + the waits of actions expected to arrive
+   during the plan (per-kind arrival rates learned online). Keep the cheapest plan.
+4. **Evict greedily**: push the last candidate back to the queue and re-plan while the estimate
+   improves (long, highly parallel actions run faster one after another than side by side).
+5. **Place** concretely: cores from one NUMA node, GPUs as aligned cells (1/2/4/8), preferring a
+   cell where the action's service is already resident.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+from .._cpuset import format_cpuset
+from ..pool import Pool
+from ..spec import ActionSpec
+from .decisions import Decision, Grant, Reject
+from .estimate import Waiter, estimate_waits
+from .events import Cancelled, Event, Released, ServiceResidency, Submitted, Tick
+from .learn import KindStats
+from .ledger import Ledger
+from .split import best_split
+
+__all__ = ["Scheduler", "SchedulerStats"]
+
+_DEFAULT_MU_GRID = (0.0, 0.05, 0.15, 0.5, 1.5, 5.0, math.inf)
+
+
+class _Action:
+    __slots__ = ("id", "spec", "seq", "submitted", "keys", "cpu_min", "gpu_min", "eres", "emin",
+                 "emax", "node", "cell", "grant", "started", "est_end", "stats", "span")
+
+    def __init__(self, aid: int, spec: ActionSpec, seq: int, now: float, stats: KindStats) -> None:
+        self.id = aid
+        self.spec = spec
+        self.seq = seq
+        self.submitted = now
+        self.cpu_min = spec.cpus
+        self.gpu_min = spec.gpus
+        self.eres = spec.elastic_resource
+        self.emin = spec.min_units
+        self.emax = spec.max_units
+        keys = set()
+        if spec.cpus:
+            keys.add("cpu")
+        if spec.gpus:
+            keys.add("gpu")
+        if spec.memory:
+            keys.add("mem")
+        for name, _ in spec.quotas:
+            keys.add("q:" + name)
+        self.keys = frozenset(keys)
+        self.node = -1
+        self.cell = -1
+        self.span = False
+        self.grant: Grant | None = None
+        self.started = 0.0
+        self.est_end = 0.0
+        self.stats = stats
+
+
+class SchedulerStats(dict[str, Any]):
+    """A plain-dict snapshot (easy to log or serialise)."""
+
+
+class Scheduler:
+    """Action-level elastic scheduler over one :class:`Pool`.
+
+    ``window``: most elastic candidates optimised jointly per round (the rest get their minimum).
+    ``depth``: queued actions the estimator looks at. ``lookahead``: count expected arrivals.
+    ``elastic=False`` grants everyone their minimum (an action-level FIFO baseline).
+    """
+
+    def __init__(
+        self,
+        pool: Pool,
+        *,
+        window: int = 16,
+        depth: int = 64,
+        scan_limit: int = 4096,
+        elastic: bool = True,
+        lookahead: bool = True,
+        default_duration: float = 1.0,
+        default_restore_s: float = 0.5,
+        alpha: float = 0.2,
+        mu_grid: Iterable[float] = _DEFAULT_MU_GRID,
+        max_evictions: int = 4,
+        lookahead_cap: int = 64,
+    ) -> None:
+        if window < 1 or depth < 0 or scan_limit < 1:
+            raise ValueError("window and scan_limit must be >= 1, depth >= 0")
+        self.pool = pool
+        self.window = window
+        self.depth = depth
+        self.scan_limit = scan_limit
+        self.elastic = elastic
+        self.lookahead = lookahead
+        self.default_duration = default_duration
+        self.default_restore_s = default_restore_s
+        self.alpha = alpha
+        self.mu_grid = tuple(mu_grid)
+        self.max_evictions = max_evictions
+        self.lookahead_cap = lookahead_cap
+        self.ledger = Ledger(pool)
+        self._queues: dict[int, dict[int, _Action]] = {}
+        self._prios: list[int] = []
+        self._nqueued = 0
+        self._running: dict[int, _Action] = {}
+        self._known: set[int] = set()
+        self._kinds: dict[str, KindStats] = {}
+        self._seq = 0
+        self._all_keys = frozenset(
+            (["cpu"] if pool.cpus else []) + (["gpu"] if pool.gpus else [])
+            + (["mem"] if pool.memory is not None else []) + ["q:" + n for n, _ in pool.quotas]
+        )
+        ng = len(pool.gpus)
+        self._cells = tuple(c for c in pool.gpu_cells if c <= ng)
+        self._gpu_holder: list[_Action | None] = [None] * ng
+        self._resident: dict[tuple[str, tuple[int, ...]], float] = {}  # (service, positions) -> last use
+        self._restore_s: dict[str, float] = {}
+        self.next_wakeup: float | None = None
+        # counters
+        self.submitted = self.granted = self.released = self.cancelled = self.rejected = 0
+        self.failed = self.rounds = self.evictions = 0
+        self.completed = 0
+        self._sum_act = self._sum_queue = self._sum_exec = 0.0
+
+    # ------------------------------------------------------------------------------ public API
+    def feasibility(self, spec: ActionSpec) -> str | None:
+        """Why ``spec`` can never be granted by this pool, or None when it can."""
+        pool = self.pool
+        if spec.cpus > len(pool.cpus):
+            return f"cpus={spec.cpus} exceeds the pool's {len(pool.cpus)} cores"
+        if spec.gpus:
+            if spec.gpus > len(pool.gpus):
+                return f"gpus={spec.gpus} exceeds the pool's {len(pool.gpus)} GPUs"
+            if spec.gpus not in self._cells:
+                return f"gpus={spec.gpus} is not a GPU cell size of this pool {self._cells}"
+        if spec.memory and pool.memory is not None and spec.memory > pool.memory:
+            return f"memory={spec.memory} exceeds the pool's {pool.memory} bytes"
+        conc = self.ledger.q_conc
+        for name, q in spec.quotas:
+            if name not in conc:
+                return f"unknown quota {name!r} (pool has {sorted(conc)})"
+            c = conc[name]
+            if c is not None and q > c:
+                return f"quota {name!r}: {q} units exceed its concurrency {c}"
+            b = self.ledger.q_bucket[name]
+            if b is not None and q > b:
+                return f"quota {name!r}: {q} units exceed its burst {b}"
+        return None
+
+    def handle(self, event: Event, now: float) -> list[Decision]:
+        """Apply one event at time ``now`` and run a scheduling round."""
+        out: list[Decision] = []
+        self._apply(event, now, out)
+        out.extend(self._round(now))
+        return out
+
+    def handle_many(self, events: Iterable[Event], now: float) -> list[Decision]:
+        """Apply several simultaneous events, then run one round (what a busy runtime does)."""
+        out: list[Decision] = []
+        for ev in events:
+            self._apply(ev, now, out)
+        out.extend(self._round(now))
+        return out
+
+    @property
+    def queued(self) -> int:
+        return self._nqueued
+
+    @property
+    def running(self) -> int:
+        return len(self._running)
+
+    def is_queued(self, action_id: int) -> bool:
+        return any(action_id in q for q in self._queues.values())
+
+    def grant_of(self, action_id: int) -> Grant | None:
+        a = self._running.get(action_id)
+        return None if a is None else a.grant
+
+    def estimated_duration(self, spec: ActionSpec, units: int | None = None) -> float:
+        """Seconds ``spec`` is expected to run at ``units`` (its minimum when None)."""
+        st = self._kinds.get(spec.kind)
+        t1 = spec.duration if spec.duration is not None else None
+        if t1 is None:
+            base = st.t1 if st is not None else self.default_duration
+            d_min = base / spec.speedup(spec.min_units) if spec.elastic else base
+        else:
+            d_min = t1
+        if units is None or spec.elastic is None:
+            return d_min
+        return d_min * spec.relative_duration(units)
+
+    def statistics(self) -> SchedulerStats:
+        L = self.ledger
+        pool = self.pool
+        s = SchedulerStats(
+            cpus_total=len(pool.cpus), cpus_free=L.free_cpus,
+            gpus_total=len(pool.gpus), gpus_free=L.free_gpus,
+            memory_total=pool.memory, memory_free=L.mem_free,
+            quotas={n: {"used": L.q_used[n], "concurrency": L.q_conc[n],
+                        "tokens": (round(L.tokens[n], 3) if n in L.tokens else None)} for n in L.q_used},
+            running=len(self._running), queued=self._nqueued,
+            submitted=self.submitted, granted=self.granted, released=self.released,
+            cancelled=self.cancelled, rejected=self.rejected, failed=self.failed,
+            completed=self.completed, rounds=self.rounds, evictions=self.evictions,
+            mean_act_s=(self._sum_act / self.completed) if self.completed else None,
+            mean_queue_s=(self._sum_queue / self.granted) if self.granted else None,
+            mean_exec_s=(self._sum_exec / self.completed) if self.completed else None,
+            resident_services=len(self._resident),
+        )
+        return s
+
+    def check_invariants(self) -> None:
+        """Raise AssertionError if the ledger disagrees with the running grants (for tests)."""
+        L = self.ledger
+        used_c: set[int] = set()
+        used_g: set[int] = set()
+        q_used = {n: 0 for n in L.q_used}
+        mem = 0
+        for a in self._running.values():
+            g = a.grant
+            assert g is not None
+            assert not (used_c & set(g.cpus)), f"core shared: {g.cpus}"
+            assert not (used_g & set(g.gpus)), f"gpu shared: {g.gpus}"
+            used_c |= set(g.cpus)
+            used_g |= set(g.gpus)
+            mem += g.memory
+            for n, q in g.quotas:
+                q_used[n] += q
+            assert len(g.cpus) >= a.spec.cpus and len(g.gpus) >= a.spec.gpus, "minimum not honoured"
+            if a.eres is not None:
+                assert a.emin <= g.units <= a.emax, "elastic units out of range"
+        free_c = set().union(*L.node_free) if L.node_free else set()
+        assert not (free_c & used_c), "a granted core is also free"
+        assert free_c | used_c == set(self.pool.cpus), "cores lost"
+        free_g = {L.gpu_ids[i] for i in range(len(L.gpu_ids)) if L.gpu_free >> i & 1}
+        assert not (free_g & used_g) and free_g | used_g == set(self.pool.gpus), "GPUs lost"
+        assert q_used == L.q_used, f"quota accounting {q_used} != {L.q_used}"
+        for n, c in L.q_conc.items():
+            assert c is None or q_used[n] <= c, f"quota {n} over concurrency"
+        if L.mem_free is not None:
+            assert L.mem_free + mem == self.pool.memory, "memory lost"
+        assert self.granted == self.released + len(self._running), "granted != released + running"
+
+    def __repr__(self) -> str:
+        L = self.ledger
+        parts = []
+        if self.pool.cpus:
+            parts.append(f"cpu {len(self.pool.cpus) - L.free_cpus}/{len(self.pool.cpus)}")
+        if self.pool.gpus:
+            parts.append(f"gpu {len(self.pool.gpus) - L.free_gpus}/{len(self.pool.gpus)}")
+        for n in L.q_used:
+            parts.append(f"{n} {L.q_used[n]}")
+        return f"<Scheduler {' '.join(parts)} | {len(self._running)} running, {self._nqueued} queued>"
+
+    # ------------------------------------------------------------------------------ events
+    def _apply(self, ev: Event, now: float, out: list[Decision]) -> None:
+        if isinstance(ev, Submitted):
+            self._submit(ev, now, out)
+        elif isinstance(ev, Released):
+            self._release(ev.action_id, now, failed=ev.failed)
+        elif isinstance(ev, Cancelled):
+            self._cancel(ev.action_id, now)
+        elif isinstance(ev, ServiceResidency):
+            self._residency(ev, now)
+        elif isinstance(ev, Tick):
+            pass
+        else:
+            raise TypeError(f"unknown event {ev!r}")
+
+    def _submit(self, ev: Submitted, now: float, out: list[Decision]) -> None:
+        aid = ev.action_id
+        if aid in self._known:
+            raise ValueError(f"action id {aid} submitted twice")
+        self.submitted += 1
+        reason = self.feasibility(ev.spec)
+        if reason is not None:
+            self.rejected += 1
+            out.append(Reject(aid, reason))
+            return
+        self._known.add(aid)
+        spec = ev.spec
+        st = self._kinds.get(spec.kind)
+        if st is None:
+            st = self._kinds[spec.kind] = KindStats(self.default_duration)
+        st.observe_arrival(now, self.alpha)
+        st.spec = spec
+        self._seq += 1
+        a = _Action(aid, spec, self._seq, now, st)
+        q = self._queues.get(spec.priority)
+        if q is None:
+            q = self._queues[spec.priority] = {}
+            self._prios = sorted(self._queues, reverse=True)
+        q[aid] = a
+        self._nqueued += 1
+
+    def _dequeue(self, a: _Action) -> None:
+        del self._queues[a.spec.priority][a.id]
+        self._nqueued -= 1
+
+    def _release(self, aid: int, now: float, *, failed: bool) -> None:
+        a = self._running.pop(aid, None)
+        if a is None:
+            if self._drop_queued(aid):
+                self.cancelled += 1
+                return
+            raise KeyError(f"release of unknown action id {aid}")
+        g = a.grant
+        assert g is not None
+        self.ledger.give(g)
+        for gid in g.gpus:
+            self._gpu_holder[self.ledger.gpu_pos[gid]] = None
+        if a.spec.service and g.gpus:
+            key = (a.spec.service, tuple(self.ledger.gpu_pos[x] for x in g.gpus))
+            if key in self._resident:
+                self._resident[key] = now
+        self.released += 1
+        self._known.discard(aid)
+        if failed:
+            self.failed += 1
+            return
+        exec_s = now - a.started
+        self.completed += 1
+        self._sum_exec += exec_s
+        self._sum_act += now - a.submitted
+        if a.spec.duration is None:
+            t1 = exec_s * a.spec.speedup(g.units) if a.eres else exec_s
+            a.stats.observe_duration(t1, self.alpha)
+
+    def _drop_queued(self, aid: int) -> bool:
+        for q in self._queues.values():
+            a = q.get(aid)
+            if a is not None:
+                self._dequeue(a)
+                self._known.discard(aid)
+                return True
+        return False
+
+    def _cancel(self, aid: int, now: float) -> None:
+        if self._drop_queued(aid):
+            self.cancelled += 1
+            return
+        if aid in self._running:
+            self.cancelled += 1
+            self._release(aid, now, failed=True)
+        # unknown ids (already released, or rejected) are ignored: cancellation races are normal
+
+    def _residency(self, ev: ServiceResidency, now: float) -> None:
+        pos = self.ledger.gpu_pos
+        try:
+            key = (ev.service, tuple(pos[g] for g in ev.gpus))
+        except KeyError:
+            return
+        if ev.resident:
+            self._resident[key] = now
+        else:
+            self._resident.pop(key, None)
+        if ev.restore_s is not None and ev.restore_s >= 0:
+            old = self._restore_s.get(ev.service)
+            self._restore_s[ev.service] = (
+                ev.restore_s if old is None else (1 - self.alpha) * old + self.alpha * ev.restore_s
+            )
+
+    # ------------------------------------------------------------------------------ the round
+    def _iter_queue(self) -> Iterator[_Action]:
+        for p in self._prios:
+            yield from self._queues[p].values()
+
+    def _dur_min(self, a: _Action) -> float:
+        spec = a.spec
+        if spec.duration is not None:
+            return spec.duration
+        t1 = a.stats.t1
+        return t1 / spec.speedup(a.emin) if a.eres else t1
+
+    def _restore_cost(self, service: str | None) -> float:
+        if service is None:
+            return 0.0
+        return self._restore_s.get(service, self.default_restore_s)
+
+    def _round(self, now: float) -> list[Decision]:
+        self.next_wakeup = None
+        if not self._nqueued:
+            return []
+        self.rounds += 1
+        L = self.ledger
+        L.refill(now)
+        node_free = [len(s) for s in L.node_free]
+        max_node = max(L.node_size) if L.node_size else 0
+        gfree = L.gpu_free
+        mem = L.mem_free
+        q_used = dict(L.q_used)
+        tokens = dict(L.tokens)
+        blocked: set[str] = set()
+        all_keys = self._all_keys
+        cands: list[_Action] = []
+        scanned = 0
+        for a in self._iter_queue():
+            if scanned >= self.scan_limit or (all_keys and blocked >= all_keys):
+                break
+            scanned += 1
+            if a.keys & blocked:
+                continue
+            lack: list[str] = []
+            for name, q in a.spec.quotas:
+                c = L.q_conc[name]
+                if c is not None and q_used[name] + q > c:
+                    lack.append("q:" + name)
+                elif name in tokens and tokens[name] + 1e-9 < q:
+                    lack.append("q:" + name)
+                    rate = L.q_rate[name]
+                    assert rate is not None
+                    t = now + (q - tokens[name]) / rate
+                    if self.next_wakeup is None or t < self.next_wakeup:
+                        self.next_wakeup = t
+            if a.spec.memory and mem is not None and a.spec.memory > mem:
+                lack.append("mem")
+            node = -1
+            span = False
+            if a.cpu_min:
+                node = self._pick_node(a, node_free)
+                if node < 0:
+                    if a.cpu_min > max_node and sum(node_free) >= a.cpu_min:
+                        span = True
+                    else:
+                        lack.append("cpu")
+            cell = -1
+            if a.gpu_min:
+                cell = self._pick_cell(a.gpu_min, a.spec.service, gfree)
+                if cell < 0:
+                    lack.append("gpu")
+            if lack:
+                blocked.update(lack)
+                continue
+            if cell >= 0 and a.spec.service and self._should_wait_for_resident(a, cell, now):
+                continue
+            # tentatively reserve the minimum
+            for name, q in a.spec.quotas:
+                q_used[name] += q
+                if name in tokens:
+                    tokens[name] -= q
+            if a.spec.memory and mem is not None:
+                mem -= a.spec.memory
+            if span:
+                need = a.cpu_min
+                for i in sorted(range(len(node_free)), key=lambda i: -node_free[i]):
+                    k = min(need, node_free[i])
+                    node_free[i] -= k
+                    need -= k
+            elif node >= 0:
+                node_free[node] -= a.cpu_min
+            if cell >= 0:
+                gfree &= ~(((1 << a.gpu_min) - 1) << cell)
+            a.node, a.cell, a.span = node, cell, span
+            cands.append(a)
+        if not cands:
+            return []
+        units = {a.id: a.emin for a in cands if a.eres is not None}
+        evicted: set[int] = set()
+        if self.elastic:
+            self._split_cpu(cands, node_free, now, units, evicted)
+            self._split_gpu(cands, gfree, now, units, evicted)
+        out: list[Decision] = []
+        for a in cands:
+            if a.id in evicted:
+                continue
+            out.append(self._grant(a, units.get(a.id, 0), now))
+        return out
+
+    # -- admission helpers ----------------------------------------------------------------------
+    def _pick_node(self, a: _Action, node_free: list[int]) -> int:
+        """Elastic CPU actions go where there is most room to grow (worst fit); fixed-size ones pack
+        into the fullest node that fits (best fit), keeping whole nodes free for big grants."""
+        need = a.cpu_min
+        best = -1
+        best_free = -1 if a.eres == "cpu" else 1 << 30
+        for i, f in enumerate(node_free):
+            if f < need:
+                continue
+            if (a.eres == "cpu" and f > best_free) or (a.eres != "cpu" and f < best_free):
+                best, best_free = i, f
+        return best
+
+    def _cell_options(self, size: int, mask: int) -> list[int]:
+        full = (1 << size) - 1
+        ng = len(self._gpu_holder)
+        return [o for o in range(0, ng - size + 1, size) if (mask >> o) & full == full]
+
+    def _pick_cell(self, size: int, service: str | None, mask: int) -> int:
+        """Aligned free cell of ``size`` GPUs: one where the service is resident first, then one
+        disturbing the fewest other resident services, then the tightest buddy block."""
+        opts = self._cell_options(size, mask)
+        if not opts:
+            return -1
+        if len(opts) == 1 and not self._resident:
+            return opts[0]
+        ng = len(self._gpu_holder)
+        full_all = (1 << ng) - 1
+
+        def score(o: int) -> tuple[int, int, int, int]:
+            cell = tuple(range(o, o + size))
+            warm = 0 if service is not None and (service, cell) in self._resident else 1
+            others = sum(1 for (s, pos) in self._resident if pos[0] < o + size and pos[-1] >= o
+                         and (s, pos) != (service, cell))
+            parent = size * 2
+            po = (o // parent) * parent
+            pmask = (((1 << parent) - 1) << po) & full_all
+            parent_free = (mask & pmask).bit_count()
+            return (warm, others, parent_free, o)
+
+        return min(opts, key=score)
+
+    def _should_wait_for_resident(self, a: _Action, cell: int, now: float) -> bool:
+        """Waiting for a busy GPU that already holds the service can beat restoring it elsewhere."""
+        svc = a.spec.service
+        size = a.gpu_min
+        if (svc, tuple(range(cell, cell + size))) in self._resident:
+            return False
+        restore = self._restore_cost(svc)
+        best_wait = math.inf
+        for (s, pos), _t in self._resident.items():
+            if s != svc or len(pos) != size:
+                continue
+            wait = 0.0
+            for p in pos:
+                h = self._gpu_holder[p]
+                if h is not None:
+                    rem = h.est_end - now
+                    if rem <= 0:  # overran its estimate: assume it is half done
+                        rem = 0.5 * (now - h.started)
+                    wait = max(wait, rem)
+            best_wait = min(best_wait, wait)
+        return best_wait < restore
+
+    # -- elastic split --------------------------------------------------------------------------
+    def _releases(self, res: str, now: float) -> list[tuple[float, int]]:
+        rel = []
+        for r in self._running.values():
+            g = r.grant
+            assert g is not None
+            k = len(g.cpus) if res == "cpu" else len(g.gpus)
+            if k:
+                rel.append((max(r.est_end, now), k))
+        rel.sort()
+        return rel
+
+    def _queued_waiters(self, res: str, now: float, skip: set[int]) -> list[Waiter]:
+        out: list[Waiter] = []
+        for a in self._iter_queue():
+            if len(out) >= self.depth:
+                break
+            if a.id in skip:
+                continue
+            need = a.cpu_min if res == "cpu" else a.gpu_min
+            if need:
+                out.append((now, need, self._dur_min(a)))
+        return out
+
+    def _arrivals(self, res: str, now: float, horizon: float) -> list[Waiter]:
+        if not self.lookahead or horizon <= 0:
+            return []
+        per_kind = []
+        total = 0.0
+        for st in self._kinds.values():
+            spec = st.spec
+            if spec is None or not (spec.cpus if res == "cpu" else spec.gpus):
+                continue
+            lam = st.rate(now)
+            n = lam * horizon
+            if n >= 0.5:
+                per_kind.append((lam, st, n))
+                total += n
+        if not per_kind:
+            return []
+        scale = min(1.0, self.lookahead_cap / total)
+        out: list[Waiter] = []
+        for lam, st, n in per_kind:
+            k = max(1, int(round(n * scale)))
+            step = horizon / k
+            spec = st.spec
+            d = self.estimated_duration(spec)
+            need = spec.cpus if res == "cpu" else spec.gpus
+            for j in range(k):
+                out.append((now + (j + 0.5) * step, need, d))
+        out.sort()
+        return out
+
+    def _split_cpu(self, cands: list[_Action], node_free: list[int], now: float,
+                   units: dict[int, int], evicted: set[int]) -> None:
+        group = [a for a in cands if a.eres == "cpu" and not a.span]
+        if not group:
+            return
+        evict = len(group) <= self.window
+        if not evict:  # only the oldest `window` candidates are optimised; the rest keep minimum
+            group = group[: self.window]
+        if sum(node_free[a.node] for a in group) == 0 and len(group) < 2:
+            return
+        bins = sorted({a.node for a in group})
+        spare = {b: node_free[b] for b in bins}
+        free_total = sum(node_free)
+        fixed_rel = [(now + self._dur_min(a), a.cpu_min) for a in cands
+                     if a.cpu_min and (a.eres != "cpu" or a.span)]
+        self._plan_group(group, bins, spare, free_total, fixed_rel, "cpu", now, units, evicted,
+                         step_units=None, evict=evict)
+        for a in group:
+            if a.id not in evicted:
+                node_free[a.node] -= units[a.id] - a.emin
+
+    def _split_gpu(self, cands: list[_Action], gfree: int, now: float,
+                   units: dict[int, int], evicted: set[int]) -> None:
+        group = [a for a in cands if a.eres == "gpu"]
+        if not group:
+            return
+        evict = len(group) <= self.window
+        if not evict:
+            group = group[: self.window]
+        mask = gfree
+        for a in group:  # give the tentative minimum cells back: the plan re-places them
+            mask |= ((1 << a.gpu_min) - 1) << a.cell
+        spare_total = mask.bit_count() - sum(a.emin for a in group)
+        fixed_rel = [(now + self._dur_min(a), a.gpu_min) for a in cands if a.gpu_min and a.eres != "gpu"]
+        self._plan_group(group, [0], {0: spare_total}, gfree.bit_count(), fixed_rel, "gpu", now, units,
+                         evicted, step_units=self._cells, evict=evict)
+        # place largest first into aligned cells; shrink what does not fit
+        live = sorted((a for a in group if a.id not in evicted), key=lambda a: (-units[a.id], a.seq))
+        for _attempt in range(len(live) * 4 + 1):
+            m = mask
+            placed: dict[int, int] = {}
+            failed: _Action | None = None
+            for a in live:
+                o = self._pick_cell(units[a.id], a.spec.service, m)
+                if o < 0:
+                    failed = a
+                    break
+                placed[a.id] = o
+                m &= ~(((1 << units[a.id]) - 1) << o)
+            if failed is None:
+                for a in live:
+                    a.cell = placed[a.id]
+                return
+            smaller = [c for c in self._cells if failed.emin <= c < units[failed.id]]
+            if not smaller:
+                break
+            units[failed.id] = smaller[-1]
+            live.sort(key=lambda a: (-units[a.id], a.seq))
+        for a in group:  # fall back: everyone at minimum in the cells admission chose
+            units[a.id] = a.emin
+            evicted.discard(a.id)
+
+    def _options(self, a: _Action, spare: int, mu: float, steps: tuple[int, ...] | None
+                 ) -> list[tuple[int, float]]:
+        d0 = self._dur_min(a)
+        spec = a.spec
+        restore = self._restore_cost(spec.service)
+        hi = min(a.emax, a.emin + spare)
+        sizes = range(a.emin, hi + 1) if steps is None else [s for s in steps if a.emin <= s <= hi]
+        opts = []
+        for m in sizes:
+            t = d0 * spec.relative_duration(m)
+            if steps is not None and spec.service is not None:
+                warm = any(s == spec.service and len(pos) == m for (s, pos) in self._resident)
+                t += 0.0 if warm else restore
+            if math.isinf(mu):
+                if m > a.emin:
+                    break
+                cost = t
+            else:
+                cost = t + mu * m * t
+            opts.append((m - a.emin, cost))
+        return opts
+
+    def _plan_group(self, group: list[_Action], bins: list[int], spare: dict[int, int], free_total: int,
+                    fixed_rel: list[tuple[float, int]], res: str, now: float, units: dict[int, int],
+                    evicted: set[int], step_units: tuple[int, ...] | None, evict: bool) -> None:
+        releases = self._releases(res, now)
+        group_ids = {a.id for a in group}
+        queued = self._queued_waiters(res, now, group_ids)
+        horizon = max(self._dur_min(a) for a in group)
+        arrivals = self._arrivals(res, now, horizon)
+        binkey = (lambda a: a.node) if res == "cpu" else (lambda a: 0)
+
+        def plan(active: list[_Action], out_: list[_Action]) -> tuple[float, dict[int, int]]:
+            best_cost = math.inf
+            best_units: dict[int, int] = {}
+            seen: set[tuple[int, ...]] = set()
+            sp = dict(spare)
+            for a in out_:
+                sp[binkey(a)] += a.emin
+            for mu in self.mu_grid:
+                chosen: dict[int, int] = {}
+                for b in bins:
+                    members = [a for a in active if binkey(a) == b]
+                    if not members:
+                        continue
+                    opts = [self._options(a, sp[b], mu, step_units) for a in members]
+                    picks, _ = best_split(opts, sp[b])
+                    for a, k in zip(members, picks):
+                        chosen[a.id] = a.emin + k
+                sig = tuple(chosen[a.id] for a in active)
+                if sig in seen:
+                    continue
+                seen.add(sig)
+                cost = self._plan_cost(active, out_, chosen, releases, fixed_rel, queued, arrivals,
+                                       free_total, now)
+                if cost < best_cost - 1e-12:
+                    best_cost, best_units = cost, chosen
+            return best_cost, best_units
+
+        active = list(group)
+        out_: list[_Action] = []
+        best_cost, best_units = plan(active, out_)
+        n_ev = 0
+        while evict and len(active) > 1 and n_ev < self.max_evictions:
+            trial_out = [active[-1]] + out_
+            trial_active = active[:-1]
+            cost, u = plan(trial_active, trial_out)
+            if cost < best_cost - 1e-9:
+                active, out_, best_cost, best_units = trial_active, trial_out, cost, u
+                n_ev += 1
+            else:
+                break
+        for a in active:
+            units[a.id] = best_units.get(a.id, a.emin)
+        for a in out_:
+            evicted.add(a.id)
+            self.evictions += 1
+
+    def _plan_cost(self, active: list[_Action], out_: list[_Action], chosen: dict[int, int],
+                   releases: list[tuple[float, int]], fixed_rel: list[tuple[float, int]],
+                   queued: list[Waiter], arrivals: list[Waiter], free_total: int, now: float) -> float:
+        cost = 0.0
+        extra_rel = list(fixed_rel)
+        free = free_total
+        for a in active:
+            m = chosen.get(a.id, a.emin)
+            t = self._dur_min(a) * a.spec.relative_duration(m)
+            cost += t
+            extra_rel.append((now + t, m))
+            free -= m - a.emin
+        waiters: list[Waiter] = []
+        for a in out_:
+            d = self._dur_min(a)
+            cost += d
+            free += a.emin
+            waiters.append((now, a.emin, d))
+        waiters.extend(queued)
+        waiters.extend(arrivals)
+        return cost + estimate_waits(now, free, releases, extra_rel, waiters)
+
+    # -- placement ------------------------------------------------------------------------------
+    def _grant(self, a: _Action, units: int, now: float) -> Grant:
+        L = self.ledger
+        spec = a.spec
+        ncpu = units if a.eres == "cpu" else a.cpu_min
+        cpus: tuple[int, ...] = ()
+        if ncpu:
+            if a.span:
+                picked: list[int] = []
+                for i in sorted(range(len(L.node_free)), key=lambda i: -len(L.node_free[i])):
+                    take = sorted(L.node_free[i])[: ncpu - len(picked)]
+                    picked.extend(take)
+                    if len(picked) >= ncpu:
+                        break
+                cpus = tuple(sorted(picked))
+            else:
+                cpus = tuple(sorted(L.node_free[a.node])[:ncpu])
+        gpus: tuple[int, ...] = ()
+        restore = False
+        if a.gpu_min:
+            size = units if a.eres == "gpu" else a.gpu_min
+            pos = tuple(range(a.cell, a.cell + size))
+            gpus = tuple(L.gpu_ids[p] for p in pos)
+            if spec.service is not None:
+                key = (spec.service, pos)
+                restore = key not in self._resident
+                self._resident[key] = now
+            for p in pos:
+                self._gpu_holder[p] = a
+        g = Grant(a.id, cpus=cpus, gpus=gpus, units=units if a.eres else 0, memory=spec.memory,
+                  quotas=spec.quotas, restore=restore)
+        L.take(g)
+        self._dequeue(a)
+        a.grant = g
+        a.started = now
+        a.est_end = now + self._dur_min(a) * spec.relative_duration(units if a.eres else 0) + (
+            self._restore_cost(spec.service) if restore else 0.0)
+        self._running[a.id] = a
+        self.granted += 1
+        self._sum_queue += now - a.submitted
+        return g
+
+
+def describe_grant(g: Grant) -> str:
+    """One human line for logs."""
+    parts = [f"#{g.action_id}"]
+    if g.cpus:
+        parts.append(f"cpus={format_cpuset(g.cpus)}")
+    if g.gpus:
+        parts.append(f"gpus={list(g.gpus)}")
+    if g.units:
+        parts.append(f"units={g.units}")
+    return " ".join(parts)

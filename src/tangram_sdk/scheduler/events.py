@@ -1,0 +1,53 @@
+"""Inputs of the scheduling core. Every input is an event (frozen, loggable, replayable)."""
+
+from __future__ import annotations
+
+from typing import Union
+
+import attrs
+
+from ..spec import ActionSpec
+
+__all__ = ["Cancelled", "Event", "Released", "ServiceResidency", "Submitted", "Tick"]
+
+
+@attrs.frozen
+class Submitted:
+    """An action asks for resources. ``action_id`` is unique for the scheduler's lifetime."""
+
+    action_id: int
+    spec: ActionSpec
+
+
+@attrs.frozen
+class Released:
+    """A granted action finished (or failed: ``failed=True`` keeps its time out of duration learning)."""
+
+    action_id: int
+    failed: bool = False
+
+
+@attrs.frozen
+class Cancelled:
+    """The waiter gave up. Removes a queued action; for an already granted one it acts as a release."""
+
+    action_id: int
+
+
+@attrs.frozen
+class Tick:
+    """Time passed (a rate-limit token may be ready). Carries nothing; ``now`` comes with handle()."""
+
+
+@attrs.frozen
+class ServiceResidency:
+    """A GPU manager reports that ``service`` is (no longer) resident on ``gpus``, and optionally how
+    long its last restore took, so placement can prefer warm copies and price cold ones."""
+
+    service: str
+    gpus: tuple[int, ...]
+    resident: bool
+    restore_s: float | None = None
+
+
+Event = Union[Submitted, Released, Cancelled, Tick, ServiceResidency]

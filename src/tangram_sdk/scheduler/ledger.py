@@ -1,0 +1,88 @@
+"""The ledger of free units: concrete cores per NUMA node, GPU positions as a bitmask, memory bytes,
+quota concurrency and token buckets. Only the core mutates it, and only through take/give, so the
+invariant "free + granted = pool" has exactly two places to break."""
+
+from __future__ import annotations
+
+from ..pool import Pool
+from .decisions import Grant
+
+__all__ = ["Ledger"]
+
+
+class Ledger:
+    __slots__ = ("pool", "node_free", "node_of", "node_size", "gpu_ids", "gpu_pos", "gpu_free",
+                 "mem_free", "q_conc", "q_rate", "q_bucket", "q_used", "tokens", "refilled_at")
+
+    def __init__(self, pool: Pool, now: float = 0.0) -> None:
+        self.pool = pool
+        nodes = pool.numa_nodes
+        self.node_free: list[set[int]] = [set(n) for n in nodes]
+        self.node_size: list[int] = [len(n) for n in nodes]
+        self.node_of: dict[int, int] = {c: i for i, n in enumerate(nodes) for c in n}
+        self.gpu_ids: tuple[int, ...] = pool.gpus
+        self.gpu_pos: dict[int, int] = {g: i for i, g in enumerate(pool.gpus)}
+        self.gpu_free: int = (1 << len(pool.gpus)) - 1
+        self.mem_free: int | None = pool.memory
+        self.q_conc: dict[str, int | None] = {}
+        self.q_rate: dict[str, float | None] = {}
+        self.q_bucket: dict[str, int | None] = {}
+        self.q_used: dict[str, int] = {}
+        self.tokens: dict[str, float] = {}
+        for name, q in pool.quotas:
+            self.q_conc[name] = q.concurrency
+            self.q_rate[name] = q.rate
+            self.q_bucket[name] = q.bucket
+            self.q_used[name] = 0
+            if q.bucket is not None:
+                self.tokens[name] = float(q.bucket)
+        self.refilled_at = now
+
+    # -- time ------------------------------------------------------------------------------------
+    def refill(self, now: float) -> None:
+        dt = now - self.refilled_at
+        if dt <= 0:
+            return
+        self.refilled_at = now
+        for name, tok in self.tokens.items():
+            rate = self.q_rate[name]
+            cap = self.q_bucket[name]
+            assert rate is not None and cap is not None
+            self.tokens[name] = min(float(cap), tok + rate * dt)
+
+    # -- accounting ------------------------------------------------------------------------------
+    @property
+    def free_cpus(self) -> int:
+        return sum(len(s) for s in self.node_free)
+
+    @property
+    def free_gpus(self) -> int:
+        return self.gpu_free.bit_count()
+
+    def take(self, g: Grant) -> None:
+        for c in g.cpus:
+            self.node_free[self.node_of[c]].remove(c)  # KeyError here means a double grant: loud
+        for gid in g.gpus:
+            bit = 1 << self.gpu_pos[gid]
+            if not self.gpu_free & bit:
+                raise AssertionError(f"GPU {gid} granted twice")
+            self.gpu_free &= ~bit
+        if self.mem_free is not None:
+            self.mem_free -= g.memory
+        for name, q in g.quotas:
+            self.q_used[name] += q
+            if name in self.tokens:
+                self.tokens[name] -= q
+
+    def give(self, g: Grant) -> None:
+        for c in g.cpus:
+            s = self.node_free[self.node_of[c]]
+            if c in s:
+                raise AssertionError(f"core {c} released twice")
+            s.add(c)
+        for gid in g.gpus:
+            self.gpu_free |= 1 << self.gpu_pos[gid]
+        if self.mem_free is not None:
+            self.mem_free += g.memory
+        for name, q in g.quotas:
+            self.q_used[name] -= q  # tokens are spent, not returned

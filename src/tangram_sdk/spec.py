@@ -1,0 +1,250 @@
+"""What an action asks for: a demand vector plus, optionally, one elastic resource.
+
+Specs are frozen attrs classes validated at construction, so a bad spec fails where it is written,
+not deep inside the scheduler. Everything here is pure data; the scheduler reads it, never mutates it.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Mapping
+from typing import Any, Literal, Protocol, Union, runtime_checkable
+
+import attrs
+
+from .errors import SpecError
+
+__all__ = ["ActionSpec", "Amdahl", "Efficiency", "Elasticity", "Table", "Custom", "ElasticResource"]
+
+ElasticResource = Literal["cpu", "gpu"]
+
+# Container ids/names as Docker accepts them; validated here so nothing odd reaches a path or an URL.
+_CONTAINER_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+_NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.:/@+-]{0,127}$")
+
+
+@runtime_checkable
+class Efficiency(Protocol):
+    """An efficiency model: ``speedup(m) = E(m) * m`` with ``0 < E(m) <= 1``."""
+
+    def efficiency(self, m: int) -> float: ...
+
+    def speedup(self, m: int) -> float: ...
+
+
+@attrs.frozen
+class Amdahl:
+    """Amdahl's law: a fraction ``parallel`` of the work scales with units, the rest is serial.
+
+    ``speedup(m) = 1 / ((1 - p) + p / m)``; with p=0.9 even infinite units give at most 10x.
+    """
+
+    parallel: float = attrs.field(converter=float)
+
+    @parallel.validator
+    def _check(self, _a: Any, p: float) -> None:
+        if not (0.0 <= p <= 1.0) or math.isnan(p):
+            raise SpecError(f"Amdahl parallel fraction must be in [0, 1], got {p!r}")
+
+    def speedup(self, m: int) -> float:
+        p = self.parallel
+        return 1.0 / ((1.0 - p) + p / m)
+
+    def efficiency(self, m: int) -> float:
+        return self.speedup(m) / m
+
+
+@attrs.frozen
+class Table:
+    """A profiled efficiency table ``{units: E(units)}``; speedup is interpolated linearly between
+    points, scaled proportionally below the first one and held flat beyond the last one (no gain
+    from units nobody profiled)."""
+
+    points: tuple[tuple[int, float], ...]
+
+    @classmethod
+    def from_mapping(cls, table: Mapping[int, float]) -> Table:
+        if not table:
+            raise SpecError("efficiency table is empty")
+        pts: list[tuple[int, float]] = []
+        for m, e in sorted(table.items()):
+            if isinstance(m, bool) or not isinstance(m, int) or m < 1:
+                raise SpecError(f"efficiency table keys must be unit counts >= 1, got {m!r}")
+            e = float(e)
+            if not (0.0 < e <= 1.0):
+                raise SpecError(f"efficiency E({m}) must be in (0, 1], got {e!r}")
+            pts.append((m, e))
+        return cls(tuple(pts))
+
+    def speedup(self, m: int) -> float:
+        pts = self.points
+        m0, e0 = pts[0]
+        if m <= m0:
+            return e0 * m0 * (m / m0)
+        for (ma, ea), (mb, eb) in zip(pts, pts[1:]):
+            if m <= mb:
+                sa, sb = ea * ma, eb * mb
+                return sa + (sb - sa) * (m - ma) / (mb - ma)
+        ml, el = pts[-1]
+        return el * ml
+
+    def efficiency(self, m: int) -> float:
+        return self.speedup(m) / m
+
+
+@attrs.frozen
+class Custom:
+    """A user function ``E(m)``; validated over the elastic range when the Elasticity is built."""
+
+    fn: Callable[[int], float]
+
+    def efficiency(self, m: int) -> float:
+        return float(self.fn(m))
+
+    def speedup(self, m: int) -> float:
+        return self.efficiency(m) * m
+
+
+EfficiencyLike = Union[Amdahl, Table, Custom, Mapping[int, float], Callable[[int], float]]
+
+
+def _to_efficiency(value: EfficiencyLike) -> Efficiency:
+    if isinstance(value, (Amdahl, Table, Custom)):
+        return value
+    if isinstance(value, Mapping):
+        return Table.from_mapping(value)
+    if callable(value):
+        return Custom(value)
+    raise SpecError(f"efficiency must be Amdahl(p), a {{units: E}} table or a callable, got {value!r}")
+
+
+@attrs.frozen
+class Elasticity:
+    """How an action's duration shrinks with units of its one key elastic resource.
+
+    ``T(m) = T1 / (E(m) * m)``. The minimum is the spec's own demand of that resource
+    (``cpus`` or ``gpus``); ``max_units`` caps what the scheduler may grant.
+    """
+
+    resource: ElasticResource
+    max_units: int
+    efficiency: Efficiency = attrs.field(default=Amdahl(0.9), converter=_to_efficiency)
+
+    def __attrs_post_init__(self) -> None:
+        if self.resource not in ("cpu", "gpu"):
+            raise SpecError(f"elastic resource must be 'cpu' or 'gpu', got {self.resource!r}")
+        if isinstance(self.max_units, bool) or not isinstance(self.max_units, int) or self.max_units < 1:
+            raise SpecError(f"max_units must be an int >= 1, got {self.max_units!r}")
+        for m in range(1, min(self.max_units, 1024) + 1):
+            try:
+                e = self.efficiency.efficiency(m)
+            except Exception as exc:  # a user callable may raise anything; say which m
+                raise SpecError(f"efficiency model raised at m={m}: {exc!r}") from exc
+            if not (0.0 < e <= 1.0 + 1e-9) or math.isnan(e):
+                raise SpecError(f"efficiency E({m}) must be in (0, 1], got {e!r}")
+
+
+def _nonneg_int(name: str) -> Callable[[Any, Any, Any], None]:
+    def check(_inst: Any, _a: Any, value: Any) -> None:
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise SpecError(f"{name} must be an int >= 0, got {value!r}")
+
+    return check
+
+
+def _freeze_quotas(value: Mapping[str, int] | tuple[tuple[str, int], ...] | None) -> tuple[tuple[str, int], ...]:
+    if value is None:
+        return ()
+    items = value.items() if isinstance(value, Mapping) else value
+    out: dict[str, int] = {}
+    for name, amount in items:
+        if not isinstance(name, str) or not _NAME_RE.match(name):
+            raise SpecError(f"quota name must be a short identifier, got {name!r}")
+        if isinstance(amount, bool) or not isinstance(amount, int) or amount < 1:
+            raise SpecError(f"quota {name!r} amount must be an int >= 1, got {amount!r}")
+        out[name] = amount
+    return tuple(sorted(out.items()))
+
+
+@attrs.frozen
+class ActionSpec:
+    """One action's demand: minimum CPU cores, GPUs, memory bytes and named quota units, plus an
+    optional elastic resource. ``duration`` is seconds at the minimum units (learned per ``kind``
+    when omitted). ``quotas`` is stored as sorted ``(name, amount)`` pairs so specs stay hashable.
+    """
+
+    kind: str
+    cpus: int = attrs.field(default=0, validator=_nonneg_int("cpus"))
+    gpus: int = attrs.field(default=0, validator=_nonneg_int("gpus"))
+    memory: int = attrs.field(default=0, validator=_nonneg_int("memory"))
+    quotas: tuple[tuple[str, int], ...] = attrs.field(default=(), converter=_freeze_quotas)
+    elastic: Elasticity | None = None
+    duration: float | None = None
+    priority: int = 0
+    container: str | None = None
+    service: str | None = None
+
+    def __attrs_post_init__(self) -> None:
+        if not isinstance(self.kind, str) or not _NAME_RE.match(self.kind):
+            raise SpecError(f"kind must be a short non-empty identifier, got {self.kind!r}")
+        if self.duration is not None:
+            d = self.duration
+            if isinstance(d, bool) or not isinstance(d, (int, float)) or not math.isfinite(d) or d <= 0:
+                raise SpecError(f"duration must be a finite number of seconds > 0, got {d!r}")
+        if isinstance(self.priority, bool) or not isinstance(self.priority, int):
+            raise SpecError(f"priority must be an int, got {self.priority!r}")
+        if self.container is not None and (
+            not isinstance(self.container, str) or not _CONTAINER_RE.match(self.container)
+        ):
+            raise SpecError(f"container must be a Docker id or name, got {self.container!r}")
+        if self.service is not None:
+            if not isinstance(self.service, str) or not _NAME_RE.match(self.service):
+                raise SpecError(f"service must be a short identifier, got {self.service!r}")
+            if self.gpus < 1:
+                raise SpecError(f"service {self.service!r} needs gpus >= 1")
+        el = self.elastic
+        if el is not None:
+            if not isinstance(el, Elasticity):
+                raise SpecError(f"elastic must be an Elasticity, got {el!r}")
+            base = self.cpus if el.resource == "cpu" else self.gpus
+            if base < 1:
+                raise SpecError(
+                    f"elastic on {el.resource!r} needs {el.resource}s >= 1 as its minimum, got {base}"
+                )
+            if el.max_units < base:
+                raise SpecError(
+                    f"elastic range below the minimum: max_units={el.max_units} < {el.resource}s={base}"
+                )
+
+    # -- derived views the scheduler uses -------------------------------------------------------
+    @property
+    def quota_map(self) -> dict[str, int]:
+        return dict(self.quotas)
+
+    @property
+    def elastic_resource(self) -> ElasticResource | None:
+        return None if self.elastic is None else self.elastic.resource
+
+    @property
+    def min_units(self) -> int:
+        """Minimum units of the elastic resource (or 0 when the spec is not elastic)."""
+        if self.elastic is None:
+            return 0
+        return self.cpus if self.elastic.resource == "cpu" else self.gpus
+
+    @property
+    def max_units(self) -> int:
+        return 0 if self.elastic is None else self.elastic.max_units
+
+    def speedup(self, m: int) -> float:
+        """Speedup at ``m`` units relative to one unit (1.0 when not elastic)."""
+        if self.elastic is None or m <= 0:
+            return 1.0
+        return self.elastic.efficiency.speedup(m)
+
+    def relative_duration(self, m: int) -> float:
+        """``T(m) / T(min)``: how much of the minimum-units duration remains at ``m`` units."""
+        if self.elastic is None:
+            return 1.0
+        return self.speedup(self.min_units) / self.speedup(m)
