@@ -574,7 +574,7 @@ class Scheduler:
                 continue
             need = a.cpu_min if res == "cpu" else a.gpu_min
             if need:
-                out.append((now, need, self._dur_min(a)))
+                out.append((now, need, self._dur_min(a), a.emax if a.eres == res else need, a.spec))
         return out
 
     def _arrivals(self, res: str, now: float, horizon: float) -> list[Waiter]:
@@ -601,9 +601,10 @@ class Scheduler:
             spec = st.spec
             d = self.estimated_duration(spec)
             need = spec.cpus if res == "cpu" else spec.gpus
+            maxu = spec.max_units if spec.elastic_resource == res else need
             for j in range(k):
-                out.append((now + (j + 0.5) * step, need, d))
-        out.sort()
+                out.append((now + (j + 0.5) * step, need, d, maxu, spec))
+        out.sort(key=lambda w: w[0])
         return out
 
     def _split_cpu(self, cands: list[_Action], node_free: list[int], now: float,
@@ -722,7 +723,7 @@ class Scheduler:
                     continue
                 seen.add(sig)
                 cost = self._plan_cost(active, out_, chosen, releases, fixed_rel, queued, arrivals,
-                                       free_total, now)
+                                       free_total, now, res)
                 if cost < best_cost - 1e-12:
                     best_cost, best_units = cost, chosen
             return best_cost, best_units
@@ -748,7 +749,8 @@ class Scheduler:
 
     def _plan_cost(self, active: list[_Action], out_: list[_Action], chosen: dict[int, int],
                    releases: list[tuple[float, int]], fixed_rel: list[tuple[float, int]],
-                   queued: list[Waiter], arrivals: list[Waiter], free_total: int, now: float) -> float:
+                   queued: list[Waiter], arrivals: list[Waiter], free_total: int, now: float,
+                   res: str) -> float:
         cost = 0.0
         extra_rel = list(fixed_rel)
         free = free_total
@@ -761,12 +763,11 @@ class Scheduler:
         waiters: list[Waiter] = []
         for a in out_:
             d = self._dur_min(a)
-            cost += d
             free += a.emin
-            waiters.append((now, a.emin, d))
+            waiters.append((now, a.emin, d, a.emax, a.spec))
         waiters.extend(queued)
         waiters.extend(arrivals)
-        return cost + estimate_waits(now, free, releases, extra_rel, waiters)
+        return cost + estimate_waits(now, free, releases, extra_rel, waiters, pow2=res == "gpu")
 
     # -- placement ------------------------------------------------------------------------------
     def _grant(self, a: _Action, units: int, now: float) -> Grant:

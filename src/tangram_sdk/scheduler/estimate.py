@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Sequence
+from typing import Any
 
 __all__ = ["Waiter", "estimate_waits"]
 
-# (arrival time, min units, duration at min units)
-Waiter = tuple[float, int, float]
+# (arrival time, min units, duration at min units, max units, spec for T(m)/T(min) or None)
+Waiter = tuple[float, int, float, int, Any]
 
 
 def estimate_waits(
@@ -25,12 +26,15 @@ def estimate_waits(
     releases: Sequence[tuple[float, int]],
     extra_releases: Sequence[tuple[float, int]],
     waiters: Sequence[Waiter],
+    pow2: bool = False,
 ) -> float:
-    """Sum of (start - arrival) over ``waiters`` served FCFS.
+    """Sum of completion - arrival (wait + execution) over ``waiters`` served FCFS.
 
     ``releases`` is sorted by time (running actions, shared by every plan of a round);
     ``extra_releases`` are the plan's own (few) releases. Waiters needing more units than can ever
     be free are charged up to the last release (they would wait at least that long).
+    An elastic waiter starts with what is free beyond the next waiter's minimum (up to its max;
+    a power of two when ``pow2``, as GPU cells are), as the scheduler would give it.
     """
     heap = list(extra_releases)
     heapq.heapify(heap)
@@ -38,7 +42,8 @@ def estimate_waits(
     nrel = len(releases)
     t = now
     total = 0.0
-    for arrival, need, dur in waiters:
+    nw = len(waiters)
+    for i, (arrival, need, dur, maxu, spec) in enumerate(waiters):
         if arrival > t:
             t = arrival
         while free < need:
@@ -54,9 +59,17 @@ def estimate_waits(
                 t = rt
             free += ru
         if free < need:  # can never be satisfied in this horizon: charge what we know
-            total += t - arrival
+            total += t - arrival + dur
             continue
-        total += t - arrival
-        free -= need
-        heapq.heappush(heap, (t + dur, need))
+        take = need
+        if maxu > need:
+            reserve = waiters[i + 1][1] if i + 1 < nw and waiters[i + 1][0] <= t else 0
+            take = max(need, min(maxu, free - reserve))
+            if pow2:
+                take = max(need, 1 << (take.bit_length() - 1))
+            if take > need:
+                dur = dur * spec.relative_duration(take)
+        total += t - arrival + dur
+        free -= take
+        heapq.heappush(heap, (t + dur, take))
     return total

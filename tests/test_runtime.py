@@ -1,0 +1,269 @@
+"""The live runtime: leases, timeouts, cancellation at every await, errors, and a whole pool after."""
+
+import asyncio
+import os
+import sys
+
+import pytest
+
+from tangram_sdk import (
+    ActionSpec,
+    Amdahl,
+    Elasticity,
+    InfeasibleSpecError,
+    ManagerError,
+    Pool,
+    Quota,
+    RuntimeClosedError,
+    SchedulerBrokenError,
+    SpecError,
+    Tangram,
+)
+
+
+def whole(t: Tangram) -> None:
+    t.scheduler.check_invariants()
+    st = t.statistics()
+    assert st["running"] == 0 and st["queued"] == 0
+    assert st["cpus_free"] == st["cpus_total"] and st["gpus_free"] == st["gpus_total"]
+    assert all(q["used"] == 0 for q in st["quotas"].values())
+
+
+async def test_lease_fields_and_release():
+    async with Tangram(Pool(cpus=4, gpus=2)) as t:
+        spec = ActionSpec(kind="x", cpus=1, gpus=1, elastic=Elasticity("cpu", max_units=4, efficiency=Amdahl(0.99)),
+                          duration=1.0)
+        async with t.acquire(spec) as lease:
+            assert len(lease.cpus) == lease.units >= 1 and len(lease.gpus) == 1
+            assert lease.queued_s >= 0
+            assert "running" in repr(t) and "1 running" in repr(t)
+        await asyncio.sleep(0.01)  # the release is processed by the scheduler task
+        whole(t)
+        assert t.statistics()["completed"] == 1
+
+
+async def test_waiters_queue_and_are_served_fcfs():
+    order = []
+    async with Tangram(Pool(cpus=1)) as t:
+        async def act(i):
+            async with t.acquire(ActionSpec(kind="x", cpus=1)):
+                order.append(i)
+                await asyncio.sleep(0.01)
+
+        tasks = []
+        for i in range(5):
+            tasks.append(asyncio.create_task(act(i)))
+            await asyncio.sleep(0.001)
+        await asyncio.gather(*tasks)
+        assert order == list(range(5))
+        whole(t)
+
+
+async def test_infeasible_and_invalid_fail_at_once():
+    async with Tangram(Pool(cpus=2, quotas={"api": Quota(concurrency=1)})) as t:
+        with pytest.raises(InfeasibleSpecError, match="exceeds"):
+            async with t.acquire(ActionSpec(kind="x", cpus=3)):
+                pass
+        with pytest.raises(SpecError, match="unknown quota"):
+            async with t.acquire(ActionSpec(kind="x", quotas={"nope": 1})):
+                pass
+        with pytest.raises(SpecError):
+            async with t.acquire("not a spec"):  # type: ignore[arg-type]
+                pass
+        whole(t)
+
+
+async def test_timeout_while_queued_returns_nothing_held():
+    async with Tangram(Pool(cpus=1)) as t:
+        async with t.acquire(ActionSpec(kind="x", cpus=1)):
+            with pytest.raises(TimeoutError):
+                async with t.acquire(ActionSpec(kind="x", cpus=1), timeout=0.05):
+                    pass
+        await asyncio.sleep(0)
+        async with t.acquire(ActionSpec(kind="x", cpus=1), timeout=1):
+            pass
+        await asyncio.sleep(0.01)
+        whole(t)
+
+
+async def test_exception_inside_action_returns_units_and_propagates():
+    async with Tangram(Pool(cpus=2)) as t:
+        with pytest.raises(ZeroDivisionError):
+            async with t.acquire(ActionSpec(kind="x", cpus=2)):
+                1 / 0
+        await asyncio.sleep(0.01)
+        whole(t)
+        assert t.statistics()["failed"] == 1
+
+
+async def test_cancellation_storm_leaves_the_pool_whole():
+    pool = Pool(cpus=4, gpus=2, quotas={"api": Quota(concurrency=2, rate=200.0, burst=4)})
+    async with Tangram(pool) as t:
+        async def act(i):
+            spec = ActionSpec(kind=f"k{i % 3}", cpus=1 + i % 2, gpus=i % 2, quotas={"api": 1} if i % 4 == 0 else {},
+                              elastic=Elasticity("cpu", max_units=4), duration=0.01)
+            async with t.acquire(spec) as lease:
+                await asyncio.sleep(0.002 * (i % 5))
+                return lease.units
+
+        for round_ in range(5):
+            tasks = [asyncio.create_task(act(i)) for i in range(60)]
+            await asyncio.sleep(0.003 * round_)
+            for i, task in enumerate(tasks):
+                if i % 3 == 0:
+                    task.cancel()  # queued, in grant, or while held
+            await asyncio.gather(*tasks, return_exceptions=True)
+        await asyncio.sleep(0.02)
+        whole(t)
+        st = t.statistics()
+        assert st["granted"] == st["released"]
+
+
+async def test_cancel_between_grant_and_wakeup():
+    # the grant lands in the future, then the waiting task is cancelled before it runs again
+    async with Tangram(Pool(cpus=1)) as t:
+        holder = t.acquire(ActionSpec(kind="x", cpus=1))
+        await holder.__aenter__()
+        waiter = asyncio.create_task(t.acquire(ActionSpec(kind="x", cpus=1)).__aenter__())
+        await asyncio.sleep(0.01)
+        await holder.__aexit__(None, None, None)
+        # let the scheduler grant, but cancel the waiter in the same loop iteration
+        for _ in range(3):
+            await asyncio.sleep(0)
+            if t.statistics()["running"] == 1:
+                break
+        waiter.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiter
+        await asyncio.sleep(0.01)
+        whole(t)
+
+
+class FailingManager:
+    name = "failing"
+
+    def __init__(self):
+        self.released = 0
+
+    async def start(self, ctx):
+        self.ctx = ctx
+
+    def check(self, spec):
+        if spec.kind == "bad":
+            raise SpecError("bad kind")
+
+    async def apply(self, grant, lease):
+        if lease.spec.kind == "boom":
+            raise OSError("device on fire")
+        lease.attach("exec", self._exec)
+
+    async def _exec(self, cmd, **kw):
+        return cmd
+
+    async def release(self, grant, lease):
+        self.released += 1
+
+    async def aclose(self):
+        pass
+
+
+async def test_manager_failure_returns_units_with_a_typed_error():
+    m = FailingManager()
+    async with Tangram(Pool(cpus=2), managers=[m]) as t:
+        with pytest.raises(ManagerError, match="device on fire"):
+            async with t.acquire(ActionSpec(kind="boom", cpus=2)):
+                pass
+        with pytest.raises(SpecError, match="bad kind"):
+            async with t.acquire(ActionSpec(kind="bad", cpus=1)):
+                pass
+        async with t.acquire(ActionSpec(kind="ok", cpus=1)) as lease:
+            assert await lease.exec(["true"]) == ["true"]
+            with pytest.raises(ManagerError, match="service"):
+                _ = lease.service
+        await asyncio.sleep(0.01)
+        assert m.released == 1
+        whole(t)
+
+
+async def test_scheduler_death_reaches_every_waiter():
+    t = Tangram(Pool(cpus=1))
+    async with t:
+        async with t.acquire(ActionSpec(kind="x", cpus=1)):
+            waiters = [asyncio.create_task(t.acquire(ActionSpec(kind="x", cpus=1)).__aenter__()) for _ in range(3)]
+            await asyncio.sleep(0.01)
+
+            def boom(*a, **k):
+                raise RuntimeError("injected core failure")
+
+            t.scheduler.handle_many = boom  # type: ignore[method-assign]
+            t.scheduler.handle = boom  # type: ignore[method-assign]
+        done, pending = await asyncio.wait(waiters, timeout=1.0)
+        assert not pending
+        for w in done:
+            with pytest.raises(SchedulerBrokenError) as ei:
+                w.result()
+            assert isinstance(ei.value.__cause__, RuntimeError)
+        with pytest.raises(SchedulerBrokenError):
+            async with t.acquire(ActionSpec(kind="x", cpus=1)):
+                pass
+        assert "broken" in repr(t)
+
+
+async def test_acquire_outside_or_after_the_context_is_refused():
+    t = Tangram(Pool(cpus=1))
+    with pytest.raises(RuntimeClosedError):
+        async with t.acquire(ActionSpec(kind="x", cpus=1)):
+            pass
+    async with t:
+        pass
+    with pytest.raises(RuntimeClosedError):
+        async with t.acquire(ActionSpec(kind="x", cpus=1)):
+            pass
+
+
+async def test_closing_fails_queued_waiters():
+    t = Tangram(Pool(cpus=1))
+    async with t:
+        holder = t.acquire(ActionSpec(kind="x", cpus=1))
+        await holder.__aenter__()
+        waiter = asyncio.create_task(t.acquire(ActionSpec(kind="x", cpus=1)).__aenter__())
+        await asyncio.sleep(0.01)
+    with pytest.raises(RuntimeClosedError):
+        await waiter
+    await holder.__aexit__(None, None, None)
+
+
+async def test_rate_limited_quota_is_honoured_in_real_time():
+    pool = Pool(quotas={"search": Quota(concurrency=100, rate=50.0, burst=1)})
+    async with Tangram(pool) as t:
+        loop = asyncio.get_running_loop()
+        stamps = []
+
+        async def search():
+            async with t.acquire(ActionSpec(kind="search", quotas={"search": 1})):
+                stamps.append(loop.time())
+
+        t0 = loop.time()
+        await asyncio.gather(*[search() for _ in range(10)])
+        # 1 immediate + 9 at 50/s -> at least 0.18 s
+        assert stamps[-1] - t0 >= 0.17
+        gaps = [b - a for a, b in zip(stamps, stamps[1:])]
+        assert min(gaps) >= 0.015
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="needs Linux sched_setaffinity")
+async def test_lease_run_pins_the_subprocess_to_the_lease_cores():
+    ncpu = len(os.sched_getaffinity(0))
+    async with Tangram(Pool(cpus=sorted(os.sched_getaffinity(0)))) as t:
+        async with t.acquire(ActionSpec(kind="x", cpus=1)) as lease:
+            r = await lease.run([sys.executable, "-c", "import os; print(sorted(os.sched_getaffinity(0)))"])
+            assert r.ok and r.stdout.decode().strip() == str(list(lease.cpus))
+        async with t.acquire(ActionSpec(kind="x", cpus=1)) as lease:
+            r = await lease.run([sys.executable, "-c", "import time; time.sleep(10)"], timeout=0.2)
+            assert r.timed_out and not r.ok
+            r = await lease.run([sys.executable, "-c", "print('x' * 100000)"], max_output=1000)
+            assert r.truncated and len(r.stdout) == 1000
+        with pytest.raises(SpecError):
+            async with t.acquire(ActionSpec(kind="x", cpus=1)) as lease:
+                await lease.run("echo hi")  # type: ignore[arg-type]
+    assert ncpu >= 1

@@ -1,0 +1,125 @@
+"""Hypothesis properties of the core: never over-allocate, minimum honoured, no action lost, and
+every action eventually runs once the running ones finish (FCFS progress)."""
+
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from tangram_sdk import ActionSpec, Amdahl, Elasticity, Pool, Quota, Scheduler
+from tangram_sdk.scheduler.decisions import Grant, Reject
+from tangram_sdk.scheduler.events import Cancelled, Released, ServiceResidency, Submitted, Tick
+
+POOL = Pool(cpus="0-7", numa=[[0, 1, 2, 3], [4, 5, 6, 7]], gpus=4, memory=1000,
+            quotas={"api": Quota(concurrency=3, rate=5.0, burst=2), "db": Quota(concurrency=2)})
+
+
+@st.composite
+def specs(draw):
+    cpus = draw(st.integers(0, 6))
+    gpus = draw(st.sampled_from([0, 0, 1, 2, 4]))
+    el = None
+    kind = draw(st.sampled_from(["a", "b", "c"]))
+    r = draw(st.sampled_from([None, "cpu", "gpu"]))
+    if r == "cpu" and cpus:
+        el = Elasticity("cpu", max_units=cpus + draw(st.integers(0, 6)), efficiency=Amdahl(draw(st.floats(0, 1))))
+    elif r == "gpu" and gpus:
+        el = Elasticity("gpu", max_units=draw(st.sampled_from([g for g in (1, 2, 4, 8) if g >= gpus])),
+                        efficiency={1: 1.0, 2: 0.9, 4: 0.8, 8: 0.7})
+    quotas = draw(st.dictionaries(st.sampled_from(["api", "db"]), st.integers(1, 2), max_size=2))
+    service = draw(st.sampled_from([None, "rm", "tm"])) if gpus else None
+    return ActionSpec(kind=kind, cpus=cpus, gpus=gpus, memory=draw(st.sampled_from([0, 0, 300, 700])),
+                      quotas=quotas, elastic=el, duration=draw(st.one_of(st.none(), st.floats(0.01, 5))),
+                      priority=draw(st.sampled_from([0, 0, 0, 1])), service=service)
+
+
+class CoreMachine(RuleBasedStateMachine):
+    def __init__(self):
+        super().__init__()
+        self.s = Scheduler(POOL, window=4, depth=8)
+        self.now = 0.0
+        self.next_id = 1
+        self.queued: set[int] = set()
+        self.running: dict[int, Grant] = {}
+        self.specs: dict[int, ActionSpec] = {}
+
+    def _take(self, decisions):
+        for d in decisions:
+            if isinstance(d, Grant):
+                assert d.action_id in self.queued, "grant for an action that is not waiting"
+                self.queued.discard(d.action_id)
+                self.running[d.action_id] = d
+                spec = self.specs[d.action_id]
+                assert len(d.cpus) >= spec.cpus and len(d.gpus) >= spec.gpus
+                if spec.elastic is not None:
+                    assert spec.min_units <= d.units <= spec.max_units
+                    n = len(d.cpus) if spec.elastic.resource == "cpu" else len(d.gpus)
+                    assert n == d.units
+                if d.gpus:
+                    idx = [POOL.gpus.index(g) for g in d.gpus]
+                    k = len(idx)
+                    assert idx == list(range(idx[0], idx[0] + k)) and idx[0] % k == 0, "unaligned cell"
+                if len(d.cpus) <= 4:
+                    nodes = {c // 4 for c in d.cpus}
+                    assert len(nodes) <= 1, f"NUMA-spanning grant {d.cpus} that fits a node"
+            elif isinstance(d, Reject):
+                self.queued.discard(d.action_id)
+
+    @rule(spec=specs(), dt=st.floats(0, 0.5))
+    def submit(self, spec, dt):
+        self.now += dt
+        aid = self.next_id
+        self.next_id += 1
+        self.specs[aid] = spec
+        self.queued.add(aid)
+        self._take(self.s.handle(Submitted(aid, spec), self.now))
+
+    @precondition(lambda self: self.running)
+    @rule(data=st.data(), dt=st.floats(0, 0.5), failed=st.booleans())
+    def release(self, data, dt, failed):
+        self.now += dt
+        aid = data.draw(st.sampled_from(sorted(self.running)))
+        del self.running[aid]
+        self._take(self.s.handle(Released(aid, failed=failed), self.now))
+
+    @precondition(lambda self: self.queued or self.running)
+    @rule(data=st.data())
+    def cancel(self, data):
+        aid = data.draw(st.sampled_from(sorted(self.queued | set(self.running))))
+        self.queued.discard(aid)
+        self.running.pop(aid, None)
+        self._take(self.s.handle(Cancelled(aid), self.now))
+
+    @rule(dt=st.floats(0, 1))
+    def tick(self, dt):
+        self.now += dt
+        self._take(self.s.handle(Tick(), self.now))
+
+    @rule(service=st.sampled_from(["rm", "tm"]), g=st.sampled_from([0, 1, 2, 3]), resident=st.booleans())
+    def residency(self, service, g, resident):
+        self._take(self.s.handle(ServiceResidency(service, (g,), resident, restore_s=0.2), self.now))
+
+    @invariant()
+    def ledger_consistent(self):
+        self.s.check_invariants()
+        assert self.s.queued == len(self.queued)
+        assert self.s.running == len(self.running)
+
+    def teardown(self):
+        # drain: finishing everything that runs (and waiting for tokens) must run every waiter
+        for _ in range(10_000):
+            if not self.queued and not self.running:
+                break
+            self.now += 1.0
+            if self.running:
+                aid = min(self.running)
+                del self.running[aid]
+                self._take(self.s.handle(Released(aid), self.now))
+            else:
+                self._take(self.s.handle(Tick(), self.now))
+        assert not self.queued, f"actions never ran: {sorted(self.queued)}"
+        self.s.check_invariants()
+        assert self.s.ledger.free_cpus == 8 and self.s.ledger.free_gpus == 4
+
+
+TestCoreMachine = CoreMachine.TestCase
+TestCoreMachine.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
