@@ -12,11 +12,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
 
     demo = sub.add_parser("demo", help="run a small live agentic-rollout workload: static vs Tangram")
-    demo.add_argument("--trajectories", type=int, default=8)
-    demo.add_argument("--actions", type=int, default=4, help="actions per trajectory")
+    demo.add_argument("--trajectories", type=int, default=None, help="default: one per core")
+    demo.add_argument("--actions", type=int, default=6, help="actions per trajectory")
     demo.add_argument("--cpus", type=str, default=None, help="cores to use (default: all of this machine's)")
-    demo.add_argument("--work", type=float, default=0.25, help="single-core seconds of work per action")
-    demo.add_argument("--think", type=float, default=0.3, help="mean seconds of 'thinking' between actions")
+    demo.add_argument("--work", type=float, default=0.4, help="single-core seconds of work per action")
+    demo.add_argument("--think", type=float, default=0.45, help="mean seconds of 'thinking' between actions")
     demo.add_argument("--seed", type=int, default=0)
     demo.add_argument("--no-progress", action="store_true")
 

@@ -167,7 +167,7 @@ def _freeze_quotas(value: Mapping[str, int] | tuple[tuple[str, int], ...] | None
     return tuple(sorted(out.items()))
 
 
-@attrs.frozen
+@attrs.frozen(cache_hash=True)
 class ActionSpec:
     """One action's demand: minimum CPU cores, GPUs, memory bytes and named quota units, plus an
     optional elastic resource. ``duration`` is seconds at the minimum units (learned per ``kind``

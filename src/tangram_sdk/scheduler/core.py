@@ -36,6 +36,7 @@ from .decisions import Decision, Grant, Reject
 from .estimate import Waiter, estimate_waits
 from .events import Cancelled, Event, Released, ServiceResidency, Submitted, Tick
 from .learn import KindStats
+from .residency import Residency
 from .ledger import Ledger
 from .split import best_split
 
@@ -67,6 +68,8 @@ class _Action:
             keys.add("mem")
         for name, _ in spec.quotas:
             keys.add("q:" + name)
+        if spec.service is not None:
+            keys.add(f"svc:{spec.service}:{spec.gpus}")
         self.keys = frozenset(keys)
         self.node = -1
         self.cell = -1
@@ -134,9 +137,10 @@ class Scheduler:
         ng = len(pool.gpus)
         self._cells = tuple(c for c in pool.gpu_cells if c <= ng)
         self._gpu_holder: list[_Action | None] = [None] * ng
-        self._resident: dict[tuple[str, tuple[int, ...]], float] = {}  # (service, positions) -> last use
+        self._resident = Residency(ng)
         self._restore_s: dict[str, float] = {}
         self.next_wakeup: float | None = None
+        self._feasible: dict[ActionSpec, str | None] = {}
         # counters
         self.submitted = self.granted = self.released = self.cancelled = self.rejected = 0
         self.failed = self.rounds = self.evictions = 0
@@ -145,7 +149,19 @@ class Scheduler:
 
     # ------------------------------------------------------------------------------ public API
     def feasibility(self, spec: ActionSpec) -> str | None:
-        """Why ``spec`` can never be granted by this pool, or None when it can."""
+        """Why ``spec`` can never be granted by this pool, or None when it can (memoised: rollouts
+        submit the same few specs millions of times)."""
+        cache = self._feasible
+        try:
+            return cache[spec]
+        except KeyError:
+            pass
+        if len(cache) > 4096:
+            cache.clear()
+        reason = cache[spec] = self._feasibility(spec)
+        return reason
+
+    def _feasibility(self, spec: ActionSpec) -> str | None:
         pool = self.pool
         if spec.cpus > len(pool.cpus):
             return f"cpus={spec.cpus} exceeds the pool's {len(pool.cpus)} cores"
@@ -332,9 +348,7 @@ class Scheduler:
         for gid in g.gpus:
             self._gpu_holder[self.ledger.gpu_pos[gid]] = None
         if a.spec.service and g.gpus:
-            key = (a.spec.service, tuple(self.ledger.gpu_pos[x] for x in g.gpus))
-            if key in self._resident:
-                self._resident[key] = now
+            self._resident.touch((a.spec.service, tuple(self.ledger.gpu_pos[x] for x in g.gpus)), now)
         self.released += 1
         self._known.discard(aid)
         if failed:
@@ -373,9 +387,9 @@ class Scheduler:
         except KeyError:
             return
         if ev.resident:
-            self._resident[key] = now
+            self._resident.add(key, now)
         else:
-            self._resident.pop(key, None)
+            self._resident.remove(key)
         if ev.restore_s is not None and ev.restore_s >= 0:
             old = self._restore_s.get(ev.service)
             self._restore_s[ev.service] = (
@@ -454,6 +468,8 @@ class Scheduler:
                 blocked.update(lack)
                 continue
             if cell >= 0 and a.spec.service and self._should_wait_for_resident(a, cell, now):
+                # later actions of the same service would make the same choice: skip them cheaply
+                blocked.add(f"svc:{a.spec.service}:{a.gpu_min}")
                 continue
             # tentatively reserve the minimum
             for name, q in a.spec.quotas:
@@ -517,12 +533,13 @@ class Scheduler:
             return opts[0]
         ng = len(self._gpu_holder)
         full_all = (1 << ng) - 1
+        res = self._resident
+        warm_cells = res.cells_of(service)
 
         def score(o: int) -> tuple[int, int, int, int]:
             cell = tuple(range(o, o + size))
-            warm = 0 if service is not None and (service, cell) in self._resident else 1
-            others = sum(1 for (s, pos) in self._resident if pos[0] < o + size and pos[-1] >= o
-                         and (s, pos) != (service, cell))
+            warm = 0 if cell in warm_cells else 1
+            others = res.others_on(service, cell)
             parent = size * 2
             po = (o // parent) * parent
             pmask = (((1 << parent) - 1) << po) & full_all
@@ -535,12 +552,13 @@ class Scheduler:
         """Waiting for a busy GPU that already holds the service can beat restoring it elsewhere."""
         svc = a.spec.service
         size = a.gpu_min
-        if (svc, tuple(range(cell, cell + size))) in self._resident:
+        cells = self._resident.cells_of(svc)
+        if not cells or tuple(range(cell, cell + size)) in cells:
             return False
         restore = self._restore_cost(svc)
         best_wait = math.inf
-        for (s, pos), _t in self._resident.items():
-            if s != svc or len(pos) != size:
+        for pos in cells:
+            if len(pos) != size:
                 continue
             wait = 0.0
             for p in pos:
@@ -640,6 +658,8 @@ class Scheduler:
         for a in group:  # give the tentative minimum cells back: the plan re-places them
             mask |= ((1 << a.gpu_min) - 1) << a.cell
         spare_total = mask.bit_count() - sum(a.emin for a in group)
+        if spare_total <= 0 and len(group) < 2:  # nothing to split or evict: keep admission's cell
+            return
         fixed_rel = [(now + self._dur_min(a), a.gpu_min) for a in cands if a.gpu_min and a.eres != "gpu"]
         self._plan_group(group, [0], {0: spare_total}, gfree.bit_count(), fixed_rel, "gpu", now, units,
                          evicted, step_units=self._cells, evict=evict)
@@ -680,7 +700,7 @@ class Scheduler:
         for m in sizes:
             t = d0 * spec.relative_duration(m)
             if steps is not None and spec.service is not None:
-                warm = any(s == spec.service and len(pos) == m for (s, pos) in self._resident)
+                warm = any(len(pos) == m for pos in self._resident.cells_of(spec.service))
                 t += 0.0 if warm else restore
             if math.isinf(mu):
                 if m > a.emin:
@@ -795,7 +815,7 @@ class Scheduler:
             if spec.service is not None:
                 key = (spec.service, pos)
                 restore = key not in self._resident
-                self._resident[key] = now
+                self._resident.add(key, now)
             for p in pos:
                 self._gpu_holder[p] = a
         g = Grant(a.id, cpus=cpus, gpus=gpus, units=units if a.eres else 0, memory=spec.memory,

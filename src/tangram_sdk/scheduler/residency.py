@@ -1,0 +1,63 @@
+"""Which GPU service instances the scheduler believes are resident on which cells.
+
+Kept as three views updated together (by key, by service, per-position count) so that placement,
+which asks "is S warm on this cell?" and "how many caches would this cell disturb?" for every
+candidate cell, never scans the whole table.
+"""
+
+from __future__ import annotations
+
+__all__ = ["Residency"]
+
+Key = tuple[str, tuple[int, ...]]  # (service, GPU positions of its cell)
+
+
+class Residency:
+    __slots__ = ("last_used", "by_service", "per_pos")
+
+    def __init__(self, n_gpus: int) -> None:
+        self.last_used: dict[Key, float] = {}
+        self.by_service: dict[str, set[tuple[int, ...]]] = {}
+        self.per_pos: list[int] = [0] * n_gpus
+
+    def __contains__(self, key: Key) -> bool:
+        return key in self.last_used
+
+    def __len__(self) -> int:
+        return len(self.last_used)
+
+    def __bool__(self) -> bool:
+        return bool(self.last_used)
+
+    def add(self, key: Key, now: float) -> None:
+        if key not in self.last_used:
+            self.by_service.setdefault(key[0], set()).add(key[1])
+            for p in key[1]:
+                self.per_pos[p] += 1
+        self.last_used[key] = now
+
+    def touch(self, key: Key, now: float) -> None:
+        if key in self.last_used:
+            self.last_used[key] = now
+
+    def remove(self, key: Key) -> None:
+        if self.last_used.pop(key, None) is None:
+            return
+        cells = self.by_service[key[0]]
+        cells.discard(key[1])
+        if not cells:
+            del self.by_service[key[0]]
+        for p in key[1]:
+            self.per_pos[p] -= 1
+
+    def cells_of(self, service: str | None) -> set[tuple[int, ...]]:
+        if service is None:
+            return set()
+        return self.by_service.get(service, set())
+
+    def others_on(self, service: str | None, cell: tuple[int, ...]) -> int:
+        """Resident instances of other services (or other cells of this one) overlapping ``cell``."""
+        n = sum(self.per_pos[p] for p in cell)
+        if service is not None and cell in self.cells_of(service):
+            n -= len(cell)
+        return n
