@@ -26,7 +26,7 @@ One round, run after every event:
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from .._cpuset import format_cpuset
@@ -714,11 +714,7 @@ class Scheduler:
     def _plan_group(self, group: list[_Action], bins: list[int], spare: dict[int, int], free_total: int,
                     fixed_rel: list[tuple[float, int]], res: str, now: float, units: dict[int, int],
                     evicted: set[int], step_units: tuple[int, ...] | None, evict: bool) -> None:
-        releases = self._releases(res, now)
-        group_ids = {a.id for a in group}
-        queued = self._queued_waiters(res, now, group_ids)
-        horizon = max(self._dur_min(a) for a in group)
-        arrivals = self._arrivals(res, now, horizon)
+        plan_cost = self._plan_context(group, fixed_rel, free_total, res, now)
         binkey = (lambda a: a.node) if res == "cpu" else (lambda a: 0)
 
         def plan(active: list[_Action], out_: list[_Action]) -> tuple[float, dict[int, int]]:
@@ -742,8 +738,7 @@ class Scheduler:
                 if sig in seen:
                     continue
                 seen.add(sig)
-                cost = self._plan_cost(active, out_, chosen, releases, fixed_rel, queued, arrivals,
-                                       free_total, now, res)
+                cost = plan_cost(active, out_, chosen)
                 if cost < best_cost - 1e-12:
                     best_cost, best_units = cost, chosen
             return best_cost, best_units
@@ -766,6 +761,21 @@ class Scheduler:
         for a in out_:
             evicted.add(a.id)
             self.evictions += 1
+
+    def _plan_context(self, group: list[_Action], fixed_rel: list[tuple[float, int]], free_total: int,
+                      res: str, now: float) -> Callable[[list[_Action], list[_Action], dict[int, int]], float]:
+        """Everything a plan's cost depends on besides the plan itself, gathered once per round;
+        returns ``cost(admitted, evicted, units)`` (also used by the exhaustive reference search)."""
+        releases = self._releases(res, now)
+        queued = self._queued_waiters(res, now, {a.id for a in group})
+        horizon = max(self._dur_min(a) for a in group)
+        arrivals = self._arrivals(res, now, horizon)
+
+        def cost(active: list[_Action], out_: list[_Action], chosen: dict[int, int]) -> float:
+            return self._plan_cost(active, out_, chosen, releases, fixed_rel, queued, arrivals, free_total,
+                                   now, res)
+
+        return cost
 
     def _plan_cost(self, active: list[_Action], out_: list[_Action], chosen: dict[int, int],
                    releases: list[tuple[float, int]], fixed_rel: list[tuple[float, int]],
