@@ -1,0 +1,110 @@
+"""veRL: a code-execution tool whose every call runs inside ``tangram.acquire``.
+
+What a veRL user writes: a tool class (here ``CodeTool``, a ``TangramTool`` whose body runs the
+code with ``lease.run`` on the cores it was granted) and the usual tool YAML, with tangram's
+settings under the tool's ``config.tangram``. The YAML below is loaded with veRL's own
+``initialize_tools_from_config``; the rollout is simulated by calling each tool the way veRL's
+``ToolAgentLoop`` does (create -> execute -> release), so it runs without a model or a GPU.
+
+Needs: pip install verl (CPU torch is enough).   Run:  python examples/verl_tool.py
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+import tempfile
+import textwrap
+from typing import Any
+
+from tangram_sdk import Pool, Quota, Tangram
+from tangram_sdk.integrations import IntegrationUnavailable, install
+
+try:
+    from verl.tools.schemas import ToolResponse
+    from verl.tools.tool_registry import initialize_tools_from_config
+
+    from tangram_sdk.integrations.verl import TangramTool
+except IntegrationUnavailable as exc:  # also an ImportError
+    sys.exit(f"this example needs veRL: {exc}")
+except ImportError as exc:
+    sys.exit(f"this example needs veRL: {exc}. Install it with: pip install verl")
+
+CORES = sorted(os.sched_getaffinity(0))
+
+
+class CodeTool(TangramTool):  # type: ignore[misc, valid-type]
+    """Runs the agent's Python snippet on the cores its lease holds."""
+
+    async def execute_with_lease(self, instance_id: str, parameters: dict[str, Any], lease: Any,
+                                 **kwargs: Any) -> tuple[ToolResponse, float, dict[str, Any]]:
+        result = await lease.run([sys.executable, "-c", parameters["code"]], timeout=10)
+        text = (result.stdout or result.stderr).decode(errors="replace").strip()
+        return ToolResponse(text=text), 0.0, {"exit_code": result.exit_code}
+
+
+TOOL_YAML = textwrap.dedent(f"""
+    tools:
+      - class_name: "__main__.CodeTool"
+        config:
+          type: native
+          tangram:
+            spec: {{kind: code, cpus: 1, elastic: {{resource: cpu, max_units: {len(CORES)}, parallel: 0.8}}}}
+            from_parameters: {{max_units: cores}}   # the agent says how many cores it could use
+            timeout: 30
+        tool_schema:
+          type: function
+          function:
+            name: code_interpreter
+            description: Run a Python snippet and return its output.
+            parameters:
+              type: object
+              properties:
+                code: {{type: string, description: The code to run.}}
+                cores: {{type: integer, description: How many cores the code can use.}}
+              required: [code, cores]
+""")
+
+SNIPPET = "import os; print('ran on', len(os.sched_getaffinity(0)), 'core(s)')"
+
+
+async def call_tool(tool: Any, arguments: dict[str, Any]) -> str:
+    """What veRL's ToolAgentLoop._call_tool does for a BaseTool."""
+    instance_id, _ = await tool.create(create_kwargs={})
+    try:
+        response, _reward, _metrics = await tool.execute(instance_id, arguments)
+    except Exception as exc:  # noqa: BLE001 - veRL turns a raising tool into an error message for the agent
+        return f"Error executing tool: {exc}"
+    finally:
+        await tool.release(instance_id)
+    return str(response.text)
+
+
+def load_tools() -> list[Any]:
+    """Write the tool YAML and load it with veRL's own loader, as a veRL rollout worker does."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "tool_config.yaml")
+        with open(path, "w") as f:
+            f.write(TOOL_YAML)
+        return list(initialize_tools_from_config(path))
+
+
+async def main() -> None:
+    (tool,) = load_tools()
+
+    async with Tangram(Pool(cpus=CORES, quotas={"search": Quota(concurrency=4)})) as tangram:
+        install(tangram)  # every TangramTool in this process now draws on this pool
+        calls = [{"code": SNIPPET, "cores": 1 + i % len(CORES)} for i in range(6)]
+        calls.append({"code": SNIPPET, "cores": "all"})  # malformed: the agent gets an error back
+        outputs = await asyncio.gather(*(call_tool(tool, args) for args in calls))
+        for i, text in enumerate(outputs):
+            print(f"call {i}: {text}")
+        await asyncio.sleep(0.01)
+        print(repr(tangram))
+        print("completed:", tangram.statistics()["completed"])
+        install(None)
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

@@ -1,0 +1,216 @@
+"""Turn framework config (YAML mappings) into ActionSpecs and Pools, and map tool calls to specs.
+
+Why here: veRL and OpenRLHF both describe tools and environments in YAML/dicts, and a bad key must
+fail where the config is read (a SpecError naming the key), not halfway through a rollout. The
+mapping from one *call* to a spec is different: the arguments come from the policy model, so a
+call that cannot be mapped is the agent's mistake, reported back to it (see :class:`SpecMapper`).
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import threading
+from collections.abc import Callable, Mapping
+from typing import Any, ClassVar
+
+import attrs
+
+from ..errors import InfeasibleSpecError, SpecError
+from ..pool import Pool, Quota
+from ..spec import ActionSpec, Amdahl, Elasticity
+
+__all__ = [
+    "SpecFor",
+    "SpecMapper",
+    "SpecMappingError",
+    "import_object",
+    "pool_from_mapping",
+    "spec_from_mapping",
+]
+
+log = logging.getLogger("tangram_sdk.integrations")
+
+#: ``spec_for(tool_name, parameters) -> ActionSpec``: derive one call's demand from its arguments.
+SpecFor = Callable[[str, Mapping[str, Any]], ActionSpec]
+
+_SPEC_KEYS = {"kind", "cpus", "gpus", "memory", "quotas", "elastic", "duration", "priority", "container",
+              "service"}
+_ELASTIC_KEYS = {"resource", "max_units", "parallel", "efficiency"}
+_FROM_PARAM_KEYS = {"cpus", "gpus", "memory", "duration", "priority", "max_units"}
+
+
+class SpecMappingError(SpecError):
+    """A tool call's arguments could not be mapped to an ActionSpec (reported to the agent)."""
+
+
+def import_object(path: str) -> Any:
+    """Import ``"pkg.mod:attr"`` (or ``"pkg.mod.attr"``), the way veRL names ``class_name``."""
+    if not isinstance(path, str) or not path.strip():
+        raise SpecError(f"expected an import path like 'pkg.module:name', got {path!r}")
+    mod, sep, attr = path.partition(":")
+    if not sep:
+        mod, _, attr = path.rpartition(".")
+    if not mod or not attr:
+        raise SpecError(f"expected an import path like 'pkg.module:name', got {path!r}")
+    try:
+        obj = importlib.import_module(mod)
+        for part in attr.split("."):
+            obj = getattr(obj, part)
+    except (ImportError, AttributeError) as exc:
+        raise SpecError(f"could not import {path!r}: {exc}") from exc
+    return obj
+
+
+def _plain(value: Any) -> Any:
+    """OmegaConf DictConfig/ListConfig -> plain containers (duck-typed: no omegaconf import)."""
+    if isinstance(value, Mapping):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)) or type(value).__name__ == "ListConfig":
+        return [_plain(v) for v in value]
+    return value
+
+
+def _check_keys(where: str, data: Mapping[str, Any], allowed: set[str]) -> None:
+    unknown = sorted(set(data) - allowed)
+    if unknown:
+        raise SpecError(f"{where}: unknown key(s) {unknown}; allowed: {sorted(allowed)}")
+
+
+def _elastic(data: Any) -> Elasticity:
+    if not isinstance(data, Mapping):
+        raise SpecError(f"spec.elastic must be a mapping, got {data!r}")
+    _check_keys("spec.elastic", data, _ELASTIC_KEYS)
+    if "parallel" in data and "efficiency" in data:
+        raise SpecError("spec.elastic: give either parallel (Amdahl) or efficiency (a table), not both")
+    eff: Any = Amdahl(0.9)
+    if "parallel" in data:
+        eff = Amdahl(data["parallel"])
+    elif "efficiency" in data:
+        table = data["efficiency"]
+        if not isinstance(table, Mapping):
+            raise SpecError(f"spec.elastic.efficiency must map units to E(units), got {table!r}")
+        try:
+            eff = {int(k): float(v) for k, v in table.items()}
+        except (TypeError, ValueError) as exc:
+            raise SpecError(f"spec.elastic.efficiency: {exc}") from exc
+    return Elasticity(resource=data.get("resource", "cpu"), max_units=data.get("max_units", 1), efficiency=eff)
+
+
+def spec_from_mapping(data: Mapping[str, Any], *, default_kind: str | None = None) -> ActionSpec:
+    """Build an ActionSpec from YAML: the ActionSpec fields, with ``elastic`` as
+    ``{resource, max_units, parallel | efficiency}``. Unknown keys are a SpecError (typos would
+    otherwise silently give an action no resources)."""
+    data = _plain(data)
+    if not isinstance(data, Mapping):
+        raise SpecError(f"a spec must be a mapping, got {data!r}")
+    _check_keys("spec", data, _SPEC_KEYS)
+    fields = dict(data)
+    fields.setdefault("kind", default_kind)
+    if fields["kind"] is None:
+        raise SpecError("spec.kind is required")
+    if fields.get("elastic") is not None:
+        fields["elastic"] = _elastic(fields["elastic"])
+    return ActionSpec(**fields)
+
+
+def pool_from_mapping(data: Mapping[str, Any]) -> Pool:
+    """Build a Pool from YAML: ``cpus``, ``numa``, ``gpus``, ``gpu_cells``, ``memory`` and
+    ``quotas: {name: {concurrency, rate, burst}}``."""
+    data = _plain(data)
+    if not isinstance(data, Mapping):
+        raise SpecError(f"a pool must be a mapping, got {data!r}")
+    _check_keys("pool", data, {"cpus", "numa", "gpus", "gpu_cells", "memory", "quotas"})
+    fields = dict(data)
+    quotas = fields.pop("quotas", None) or {}
+    if not isinstance(quotas, Mapping):
+        raise SpecError(f"pool.quotas must map names to {{concurrency, rate, burst}}, got {quotas!r}")
+    built: dict[str, Quota] = {}
+    for name, q in quotas.items():
+        if not isinstance(q, Mapping):
+            raise SpecError(f"pool.quotas.{name} must be a mapping, got {q!r}")
+        _check_keys(f"pool.quotas.{name}", q, {"concurrency", "rate", "burst"})
+        built[str(name)] = Quota(**q)
+    return Pool(quotas=built, **fields)
+
+
+class SpecMapper:
+    """Maps one tool call ``(tool_name, parameters)`` to an ActionSpec.
+
+    Sources, first match wins: ``spec_for`` (code or an import path in YAML); a static ``spec``
+    plus ``from_parameters`` (``{spec_field: parameter_name}``, each an int/float argument). Any
+    failure becomes :class:`SpecMappingError`; it is logged at WARNING the first time per tool
+    name (with the reason) and at DEBUG after that, so a policy that keeps producing bad
+    arguments cannot flood the log.
+    """
+
+    _warned: ClassVar[set[str]] = set()
+    _lock: ClassVar[threading.Lock] = threading.Lock()
+
+    def __init__(
+        self,
+        *,
+        spec: ActionSpec | None = None,
+        spec_for: SpecFor | None = None,
+        from_parameters: Mapping[str, str] | None = None,
+    ) -> None:
+        if spec is None and spec_for is None:
+            raise SpecError("give a static spec or a spec_for(tool_name, parameters) callable")
+        if spec is not None and not isinstance(spec, ActionSpec):
+            raise SpecError(f"spec must be an ActionSpec, got {spec!r}")
+        if spec_for is not None and not callable(spec_for):
+            raise SpecError(f"spec_for must be callable, got {spec_for!r}")
+        fp = dict(_plain(from_parameters) or {})
+        _check_keys("from_parameters", fp, _FROM_PARAM_KEYS)
+        if fp and spec is None:
+            raise SpecError("from_parameters adjusts a static spec; give spec too")
+        self.spec = spec
+        self.spec_for = spec_for
+        self.from_parameters: dict[str, str] = {str(k): str(v) for k, v in fp.items()}
+
+    def __call__(self, tool_name: str, parameters: Mapping[str, Any]) -> ActionSpec:
+        try:
+            return self._map(tool_name, parameters)
+        except SpecMappingError:
+            raise
+        except (SpecError, InfeasibleSpecError, TypeError, ValueError, KeyError) as exc:
+            raise SpecMappingError(f"{type(exc).__name__}: {exc}") from exc
+
+    def _map(self, tool_name: str, parameters: Mapping[str, Any]) -> ActionSpec:
+        if self.spec_for is not None:
+            spec = self.spec_for(tool_name, parameters)
+            if not isinstance(spec, ActionSpec):
+                raise SpecMappingError(f"spec_for returned {type(spec).__name__}, not an ActionSpec")
+            return spec
+        assert self.spec is not None
+        if not self.from_parameters:
+            return self.spec
+        changes: dict[str, Any] = {}
+        for field, pname in self.from_parameters.items():
+            if pname not in parameters:
+                raise SpecMappingError(f"missing argument {pname!r} (it sets {field})")
+            value = parameters[pname]
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise SpecMappingError(f"argument {pname!r} must be a number, got {value!r}")
+            changes[field] = value if field == "duration" else int(value)
+        max_units = changes.pop("max_units", None)
+        spec = attrs.evolve(self.spec, **changes)
+        if max_units is not None:
+            if spec.elastic is None:
+                raise SpecMappingError("from_parameters.max_units needs spec.elastic")
+            spec = attrs.evolve(spec, elastic=attrs.evolve(spec.elastic, max_units=max_units))
+        return spec
+
+    @classmethod
+    def report(cls, tool_name: str, exc: BaseException) -> None:
+        """Log a mapping failure: once per tool name at WARNING, then at DEBUG."""
+        with cls._lock:
+            first = tool_name not in cls._warned
+            cls._warned.add(tool_name)
+        if first:
+            log.warning(
+                "tool %r: arguments could not be mapped to an ActionSpec (%s); the call returns an "
+                "error to the agent. Further failures of this tool are logged at DEBUG.", tool_name, exc,
+            )
+        else:
+            log.debug("tool %r: arguments could not be mapped to an ActionSpec (%s)", tool_name, exc)

@@ -1,0 +1,50 @@
+"""Import an RL framework only when its adapter is used, and say how to install it when it is missing.
+
+Why lazy: veRL and OpenRLHF pull in Ray, transformers and (by default) CUDA stacks. ``import
+tangram_sdk`` must stay cheap and must work on a laptop without them, so the adapters import the
+framework at the moment a framework class is first needed, and turn a failed import into one
+clear error instead of a ``ModuleNotFoundError`` from deep inside the framework.
+
+``IntegrationUnavailable`` should be re-exported from ``tangram_sdk`` (the lead owns ``__init__``).
+"""
+
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+
+from ..errors import TangramError
+
+__all__ = ["IntegrationUnavailable", "require"]
+
+
+class IntegrationUnavailable(TangramError, ImportError):
+    """A framework adapter was used but the framework (or one of the modules it imports) is missing.
+
+    It is also an :class:`ImportError`, so the common ``try: ... except ImportError:`` fallback
+    keeps working. ``framework`` names the framework, ``install`` the pip command that fixes it.
+    """
+
+    def __init__(self, message: str, *, framework: str, install: str) -> None:
+        super().__init__(message)
+        self.framework = framework
+        self.install = install
+
+
+def require(module: str, *, framework: str, install: str) -> ModuleType:
+    """Import ``module`` or raise :class:`IntegrationUnavailable` naming ``install``.
+
+    A module that exists but fails on one of *its* imports (veRL's interface modules import
+    torch, ray, tensordict...) is reported the same way, with the missing name, because the fix
+    is the same: install the framework with its dependencies.
+    """
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        missing = getattr(exc, "name", None)
+        what = f"{module!r}" if missing in (None, module) else f"{module!r} (it needs {missing!r})"
+        raise IntegrationUnavailable(
+            f"the {framework} integration could not import {what}: {exc}. Install it with: {install}",
+            framework=framework,
+            install=install,
+        ) from exc

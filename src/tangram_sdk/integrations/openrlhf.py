@@ -1,0 +1,113 @@
+"""OpenRLHF adapter: every environment ``step`` of an agent runs inside ``tangram.acquire``.
+
+Matches OpenRLHF's agent interface as of openrlhf 0.11.2 (``openrlhf/utils/agent.py``):
+``AgentInstanceBase`` with ``async reset(states, **kwargs)`` and ``async step(states, **kwargs)``
+returning a dict with ``rewards`` (a tensor: the executor calls ``.item()``), ``scores``,
+``environment_feedback``, ``done`` and optional ``sampling_params``/``extra_logs``;
+``MultiTurnAgentExecutor(agent_instance_cls)`` builds one instance per prompt with no arguments.
+OpenRLHF loads ``AgentExecutor`` from ``--train.agent_func_path`` and instantiates it without
+arguments, so the runtime is named by ``runtime=`` (an import path or pool mapping) or installed
+with :func:`tangram_sdk.integrations.install`.
+
+Why wrap ``step`` and not ``execute``: generation is the LLM engine's business; the step is the
+environment action (run tests, call a search API, score with a model) whose resources vary per
+action, which is what tangram schedules.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
+
+from ..errors import InfeasibleSpecError, SpecError
+from ..spec import ActionSpec
+from ._config import SpecMapper, SpecMappingError
+from ._host import RuntimeSource, _reset_lease, _set_lease, current_lease, resolve_runtime
+from ._lazy import require
+
+__all__ = ["current_lease", "with_tangram"]
+
+INSTALL = "pip install openrlhf  (its agent interface needs openrlhf, torch, transformers, aiohttp)"
+
+T = TypeVar("T")
+
+#: ``spec_for(states) -> ActionSpec``: the demand of one step, from the step's ``states`` dict
+#: (``observation_text``, ``action_text``, ``label``, ``sampling_params``).
+StepSpecFor = Callable[[Mapping[str, Any]], ActionSpec]
+
+
+def _error_step(states: Mapping[str, Any], exc: BaseException) -> dict[str, Any]:
+    """A step result that tells the agent its action could not run; the episode goes on."""
+    torch = require("torch", framework="openrlhf", install=INSTALL)
+    zero = torch.tensor(0.0)
+    return {
+        "rewards": zero,
+        "scores": zero,
+        "environment_feedback": f"\n[environment error: the action was not run: {exc}]\n",
+        "done": False,
+        "sampling_params": states.get("sampling_params"),
+        "extra_logs": {"tangram_error": 1.0},
+    }
+
+
+def with_tangram(
+    instance_cls: type[T],
+    *,
+    spec: ActionSpec | None = None,
+    spec_for: StepSpecFor | None = None,
+    runtime: RuntimeSource | None = None,
+    timeout: float | None = None,
+    pass_lease: bool = True,
+) -> type[T]:
+    """Return a subclass of the OpenRLHF agent instance class whose ``step`` holds a lease.
+
+    ``spec`` is a fixed demand per step, ``spec_for(states)`` derives one per step (e.g. parse the
+    tool call in ``states["action_text"]``). When the mapping fails, or the spec can never fit
+    the pool, the step returns an error as ``environment_feedback`` with reward 0 and
+    ``done=False`` instead of raising (logged once per agent class). ``pass_lease`` passes
+    ``lease=`` to ``step`` when its signature takes it or ``**kwargs`` (OpenRLHF's base does);
+    :func:`current_lease` works either way. ``reset`` is not wrapped: it builds the episode state.
+    """
+    base = require("openrlhf.utils.agent", framework="openrlhf", install=INSTALL).AgentInstanceBase
+    if not (isinstance(instance_cls, type) and issubclass(instance_cls, base)):
+        raise SpecError(f"with_tangram() needs a subclass of openrlhf AgentInstanceBase, got {instance_cls!r}")
+    if spec is None and spec_for is None:
+        raise SpecError("with_tangram() needs spec= or spec_for=")
+    label = instance_cls.__name__
+    mapper = SpecMapper(spec=spec, spec_for=(lambda _n, states: spec_for(states)) if spec_for else None)
+    original_step = instance_cls.step  # type: ignore[attr-defined]
+    sig_params = inspect.signature(original_step).parameters.values()
+    takes_lease = pass_lease and any(
+        p.name == "lease" or p.kind is inspect.Parameter.VAR_KEYWORD for p in sig_params
+    )
+
+    async def step(self: Any, states: dict[str, Any], **kwargs: Any) -> Any:
+        try:
+            the_spec = mapper(label, states if isinstance(states, Mapping) else {})
+        except SpecMappingError as exc:
+            SpecMapper.report(label, exc)
+            return _error_step(states, exc)
+        tangram = await resolve_runtime(runtime)
+        acm = tangram.acquire(the_spec, timeout=timeout)
+        try:
+            lease = await acm.__aenter__()
+        except (SpecError, InfeasibleSpecError) as exc:
+            SpecMapper.report(label, exc)
+            return _error_step(states, exc)
+        token = _set_lease(lease)
+        try:
+            if takes_lease:
+                kwargs.setdefault("lease", lease)
+            result = await original_step(self, states, **kwargs)
+        except BaseException as exc:
+            _reset_lease(token)
+            await acm.__aexit__(type(exc), exc, exc.__traceback__)
+            raise
+        _reset_lease(token)
+        await acm.__aexit__(None, None, None)
+        return result
+
+    step.__doc__ = original_step.__doc__
+    return type(label, (instance_cls,), {"step": step, "__module__": instance_cls.__module__,
+                                         "__doc__": instance_cls.__doc__})
