@@ -1,0 +1,575 @@
+"""TorchGpuManager on the CPU path: explicit "devices", memory budgets, hand-made grants and leases."""
+
+from __future__ import annotations
+
+import http.server
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any, ClassVar
+
+import anyio
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from tangram_sdk.errors import DeviceError, InfeasibleSpecError, ManagerError, SpecError
+from tangram_sdk.lease import Lease
+from tangram_sdk.managers.base import ManagerContext
+from tangram_sdk.managers.gpu import HttpSleepWake, OffloadableService, TorchGpuManager
+from tangram_sdk.pool import Pool
+from tangram_sdk.scheduler.decisions import Grant
+from tangram_sdk.scheduler.events import ServiceResidency
+from tangram_sdk.spec import ActionSpec, Elasticity
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+class Scorer(torch.nn.Module):
+    def __init__(self, seed: int, d: int = 32) -> None:
+        super().__init__()
+        g = torch.Generator().manual_seed(seed)
+        self.l1 = torch.nn.Linear(d, 64)
+        self.l2 = torch.nn.Linear(64, 1)
+        with torch.no_grad():
+            for p in self.parameters():
+                p.copy_(torch.randn(p.shape, generator=g))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.l2(torch.tanh(self.l1(x))).squeeze(-1)
+
+
+FP = 8960  # footprint of Scorer(d=32): 8192 + 3 * 256 (each tensor aligned to 256 bytes)
+X = torch.randn(6, 32, generator=torch.Generator().manual_seed(7))
+
+
+def manager(budget: Any = None, n: int = 2, **kw: Any) -> TorchGpuManager:
+    mgr = TorchGpuManager(devices={i: "cpu" for i in range(n)}, memory_budget=budget, **kw)
+    for name, seed in (("a", 1), ("b", 2), ("c", 3)):
+        mgr.register(name, module=Scorer(seed))
+    return mgr
+
+
+@pytest.fixture
+def events() -> list[Any]:
+    return []
+
+
+async def started(mgr: TorchGpuManager, events: list[Any], n: int = 2) -> TorchGpuManager:
+    await mgr.start(ManagerContext(Pool(gpus=n), events.append))
+    return mgr
+
+
+_ids = iter(range(1, 1_000_000))
+
+
+def lease_for(service: str, gpus: tuple[int, ...], restore: bool = True) -> tuple[Grant, Lease]:
+    aid = next(_ids)
+    spec = ActionSpec(kind="score", gpus=len(gpus), service=service)
+    grant = Grant(aid, gpus=gpus, units=0, restore=restore)
+    lease = Lease(aid, spec, cpus=(), gpus=gpus, units=0, memory=0, quotas=(), queued_s=0.0, granted_at=0.0)
+    return grant, lease
+
+
+async def use(mgr: TorchGpuManager, service: str, gpus: tuple[int, ...] = (0,)) -> Any:
+    """apply, call, release: one whole action."""
+    grant, lease = lease_for(service, gpus)
+    await mgr.apply(grant, lease)
+    try:
+        return await lease.call(X)
+    finally:
+        await mgr.release(grant, lease)
+
+
+def resident(mgr: TorchGpuManager, g: int = 0) -> list[str]:
+    return mgr.statistics()["devices"][g]["resident"]
+
+
+def used(mgr: TorchGpuManager, g: int = 0) -> int:
+    return mgr.statistics()["devices"][g]["used"]
+
+
+# -- registration and check --------------------------------------------------------------------
+def test_footprint_is_measured() -> None:
+    mgr = manager()
+    assert mgr.footprint("a") == FP
+
+
+def test_factory_called_once_and_factory_error_registers_nothing() -> None:
+    calls = []
+
+    def factory() -> torch.nn.Module:
+        calls.append(1)
+        return Scorer(0)
+
+    mgr = TorchGpuManager(devices={0: "cpu"})
+    mgr.register("rm", factory=factory)
+    assert calls == [1]
+
+    def broken() -> torch.nn.Module:
+        raise RuntimeError("weights not found")
+
+    with pytest.raises(ManagerError, match="'bad'.*weights not found") as ei:
+        mgr.register("bad", factory=broken)
+    assert isinstance(ei.value.__cause__, RuntimeError)
+    assert mgr.statistics()["services"] == ["rm"]
+    with pytest.raises(SpecError, match="unknown GPU service 'bad'"):
+        mgr.check(ActionSpec(kind="s", gpus=1, service="bad"))
+    mgr.register("bad", factory=lambda: Scorer(1))  # the name is free again
+
+
+def test_register_validation() -> None:
+    mgr = TorchGpuManager(devices={0: "cpu"})
+    mgr.register("rm", module=Scorer(0))
+    with pytest.raises(SpecError, match="already registered"):
+        mgr.register("rm", module=Scorer(0))
+    with pytest.raises(SpecError, match="exactly one"):
+        mgr.register("x", module=Scorer(0), factory=lambda: Scorer(0))
+    with pytest.raises(SpecError, match="exactly one"):
+        mgr.register("x")
+    with pytest.raises(SpecError, match="identifier"):
+        mgr.register("bad name!", module=Scorer(0))
+    with pytest.raises(SpecError, match="nn.Module"):
+        mgr.register("x", factory=lambda: "not a module")
+    with pytest.raises(SpecError):
+        TorchGpuManager(memory_budget=-1)
+    with pytest.raises(SpecError):
+        TorchGpuManager(devices={0: ""})
+
+
+async def test_check_unknown_and_infeasible(events: list[Any]) -> None:
+    mgr = await started(manager(budget={0: FP - 1, 1: FP // 2}), events)
+    mgr.check(ActionSpec(kind="plain", cpus=1))  # not ours: ignored
+    with pytest.raises(SpecError, match="unknown GPU service 'zzz'.*registered: a, b, c"):
+        mgr.check(ActionSpec(kind="s", gpus=1, service="zzz"))
+    with pytest.raises(InfeasibleSpecError, match="'a' needs 8960 bytes.*largest device budget is 8959"):
+        mgr.check(ActionSpec(kind="s", gpus=1, service="a"))
+    ok = await started(manager(budget={0: FP, 1: 1}), events)
+    ok.check(ActionSpec(kind="s", gpus=1, service="a"))
+
+
+async def test_start_validates_device_mapping(events: list[Any]) -> None:
+    mgr = TorchGpuManager(devices={0: "cpu"})
+    with pytest.raises(SpecError, match=r"no entry for pool GPUs \[1\]"):
+        await mgr.start(ManagerContext(Pool(gpus=2), events.append))
+    default = TorchGpuManager()
+    await default.start(ManagerContext(Pool(gpus=1), events.append))
+    expect = "cuda:0" if torch.cuda.is_available() else "cpu"
+    assert default.statistics()["devices"][0]["device"] == expect
+    assert default.statistics()["devices"][0]["budget"] is None or torch.cuda.is_available()
+
+
+# -- accounting, cache, LRU --------------------------------------------------------------------
+async def test_restore_accounts_and_posts_residency(events: list[Any]) -> None:
+    mgr = await started(manager(budget=10 * FP), events)
+    out = await use(mgr, "a", (1,))
+    assert out.shape == (6,)
+    assert used(mgr, 1) == FP and used(mgr, 0) == 0
+    assert resident(mgr, 1) == ["a"]
+    (ev,) = events
+    assert isinstance(ev, ServiceResidency)
+    assert (ev.service, ev.gpus, ev.resident) == ("a", (1,), True)
+    assert ev.restore_s is not None and ev.restore_s > 0
+    assert "gpu1 cpu 0.0/0.1MB a" in repr(mgr)
+
+
+async def test_release_keeps_instance_as_cache(events: list[Any]) -> None:
+    mgr = await started(manager(budget=10 * FP), events)
+    hook_calls: list[str] = []
+    mgr._hook = lambda s, d: hook_calls.append(s)
+    await use(mgr, "a")
+    await use(mgr, "a")
+    grant, lease = lease_for("a", (0,), restore=False)
+    await mgr.apply(grant, lease)
+    await mgr.release(grant, lease)
+    st = mgr.statistics()
+    assert hook_calls == ["a"] and st["restores"] == 1 and st["hits"] == 2
+    # the second use had grant.restore=True although warm: the scheduler is told it is resident
+    assert [e.resident for e in events] == [True, True]
+    assert events[1].restore_s is None
+
+
+async def test_lru_evicts_least_recently_used_idle_first(events: list[Any]) -> None:
+    mgr = await started(manager(budget=2 * FP), events)
+    await use(mgr, "a")
+    await use(mgr, "b")
+    await use(mgr, "a")  # a is now more recent than b
+    assert resident(mgr) == ["a", "b"]
+    await use(mgr, "c")
+    assert resident(mgr) == ["a", "c"]
+    assert used(mgr) == 2 * FP
+    evicted = [e for e in events if not e.resident]
+    assert [(e.service, e.gpus) for e in evicted] == [("b", (0,))]
+    await use(mgr, "b")  # now a is the LRU one
+    assert resident(mgr) == ["b", "c"]
+    assert mgr.statistics()["evictions"] == 2
+
+
+async def test_devices_are_accounted_separately(events: list[Any]) -> None:
+    mgr = await started(manager(budget=FP), events)
+    await use(mgr, "a", (0,))
+    await use(mgr, "b", (1,))
+    assert resident(mgr, 0) == ["a"] and resident(mgr, 1) == ["b"]
+    assert mgr.statistics()["evictions"] == 0
+
+
+async def test_in_use_instance_is_never_evicted(events: list[Any]) -> None:
+    mgr = await started(manager(budget=FP), events)
+    ga, la = lease_for("a", (0,))
+    await mgr.apply(ga, la)
+    done = anyio.Event()
+    gb, lb = lease_for("b", (0,))
+
+    async def apply_b() -> None:
+        await mgr.apply(gb, lb)
+        done.set()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(apply_b)
+        await anyio.sleep(0.2)
+        assert not done.is_set()
+        assert resident(mgr) == ["a"]
+        assert torch.equal(await la.call(X), Scorer(1).eval()(X).detach())  # still usable
+        await mgr.release(ga, la)
+        with anyio.fail_after(5):
+            await done.wait()
+    assert resident(mgr) == ["b"] and used(mgr) == FP
+    await mgr.release(gb, lb)
+
+
+async def test_cancelled_while_waiting_for_memory_leaks_nothing(events: list[Any]) -> None:
+    mgr = await started(manager(budget=FP), events)
+    ga, la = lease_for("a", (0,))
+    await mgr.apply(ga, la)
+    gb, lb = lease_for("b", (0,))
+    with anyio.move_on_after(0.1):
+        await mgr.apply(gb, lb)
+    inst = next(i for i in mgr.statistics()["instances"] if i["service"] == "b")
+    assert inst["refs"] == 0 and inst["state"] == "cold" and inst["bytes"] == {}
+    await mgr.release(gb, lb)  # release after a failed apply is a no-op
+    await mgr.release(ga, la)
+    await use(mgr, "b")
+    assert resident(mgr) == ["b"]
+
+
+# -- correctness ---------------------------------------------------------------------------------
+async def test_outputs_bit_identical_across_evict_restore_cycles(events: list[Any]) -> None:
+    refs = {n: Scorer(s).eval()(X).detach() for n, s in (("a", 1), ("b", 2), ("c", 3))}
+    mgr = await started(manager(budget=FP), events)
+    for _ in range(4):
+        for name in ("a", "b", "c"):
+            assert torch.equal(await use(mgr, name), refs[name])
+    assert mgr.statistics()["evictions"] == 11
+    grant, lease = lease_for("c", (0,))
+    await mgr.apply(grant, lease)
+    assert isinstance(lease.service, torch.nn.Module)
+    with torch.inference_mode():
+        assert torch.equal(lease.service(X), refs["c"])
+    await mgr.release(grant, lease)
+
+
+async def test_concurrent_restore_of_one_instance_is_done_once(events: list[Any]) -> None:
+    calls: list[str] = []
+
+    def slow(service: str, devices: tuple[str, ...]) -> None:
+        calls.append(service)
+        time.sleep(0.2)
+
+    mgr = await started(manager(budget=FP, restore_hook=slow), events)
+    pairs = [lease_for("a", (0,)) for _ in range(4)]
+    async with anyio.create_task_group() as tg:
+        for g, lease in pairs:
+            tg.start_soon(mgr.apply, g, lease)
+    assert calls == ["a"]
+    st = mgr.statistics()
+    assert st["restores"] == 1 and st["hits"] == 3
+    assert st["instances"][0]["refs"] == 4 and used(mgr) == FP
+    outs = [await lease.call(X) for _, lease in pairs]
+    assert all(torch.equal(o, outs[0]) for o in outs)
+    for g, lease in pairs:
+        await mgr.release(g, lease)
+    assert mgr.statistics()["instances"][0]["refs"] == 0
+
+
+async def test_restores_run_off_the_event_loop(events: list[Any]) -> None:
+    mgr = await started(manager(budget=FP, restore_hook=lambda s, d: time.sleep(0.3)), events)
+    ticks = 0
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while True:
+            await anyio.sleep(0.01)
+            ticks += 1
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(ticker)
+        await use(mgr, "a")
+        tg.cancel_scope.cancel()
+    assert ticks >= 10
+
+
+async def test_multi_gpu_instance_is_separate_and_data_parallel(events: list[Any]) -> None:
+    mgr = await started(manager(budget=4 * FP, n=4), events, n=4)
+    one = await use(mgr, "a", (0,))
+    two_grant, two = lease_for("a", (0, 1))
+    await mgr.apply(two_grant, two)
+    assert len(two.attachment("replicas")) == 2 and two.attachment("devices") == ("cpu", "cpu")
+    out = await two.call(X)
+    assert torch.allclose(out, one, atol=1e-6)
+    await mgr.release(two_grant, two)
+    assert used(mgr, 0) == 2 * FP and used(mgr, 1) == FP
+    assert mgr.statistics()["restores"] == 2
+    # four GPUs, a batch of 6 rows: 4 chunks
+    assert torch.allclose(await use(mgr, "a", (0, 1, 2, 3)), one, atol=1e-6)
+
+
+# -- failures ------------------------------------------------------------------------------------
+async def test_oom_evicts_idle_retries_once_then_device_error(events: list[Any]) -> None:
+    attempts: list[str] = []
+
+    def oom(service: str, devices: tuple[str, ...]) -> None:
+        if service == "c":
+            attempts.append(service)
+            raise torch.OutOfMemoryError("CUDA out of memory (injected)")
+
+    mgr = await started(manager(budget=3 * FP, restore_hook=oom), events)
+    await use(mgr, "a", (0,))
+    await use(mgr, "b", (0,))
+    await use(mgr, "b", (1,))
+    grant, lease = lease_for("c", (0,))
+    with pytest.raises(DeviceError, match="'c' on cpu failed after evicting idle services and retrying once") as ei:
+        await mgr.apply(grant, lease)
+    assert ei.value.resource == "c@cpu"
+    assert isinstance(ei.value.__cause__, torch.OutOfMemoryError)
+    assert attempts == ["c", "c"]
+    assert resident(mgr, 0) == [] and used(mgr, 0) == 0  # "evict more" ran before the retry
+    assert resident(mgr, 1) == ["b"]  # other devices untouched
+    assert mgr.statistics()["failures"] == 1
+    await mgr.release(grant, lease)  # the runtime's shielded release after a failed apply: no-op
+    assert torch.equal(await use(mgr, "b", (1,)), Scorer(2).eval()(X).detach())  # others unaffected
+    assert torch.equal(await use(mgr, "a", (0,)), Scorer(1).eval()(X).detach())
+
+
+async def test_oom_once_succeeds_on_retry(events: list[Any]) -> None:
+    failed = []
+
+    def once(service: str, devices: tuple[str, ...]) -> None:
+        if service == "b" and not failed:
+            failed.append(1)
+            raise torch.OutOfMemoryError("injected")
+
+    mgr = await started(manager(budget=3 * FP, restore_hook=once), events)
+    await use(mgr, "a")
+    await use(mgr, "b")
+    assert resident(mgr) == ["b"] and mgr.statistics()["retries"] == 1
+
+
+async def test_measured_overflow_counts_as_oom_and_is_learned(events: list[Any]) -> None:
+    """A restore whose measured footprint (on CUDA: the memory_allocated delta) overflows the
+    budget is undone and retried once after evicting idle instances, reserving the measured size."""
+    mgr = await started(manager(budget=2 * FP), events)
+    await use(mgr, "b")
+    svc = mgr._services["a"]
+    real = svc.restore
+
+    async def inflated(inst: Any, hook: Any) -> dict[int, int]:
+        measured = await real(inst, hook)
+        return {g: 2 * n for g, n in measured.items()}
+
+    svc.restore = inflated  # type: ignore[method-assign]
+    assert torch.equal(await use(mgr, "a"), Scorer(1).eval()(X).detach())
+    assert resident(mgr) == ["a"] and used(mgr) == 2 * FP
+    assert mgr.footprint("a") == 2 * FP
+    assert mgr.statistics()["retries"] == 1
+
+
+async def test_budget_that_cannot_fit_raises_device_error(events: list[Any]) -> None:
+    mgr = await started(manager(budget={0: 10 * FP, 1: FP // 2}), events)
+    mgr.check(ActionSpec(kind="s", gpus=1, service="a"))  # feasible somewhere
+    grant, lease = lease_for("a", (1,))
+    with pytest.raises(DeviceError, match="'a' needs 8960 bytes but cpu \\(pool GPU 1\\)") as ei:
+        await mgr.apply(grant, lease)
+    assert ei.value.resource == "a@cpu"
+    assert used(mgr, 1) == 0
+    await use(mgr, "a", (0,))
+
+
+async def test_non_oom_failure_is_not_retried(events: list[Any]) -> None:
+    calls = []
+
+    def broken(service: str, devices: tuple[str, ...]) -> None:
+        calls.append(service)
+        raise ValueError("driver exploded")
+
+    mgr = await started(manager(budget=FP, restore_hook=broken), events)
+    with pytest.raises(DeviceError, match="driver exploded"):
+        await use(mgr, "a")
+    assert calls == ["a"]
+    assert mgr.statistics()["instances"][0]["state"] == "cold"
+
+
+async def test_aclose_evicts_everything(events: list[Any]) -> None:
+    mgr = await started(manager(budget=10 * FP), events)
+    grant, lease = lease_for("a", (0,))
+    await mgr.apply(grant, lease)
+    service = lease.service
+    await mgr.release(grant, lease)
+    await use(mgr, "b", (1,))
+    await mgr.aclose()
+    assert used(mgr, 0) == used(mgr, 1) == 0
+    assert all(p.device.type == "meta" for p in service.parameters())
+    with pytest.raises(ManagerError, match="no longer resident"):
+        await lease.call(X)
+
+
+# -- offloadable services ----------------------------------------------------------------------
+class FakeServer:
+    def __init__(self, footprint: int) -> None:
+        self.footprint = footprint
+        self.log: list[tuple[str, tuple[str, ...]]] = []
+
+    async def wake(self, devices: tuple[str, ...]) -> None:
+        await anyio.sleep(0.01)
+        self.log.append(("wake", devices))
+
+    async def sleep(self) -> None:
+        self.log.append(("sleep", ()))
+
+    async def call(self, prompt: str) -> str:
+        return prompt.upper()
+
+
+async def test_offloadable_is_managed_like_a_module(events: list[Any]) -> None:
+    srv = FakeServer(FP)
+    assert isinstance(srv, OffloadableService)
+    mgr = TorchGpuManager(devices={0: "cuda:0", 1: "cuda:1"}, memory_budget=2 * FP)
+    mgr.register("llm", offloadable=srv)
+    mgr.register("a", module=Scorer(1))
+    await started(mgr, events)
+    grant, lease = lease_for("llm", (0,))
+    await mgr.apply(grant, lease)
+    assert lease.service is srv and await lease.call("hi") == "HI"
+    await mgr.release(grant, lease)
+    # another placement: one server, so the idle awake copy sleeps first
+    grant, lease = lease_for("llm", (1,))
+    await mgr.apply(grant, lease)
+    await mgr.release(grant, lease)
+    assert srv.log == [("wake", ("cuda:0",)), ("sleep", ()), ("wake", ("cuda:1",))]
+    assert used(mgr, 0) == 0 and used(mgr, 1) == FP
+    with pytest.raises(SpecError, match="offloadable"):
+        mgr.register("x", offloadable=object())  # type: ignore[arg-type]
+
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    seen: ClassVar[list[str]] = []
+
+    def do_POST(self) -> None:
+        n = int(self.headers.get("Content-Length") or 0)
+        body = self.rfile.read(n)
+        self.seen.append(self.path)
+        reply = b'{"ok": true}' if body else b""
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(reply)))
+        self.end_headers()
+        self.wfile.write(reply)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def http_server() -> Iterator[str]:
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+    t = threading.Thread(target=srv.serve_forever, daemon=True)
+    t.start()
+    yield f"http://127.0.0.1:{srv.server_address[1]}"
+    srv.shutdown()
+    srv.server_close()
+
+
+async def test_http_sleep_wake_adapter(http_server: str) -> None:
+    _Handler.seen.clear()
+    adapter = HttpSleepWake(http_server, footprint=FP, level=2)
+    await adapter.wake(("cuda:0",))
+    await adapter.sleep()
+    assert await adapter.call("/v1/completions", {"prompt": "x"}) == {"ok": True}
+    assert _Handler.seen == ["/wake_up", "/sleep?level=2", "/v1/completions"]
+    with pytest.raises(SpecError):
+        HttpSleepWake("file:///etc/passwd", footprint=1)
+    dead = HttpSleepWake("http://127.0.0.1:9", footprint=1, timeout=2)
+    with pytest.raises(DeviceError, match="wake_up"):
+        await dead.wake(("cuda:0",))
+
+
+# -- end to end ----------------------------------------------------------------------------------
+async def test_end_to_end_through_tangram() -> None:
+    tangram_mod = pytest.importorskip("tangram_sdk")
+    Tangram = getattr(tangram_mod, "Tangram", None)
+    if Tangram is None:
+        pytest.skip("tangram_sdk.Tangram (runtime.py) is not available yet")
+    gpu = TorchGpuManager(devices={i: "cpu" for i in range(4)}, memory_budget=2 * FP)
+    for name, seed in (("a", 1), ("b", 2), ("c", 3)):
+        gpu.register(name, module=Scorer(seed))
+    refs = {n: Scorer(s).eval()(X).detach() for n, s in (("a", 1), ("b", 2), ("c", 3))}
+    el = Elasticity("gpu", max_units=2, efficiency={1: 1.0, 2: 0.9})
+    results: dict[str, list[Any]] = {n: [] for n in refs}
+
+    async def action(name: str) -> None:
+        spec = ActionSpec(kind="score", gpus=1, service=name, elastic=el, duration=0.01)
+        async with tangram.acquire(spec) as lease:
+            results[name].append(await lease.call(X))
+
+    with anyio.fail_after(60):
+        async with Tangram(Pool(gpus=4), managers=[gpu]) as tangram:
+            async with anyio.create_task_group() as tg:
+                for i in range(12):
+                    tg.start_soon(action, "abc"[i % 3])
+            with pytest.raises(SpecError):
+                async with tangram.acquire(ActionSpec(kind="s", gpus=1, service="nope")):
+                    pass
+    for name, outs in results.items():
+        assert len(outs) == 4
+        assert all(torch.allclose(o, refs[name], atol=1e-6) for o in outs)
+
+
+async def test_end_to_end_device_error_returns_the_gpus() -> None:
+    tangram_mod = pytest.importorskip("tangram_sdk")
+    Tangram = getattr(tangram_mod, "Tangram", None)
+    if Tangram is None:
+        pytest.skip("tangram_sdk.Tangram (runtime.py) is not available yet")
+
+    def oom(service: str, devices: tuple[str, ...]) -> None:
+        if service == "c":
+            raise torch.OutOfMemoryError("injected")
+
+    gpu = TorchGpuManager(devices={0: "cpu"}, memory_budget=2 * FP, restore_hook=oom)
+    for name, seed in (("a", 1), ("c", 3)):
+        gpu.register(name, module=Scorer(seed))
+    with anyio.fail_after(30):
+        async with Tangram(Pool(gpus=1), managers=[gpu]) as tangram:
+            for _ in range(2):  # the single GPU comes back after each failure
+                with pytest.raises(DeviceError, match="'c'"):
+                    async with tangram.acquire(ActionSpec(kind="score", gpus=1, service="c")):
+                        pass
+                async with tangram.acquire(ActionSpec(kind="score", gpus=1, service="a")) as lease:
+                    assert torch.equal(await lease.call(X), Scorer(1).eval()(X).detach())
+            with pytest.raises(InfeasibleSpecError):
+                gpu.register("huge", module=torch.nn.Linear(100, 100))
+                async with tangram.acquire(ActionSpec(kind="score", gpus=1, service="huge")):
+                    pass
+
+
+@pytest.mark.cuda
+@cuda
+async def test_cuda_restore_evict_cycle(events: list[Any]) -> None:
+    mgr = TorchGpuManager(memory_budget={0: 2 * 1024 * FP})
+    mgr.register("a", module=Scorer(1))
+    mgr.register("b", module=Scorer(2))
+    await mgr.start(ManagerContext(Pool(gpus=1), events.append))
+    outs = [await use(mgr, n) for n in ("a", "b", "a", "b")]
+    assert outs[0].device.type == "cuda"
+    assert torch.equal(outs[0], outs[2]) and torch.equal(outs[1], outs[3])
+    st = mgr.statistics()
+    assert st["devices"][0]["device"] == "cuda:0" and st["devices"][0]["used"] >= 2 * FP
+    await mgr.aclose()
+    assert mgr.statistics()["devices"][0]["used"] == 0
