@@ -16,7 +16,12 @@ fi
 # torch==2.13.0 resolves to the CPU wheel shipped on these machines (a bare "torch" would pull CUDA).
 .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[dev,docker,torch,ray]' 2>&1 \
     | grep -v -E "^WARNING: Location .* is ignored" || true
-.venv/bin/python -c "import tangram_sdk, torch, aiodocker, pytest" >/dev/null
+# veRL / OpenRLHF, so the integration tests run against their real base classes
+.venv/bin/python -m pip install -q --disable-pip-version-check --no-deps -r requirements/frameworks-nodeps.txt 2>&1 \
+    | grep -v -E "^WARNING: Location .* is ignored" || true
+.venv/bin/python -m pip install -q --disable-pip-version-check -r requirements/frameworks.txt 2>&1 \
+    | grep -v -E "^WARNING: Location .* is ignored" || true
+.venv/bin/python -c "import tangram_sdk, torch, aiodocker, ray, verl, openrlhf, pytest" >/dev/null
 
 if [ "$(id -u)" = "0" ]; then
     bash scripts/docker-up.sh || echo "test.sh: Docker could not be started; Docker tests will skip (fail under CI=true)" >&2

@@ -16,6 +16,7 @@ from .errors import (
     SpecError,
     TangramError,
 )
+from .integrations._lazy import IntegrationUnavailable
 from .lease import ExecResult, Lease
 from .managers.base import Manager, ManagerContext
 from .pool import Pool, Quota
@@ -32,6 +33,7 @@ __all__ = [
     "Elasticity",
     "ExecResult",
     "InfeasibleSpecError",
+    "IntegrationUnavailable",
     "Lease",
     "Manager",
     "ManagerContext",
