@@ -49,28 +49,23 @@ class _Action:
     __slots__ = ("id", "spec", "seq", "submitted", "keys", "cpu_min", "gpu_min", "eres", "emin",
                  "emax", "node", "cell", "grant", "started", "est_end", "stats", "span")
 
-    def __init__(self, aid: int, spec: ActionSpec, seq: int, now: float, stats: KindStats) -> None:
+    def __init__(self, aid: int, spec: ActionSpec, seq: int, now: float, stats: KindStats,
+                 keys: frozenset[str]) -> None:
         self.id = aid
         self.spec = spec
         self.seq = seq
         self.submitted = now
         self.cpu_min = spec.cpus
         self.gpu_min = spec.gpus
-        self.eres = spec.elastic_resource
-        self.emin = spec.min_units
-        self.emax = spec.max_units
-        keys = set()
-        if spec.cpus:
-            keys.add("cpu")
-        if spec.gpus:
-            keys.add("gpu")
-        if spec.memory:
-            keys.add("mem")
-        for name, _ in spec.quotas:
-            keys.add("q:" + name)
-        if spec.service is not None:
-            keys.add(f"svc:{spec.service}:{spec.gpus}")
-        self.keys = frozenset(keys)
+        el = spec.elastic
+        if el is None:
+            self.eres: str | None = None
+            self.emin = self.emax = 0
+        else:
+            self.eres = el.resource
+            self.emin = spec.cpus if el.resource == "cpu" else spec.gpus
+            self.emax = el.max_units
+        self.keys = keys
         self.node = -1
         self.cell = -1
         self.span = False
@@ -78,6 +73,22 @@ class _Action:
         self.started = 0.0
         self.est_end = 0.0
         self.stats = stats
+
+
+def _resource_keys(spec: ActionSpec) -> frozenset[str]:
+    """The resources an action contends for: what a blocked action blocks for those behind it."""
+    keys = set()
+    if spec.cpus:
+        keys.add("cpu")
+    if spec.gpus:
+        keys.add("gpu")
+    if spec.memory:
+        keys.add("mem")
+    for name, _ in spec.quotas:
+        keys.add("q:" + name)
+    if spec.service is not None:
+        keys.add(f"svc:{spec.service}:{spec.gpus}")
+    return frozenset(keys)
 
 
 class SchedulerStats(dict[str, Any]):
@@ -141,6 +152,7 @@ class Scheduler:
         self._restore_s: dict[str, float] = {}
         self.next_wakeup: float | None = None
         self._feasible: dict[ActionSpec, str | None] = {}
+        self._keys: dict[ActionSpec, frozenset[str]] = {}
         # counters
         self.submitted = self.granted = self.released = self.cancelled = self.rejected = 0
         self.failed = self.rounds = self.evictions = 0
@@ -323,7 +335,12 @@ class Scheduler:
         st.observe_arrival(now, self.alpha)
         st.spec = spec
         self._seq += 1
-        a = _Action(aid, spec, self._seq, now, st)
+        keys = self._keys.get(spec)
+        if keys is None:
+            if len(self._keys) > 4096:
+                self._keys.clear()
+            keys = self._keys[spec] = _resource_keys(spec)
+        a = _Action(aid, spec, self._seq, now, st, keys)
         q = self._queues.get(spec.priority)
         if q is None:
             q = self._queues[spec.priority] = {}
