@@ -1,7 +1,7 @@
 """Hypothesis properties of the core: never over-allocate, minimum honoured, no action lost, and
 every action eventually runs once the running ones finish (FCFS progress)."""
 
-from hypothesis import settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
@@ -123,3 +123,34 @@ class CoreMachine(RuleBasedStateMachine):
 
 TestCoreMachine = CoreMachine.TestCase
 TestCoreMachine.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["sub", "sub", "sub", "rel", "cancel", "tick"]), specs(),
+                          st.floats(0, 0.3), st.integers(0, 10_000)), max_size=40))
+def test_round_skipping_changes_no_decision(script):
+    """Skipping provably-blocked rounds is an optimisation only: same decisions as always planning."""
+    fast, slow = Scheduler(POOL, window=4, depth=8), Scheduler(POOL, window=4, depth=8, skip_rounds=False)
+    now, aid, running, queued = 0.0, 0, [], set()
+    for op, spec, dt, pick in script:
+        now += dt
+        if op == "sub":
+            aid += 1
+            ev = Submitted(aid, spec)
+            queued.add(aid)
+        elif op == "rel" and running:
+            ev = Released(running.pop(pick % len(running)))
+        elif op == "cancel" and queued:
+            victim = sorted(queued)[pick % len(queued)]
+            queued.discard(victim)
+            ev = Cancelled(victim)
+        else:
+            ev = Tick()
+        a, b = fast.handle(ev, now), slow.handle(ev, now)
+        assert a == b
+        for d in a:
+            if isinstance(d, Grant):
+                queued.discard(d.action_id)
+                running.append(d.action_id)
+            elif isinstance(d, Reject):
+                queued.discard(d.action_id)

@@ -110,3 +110,9 @@ def test_pool_forms_and_validation():
     with pytest.raises(SpecError):
         Quota(concurrency=2, burst=3)
     assert Quota(rate=2.5).bucket == 3
+
+
+def test_names_with_trailing_newline_are_refused():
+    for kw in (dict(container="abc\n"), dict(kind="x\n"), dict(service="rm\n", gpus=1), dict(quotas={"q\n": 1})):
+        with pytest.raises(SpecError):
+            ActionSpec(**{"kind": "x", **kw})

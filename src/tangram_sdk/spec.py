@@ -159,7 +159,7 @@ def _freeze_quotas(value: Mapping[str, int] | tuple[tuple[str, int], ...] | None
     items = value.items() if isinstance(value, Mapping) else value
     out: dict[str, int] = {}
     for name, amount in items:
-        if not isinstance(name, str) or not _NAME_RE.match(name):
+        if not isinstance(name, str) or not _NAME_RE.fullmatch(name):
             raise SpecError(f"quota name must be a short identifier, got {name!r}")
         if isinstance(amount, bool) or not isinstance(amount, int) or amount < 1:
             raise SpecError(f"quota {name!r} amount must be an int >= 1, got {amount!r}")
@@ -186,7 +186,7 @@ class ActionSpec:
     service: str | None = None
 
     def __attrs_post_init__(self) -> None:
-        if not isinstance(self.kind, str) or not _NAME_RE.match(self.kind):
+        if not isinstance(self.kind, str) or not _NAME_RE.fullmatch(self.kind):
             raise SpecError(f"kind must be a short non-empty identifier, got {self.kind!r}")
         if self.duration is not None:
             d = self.duration
@@ -195,11 +195,11 @@ class ActionSpec:
         if isinstance(self.priority, bool) or not isinstance(self.priority, int):
             raise SpecError(f"priority must be an int, got {self.priority!r}")
         if self.container is not None and (
-            not isinstance(self.container, str) or not _CONTAINER_RE.match(self.container)
+            not isinstance(self.container, str) or not _CONTAINER_RE.fullmatch(self.container)
         ):
             raise SpecError(f"container must be a Docker id or name, got {self.container!r}")
         if self.service is not None:
-            if not isinstance(self.service, str) or not _NAME_RE.match(self.service):
+            if not isinstance(self.service, str) or not _NAME_RE.fullmatch(self.service):
                 raise SpecError(f"service must be a short identifier, got {self.service!r}")
             if self.gpus < 1:
                 raise SpecError(f"service {self.service!r} needs gpus >= 1")

@@ -118,6 +118,7 @@ class Scheduler:
         mu_grid: Iterable[float] = _DEFAULT_MU_GRID,
         max_evictions: int = 4,
         lookahead_cap: int = 64,
+        skip_rounds: bool = True,
     ) -> None:
         if window < 1 or depth < 0 or scan_limit < 1:
             raise ValueError("window and scan_limit must be >= 1, depth >= 0")
@@ -133,6 +134,7 @@ class Scheduler:
         self.mu_grid = tuple(mu_grid)
         self.max_evictions = max_evictions
         self.lookahead_cap = lookahead_cap
+        self.skip_rounds = skip_rounds
         self.ledger = Ledger(pool)
         self._queues: dict[int, dict[int, _Action]] = {}
         self._prios: list[int] = []
@@ -153,6 +155,12 @@ class Scheduler:
         self.next_wakeup: float | None = None
         self._feasible: dict[ActionSpec, str | None] = {}
         self._keys: dict[ActionSpec, frozenset[str]] = {}
+        # round skipping: a submission that the last round's blocked set already covers, with no
+        # resources freed and no time-dependent state since, cannot be granted: skip the round
+        self._need_round = True
+        self._blocked_last: set[str] = set()
+        self._round_now = -math.inf
+        self._time_sensitive = True
         # counters
         self.submitted = self.granted = self.released = self.cancelled = self.rejected = 0
         self.failed = self.rounds = self.evictions = 0
@@ -306,7 +314,9 @@ class Scheduler:
     def _apply(self, ev: Event, now: float, out: list[Decision]) -> None:
         if isinstance(ev, Submitted):
             self._submit(ev, now, out)
-        elif isinstance(ev, Released):
+            return
+        self._need_round = True
+        if isinstance(ev, Released):
             self._release(ev.action_id, now, failed=ev.failed)
         elif isinstance(ev, Cancelled):
             self._cancel(ev.action_id, now)
@@ -341,6 +351,10 @@ class Scheduler:
                 self._keys.clear()
             keys = self._keys[spec] = _resource_keys(spec)
         a = _Action(aid, spec, self._seq, now, st, keys)
+        if not (self.skip_rounds and not self._need_round and keys and keys <= self._blocked_last
+                and (not self._time_sensitive or now == self._round_now)
+                and all(spec.priority <= p for p in self._prios if self._queues[p])):
+            self._need_round = True
         q = self._queues.get(spec.priority)
         if q is None:
             q = self._queues[spec.priority] = {}
@@ -431,9 +445,12 @@ class Scheduler:
         return self._restore_s.get(service, self.default_restore_s)
 
     def _round(self, now: float) -> list[Decision]:
-        self.next_wakeup = None
         if not self._nqueued:
+            self.next_wakeup = None
             return []
+        if not self._need_round:
+            return []
+        self.next_wakeup = None
         self.rounds += 1
         L = self.ledger
         L.refill(now)
@@ -507,8 +524,13 @@ class Scheduler:
                 gfree &= ~(((1 << a.gpu_min) - 1) << cell)
             a.node, a.cell, a.span = node, cell, span
             cands.append(a)
+        self._blocked_last = blocked
+        self._round_now = now
+        self._time_sensitive = self.next_wakeup is not None or any(k.startswith("svc:") for k in blocked)
+        self._need_round = False
         if not cands:
             return []
+        self._need_round = True  # grants change the ledger; evictions leave re-plannable waiters
         units = {a.id: a.emin for a in cands if a.eres is not None}
         evicted: set[int] = set()
         if self.elastic:
