@@ -24,11 +24,12 @@ from .runtime import Tangram
 from .scheduler.core import Scheduler
 from .spec import ActionSpec, Amdahl, Elasticity, Table
 
-__all__ = [
+__all__ = [  # noqa: F822 (the managers are lazy attributes)
     "ActionSpec",
     "Amdahl",
     "CgroupError",
     "DeviceError",
+    "DockerCpuManager",
     "DockerError",
     "Elasticity",
     "ExecResult",
@@ -41,12 +42,41 @@ __all__ = [
     "Pool",
     "Quota",
     "RuntimeClosedError",
+    "SandboxPool",
     "Scheduler",
     "SchedulerBrokenError",
     "SpecError",
     "Table",
     "Tangram",
     "TangramError",
+    "TorchGpuManager",
 ]
 
 __version__ = "0.1.0"
+
+# Managers with optional dependencies load on first use (PEP 562), so `import tangram_sdk` never
+# imports aiodocker or torch.
+_LAZY = {
+    "DockerCpuManager": ("tangram_sdk.managers.cpu", "docker", "aiodocker"),
+    "SandboxPool": ("tangram_sdk.managers.cpu", "docker", "aiodocker"),
+    "TorchGpuManager": ("tangram_sdk.managers.gpu", "torch", "torch"),
+}
+
+
+def __getattr__(name: str) -> object:
+    if name not in _LAZY:
+        raise AttributeError(f"module 'tangram_sdk' has no attribute {name!r}")
+    import importlib
+
+    module, extra, framework = _LAZY[name]
+    try:
+        return getattr(importlib.import_module(module), name)
+    except ImportError as exc:
+        raise IntegrationUnavailable(
+            f"{name} needs {framework}: pip install 'tangram-sdk[{extra}]' ({exc})",
+            framework=framework, install=f"pip install 'tangram-sdk[{extra}]'",
+        ) from exc
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
