@@ -75,7 +75,9 @@ class Tangram:
         self._batch = batch
         self._core = Scheduler(pool, **scheduler_options)
         self._ids = itertools.count(1)
-        self._waiters: dict[int, asyncio.Future[Grant]] = {}
+        self._waiters: dict[int, asyncio.Future[Grant] | None] = {}
+        self._immediate: dict[int, Grant] = {}
+        self._rejected: dict[int, BaseException] = {}
         self._pending: list[Event] = []
         self._wake: asyncio.Event | None = None
         self._timer: asyncio.TimerHandle | None = None
@@ -118,7 +120,7 @@ class Tangram:
         self._state = "closed"
         closed = RuntimeClosedError("the Tangram was closed while this action was queued")
         for fut in self._waiters.values():
-            if not fut.done():
+            if fut is not None and not fut.done():
                 fut.set_exception(closed)
         if self._timer is not None:
             self._timer.cancel()
@@ -201,12 +203,18 @@ class Tangram:
         """
         if self._state != "open" or self._broken is not None:
             return
-        self._pending.append(ev)
         if self._handling:
+            self._pending.append(ev)
             return
         self._handling = True
         try:
-            self._drain()
+            assert self._loop is not None
+            now = self._loop.time()
+            self._dispatch((ev,), now, self._core.handle(ev, now))
+            if self._pending:
+                self._drain()
+            else:
+                self._arm_timer(self._core.next_wakeup)
         except BaseException as exc:
             self._break(exc)
             if self._task is not None:
@@ -240,22 +248,34 @@ class Tangram:
                 return
 
     def _dispatch(self, events: Sequence[Event], now: float, decisions: Sequence[Decision]) -> None:
+        if not decisions and not self.observers:
+            return
         waiters = self._waiters
         for d in decisions:
-            fut = waiters.get(d.action_id)
-            if isinstance(d, Grant):
-                if fut is None or fut.done():  # the waiter left before the grant: give it back
-                    self._pending.append(Cancelled(d.action_id))
+            aid = d.action_id
+            if aid not in waiters:
+                if isinstance(d, Grant):  # the waiter left before the grant: give it back
+                    self._pending.append(Cancelled(aid))
+                continue
+            fut = waiters[aid]
+            if fut is None:  # decided while its acquire() is still on the stack (inline)
+                if isinstance(d, Grant):
+                    self._immediate[aid] = d
+                else:
+                    del waiters[aid]
+                    self._rejected[aid] = InfeasibleSpecError(d.reason)
+            elif isinstance(d, Grant):
+                if fut.done():  # cancelled/timed out between grant and wake-up
+                    self._pending.append(Cancelled(aid))
                 else:
                     fut.set_result(d)
-            elif isinstance(d, Reject):
-                if fut is not None and not fut.done():
-                    fut.set_exception(InfeasibleSpecError(d.reason))
+            elif not fut.done():
+                fut.set_exception(InfeasibleSpecError(d.reason))
         for obs in self.observers:
             obs(events, now, decisions)
 
     def _arm_timer(self, when: float | None) -> None:
-        if when == self._timer_at:
+        if when == self._timer_at:  # the common case: no rate-limited waiter, nothing to change
             return
         if self._timer is not None:
             self._timer.cancel()
@@ -275,13 +295,19 @@ class Tangram:
     def _break(self, exc: BaseException) -> None:
         self._broken = exc
         log.error("tangram scheduler died: %r", exc)
-        for fut in self._waiters.values():
+        for aid, fut in list(self._waiters.items()):
+            if fut is None:  # broke while this action's acquire() is on the stack
+                del self._waiters[aid]
+                err0 = SchedulerBrokenError(f"the scheduler task died: {exc!r}")
+                err0.__cause__ = exc
+                self._rejected[aid] = err0
+                continue
             if not fut.done():
                 err = SchedulerBrokenError(f"the scheduler task died: {exc!r}")
                 err.__cause__ = exc
                 fut.set_exception(err)
 
-    def _submit(self, spec: ActionSpec) -> tuple[int, asyncio.Future[Grant]]:
+    def _ensure_open(self) -> None:
         if self._broken is not None:
             raise SchedulerBrokenError(f"the scheduler task died: {self._broken!r}") from self._broken
         if self._state != "open":
@@ -289,12 +315,25 @@ class Tangram:
                 "this Tangram is not running; use `async with Tangram(pool) as tangram:`"
                 if self._state == "new" else "this Tangram has been closed"
             )
+
+    def _submit(self, spec: ActionSpec) -> tuple[int, Grant | asyncio.Future[Grant]]:
+        self._ensure_open()
         self._check_spec(spec)
         assert self._loop is not None
         aid = next(self._ids)
-        fut: asyncio.Future[Grant] = self._loop.create_future()
-        self._waiters[aid] = fut
+        # Register a placeholder first: if the core grants inline, _dispatch parks the grant in
+        # _immediate and no future is ever created (the uncontended fast path).
+        self._waiters[aid] = None
         self._post(Submitted(aid, spec))
+        done = self._immediate.pop(aid, None)
+        if done is not None:
+            self._waiters.pop(aid, None)
+            return aid, done
+        fut: asyncio.Future[Grant] = self._loop.create_future()
+        if aid in self._waiters:  # still queued (not rejected/broken while posting)
+            self._waiters[aid] = fut
+        else:
+            fut.set_exception(self._rejected.pop(aid, None) or RuntimeClosedError("the Tangram closed"))
         return aid, fut
 
     def _leave(self, aid: int, *, failed: bool, granted: bool) -> None:
@@ -322,12 +361,15 @@ class _Acquire:
     async def __aenter__(self) -> Lease:
         rt = self._rt
         loop = rt._loop
-        aid, fut = rt._submit(self._spec)
-        self._aid = aid
+        rt._ensure_open()
         assert loop is not None
         t0 = loop.time()
+        aid, fut = rt._submit(self._spec)
+        self._aid = aid
         try:
-            if self._timeout is None:
+            if isinstance(fut, Grant):
+                grant = fut
+            elif self._timeout is None:
                 grant = await fut
             else:
                 grant = await asyncio.wait_for(fut, self._timeout)

@@ -154,6 +154,7 @@ class Scheduler:
         self._restore_s: dict[str, float] = {}
         self.next_wakeup: float | None = None
         self._feasible: dict[ActionSpec, str | None] = {}
+        self._max_node = max(self.ledger.node_size) if self.ledger.node_size else 0
         self._keys: dict[ActionSpec, frozenset[str]] = {}
         # round skipping: a submission that the last round's blocked set already covers, with no
         # resources freed and no time-dependent state since, cannot be granted: skip the round
@@ -452,52 +453,31 @@ class Scheduler:
             return []
         self.next_wakeup = None
         self.rounds += 1
+        if self._nqueued == 1:
+            (only,) = (a for q in self._queues.values() for a in q.values())
+            if only.eres is None:
+                return self._round_single(only, now)
         L = self.ledger
-        L.refill(now)
+        if L.tokens:
+            L.refill(now)
         node_free = [len(s) for s in L.node_free]
-        max_node = max(L.node_size) if L.node_size else 0
+        max_node = self._max_node
         gfree = L.gpu_free
         mem = L.mem_free
-        q_used = dict(L.q_used)
-        tokens = dict(L.tokens)
+        q_used = dict(L.q_used) if L.q_used else L.q_used
+        tokens = dict(L.tokens) if L.tokens else L.tokens
         blocked: set[str] = set()
         all_keys = self._all_keys
         cands: list[_Action] = []
         scanned = 0
-        for a in self._iter_queue():
+        queue = self._queues[self._prios[0]].values() if len(self._prios) == 1 else self._iter_queue()
+        for a in queue:
             if scanned >= self.scan_limit or (all_keys and blocked >= all_keys):
                 break
             scanned += 1
             if a.keys & blocked:
                 continue
-            lack: list[str] = []
-            for name, q in a.spec.quotas:
-                c = L.q_conc[name]
-                if c is not None and q_used[name] + q > c:
-                    lack.append("q:" + name)
-                elif name in tokens and tokens[name] + 1e-9 < q:
-                    lack.append("q:" + name)
-                    rate = L.q_rate[name]
-                    assert rate is not None
-                    t = now + (q - tokens[name]) / rate
-                    if self.next_wakeup is None or t < self.next_wakeup:
-                        self.next_wakeup = t
-            if a.spec.memory and mem is not None and a.spec.memory > mem:
-                lack.append("mem")
-            node = -1
-            span = False
-            if a.cpu_min:
-                node = self._pick_node(a, node_free)
-                if node < 0:
-                    if a.cpu_min > max_node and sum(node_free) >= a.cpu_min:
-                        span = True
-                    else:
-                        lack.append("cpu")
-            cell = -1
-            if a.gpu_min:
-                cell = self._pick_cell(a.gpu_min, a.spec.service, gfree)
-                if cell < 0:
-                    lack.append("gpu")
+            lack, node, cell, span = self._fits(a, node_free, gfree, mem, q_used, tokens, now)
             if lack:
                 blocked.update(lack)
                 continue
@@ -533,7 +513,7 @@ class Scheduler:
         self._need_round = True  # grants change the ledger; evictions leave re-plannable waiters
         units = {a.id: a.emin for a in cands if a.eres is not None}
         evicted: set[int] = set()
-        if self.elastic:
+        if self.elastic and units:
             self._split_cpu(cands, node_free, now, units, evicted)
             self._split_gpu(cands, gfree, now, units, evicted)
         out: list[Decision] = []
@@ -544,6 +524,63 @@ class Scheduler:
         return out
 
     # -- admission helpers ----------------------------------------------------------------------
+    def _fits(self, a: _Action, node_free: list[int], gfree: int, mem: int | None, q_used: dict[str, int],
+              tokens: dict[str, float], now: float) -> tuple[list[str], int, int, bool]:
+        """Does ``a`` fit at its minimum in this (tentative) state? Returns the resources it lacks
+        (empty when it fits), its NUMA node, GPU cell offset, and whether it must span nodes. A
+        missing rate-limit token also moves ``next_wakeup`` to when it will be there."""
+        lack: list[str] = []
+        spec = a.spec
+        if spec.quotas:
+            L = self.ledger
+            for name, q in spec.quotas:
+                c = L.q_conc[name]
+                if c is not None and q_used[name] + q > c:
+                    lack.append("q:" + name)
+                elif name in tokens and tokens[name] + 1e-9 < q:
+                    lack.append("q:" + name)
+                    rate = L.q_rate[name]
+                    assert rate is not None
+                    t = now + (q - tokens[name]) / rate
+                    if self.next_wakeup is None or t < self.next_wakeup:
+                        self.next_wakeup = t
+        if spec.memory and mem is not None and spec.memory > mem:
+            lack.append("mem")
+        node = -1
+        span = False
+        if a.cpu_min:
+            node = self._pick_node(a, node_free)
+            if node < 0:
+                if a.cpu_min > self._max_node and sum(node_free) >= a.cpu_min:
+                    span = True
+                else:
+                    lack.append("cpu")
+        cell = -1
+        if a.gpu_min:
+            cell = self._pick_cell(a.gpu_min, spec.service, gfree)
+            if cell < 0:
+                lack.append("gpu")
+        return lack, node, cell, span
+
+    def _round_single(self, a: _Action, now: float) -> list[Decision]:
+        """The uncontended case — one queued action, not elastic — decided straight on the ledger
+        with exactly the rules of the full round, minus its bookkeeping."""
+        L = self.ledger
+        if L.tokens:
+            L.refill(now)
+        lack, node, cell, span = self._fits(a, [len(s) for s in L.node_free], L.gpu_free, L.mem_free,
+                                           L.q_used, L.tokens, now)
+        self._round_now = now
+        if not lack and cell >= 0 and a.spec.service and self._should_wait_for_resident(a, cell, now):
+            lack = [f"svc:{a.spec.service}:{a.gpu_min}"]
+        if lack:
+            self._blocked_last = set(lack)
+            self._time_sensitive = self.next_wakeup is not None or bool(a.spec.service)
+            self._need_round = False
+            return []
+        a.node, a.cell, a.span = node, cell, span
+        return [self._grant(a, 0, now)]
+
     def _pick_node(self, a: _Action, node_free: list[int]) -> int:
         """Elastic CPU actions go where there is most room to grow (worst fit); fixed-size ones pack
         into the fullest node that fits (best fit), keeping whole nodes free for big grants."""
@@ -853,6 +890,8 @@ class Scheduler:
                     if len(picked) >= ncpu:
                         break
                 cpus = tuple(sorted(picked))
+            elif ncpu == 1:
+                cpus = (min(L.node_free[a.node]),)
             else:
                 cpus = tuple(sorted(L.node_free[a.node])[:ncpu])
         gpus: tuple[int, ...] = ()
@@ -867,14 +906,17 @@ class Scheduler:
                 self._resident.add(key, now)
             for p in pos:
                 self._gpu_holder[p] = a
-        g = Grant(a.id, cpus=cpus, gpus=gpus, units=units if a.eres else 0, memory=spec.memory,
-                  quotas=spec.quotas, restore=restore)
+        g = Grant(a.id, cpus, gpus, units if a.eres else 0, spec.memory, spec.quotas, restore)
         L.take(g)
         self._dequeue(a)
         a.grant = g
         a.started = now
-        a.est_end = now + self._dur_min(a) * spec.relative_duration(units if a.eres else 0) + (
-            self._restore_cost(spec.service) if restore else 0.0)
+        est = self._dur_min(a)
+        if a.eres is not None:
+            est *= spec.relative_duration(units)
+        if restore:
+            est += self._restore_cost(spec.service)
+        a.est_end = now + est
         self._running[a.id] = a
         self.granted += 1
         self._sum_queue += now - a.submitted
