@@ -510,12 +510,15 @@ class Scheduler:
         self._need_round = False
         if not cands:
             return []
-        self._need_round = True  # grants change the ledger; evictions leave re-plannable waiters
         units = {a.id: a.emin for a in cands if a.eres is not None}
         evicted: set[int] = set()
         if self.elastic and units:
             self._split_cpu(cands, node_free, now, units, evicted)
             self._split_gpu(cands, gfree, now, units, evicted)
+        # The blocked set was computed with every candidate's minimum reserved; elastic extras only
+        # take more, so it stays valid. Evicted candidates are waiters the next round re-plans.
+        if evicted:
+            self._need_round = True
         out: list[Decision] = []
         for a in cands:
             if a.id in evicted:
