@@ -1,8 +1,9 @@
 """How far is the scheduler's greedy plan (mu-grid split + greedy eviction) from the best plan an
 exhaustive search finds under the *same* cost estimate, on small random instances?
 
-Exhaustive: every FCFS prefix of the candidates is admitted (the rest evicted) and every split of
-the spare units among the admitted is tried. The gap is (greedy - best) / best of the estimated
+Exhaustive: every FCFS prefix of the candidates is admitted (the rest evicted; only when eviction
+is allowed, i.e. nobody else waits for the resource) and every split of the spare units among the
+admitted is tried. The gap is (greedy - best) / best of the estimated
 total ACT. Run: python benchmarks/plan_gap.py [--instances 300] [--seed 0]
 """
 
@@ -29,14 +30,15 @@ class _Recording(Scheduler):
     def _plan_group(self, group, bins, spare, free_total, fixed_rel, res, now, units, evicted,  # type: ignore[no-untyped-def]
                     step_units, evict):
         super()._plan_group(group, bins, spare, free_total, fixed_rel, res, now, units, evicted, step_units, evict)
-        if res != "cpu" or len(group) > 4 or not evict:
+        if res != "cpu" or len(group) > 4:
             return
+        may_evict = self._may_evict(group, res, evict)
         cost = self._plan_context(group, fixed_rel, free_total, res, now)
         active = [a for a in group if a.id not in evicted]
         out = [a for a in group if a.id in evicted]
         chosen_cost = cost(active, out, {a.id: units[a.id] for a in active})
         best = chosen_cost
-        for k in range(1, len(group) + 1):
+        for k in range(1 if may_evict else len(group), len(group) + 1):
             act, ev = group[:k], group[k:]
             sp = dict(spare)
             for a in ev:

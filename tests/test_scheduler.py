@@ -140,12 +140,25 @@ def open_loop(sched, spec, gap, n):
 
 
 def test_lookahead_keeps_room_for_expected_arrivals():
-    # 1-s actions (Amdahl 0.9, up to 16 cores) arriving every 0.1 s on 16 cores: handing the whole
-    # pool to each arrival starves the next one; lookahead must do strictly better.
+    # 1-s actions (Amdahl 0.9, up to 16 cores) arriving every 70 ms on 16 cores (~90% busy at one
+    # core each): handing the pool to each arrival starves the next one; lookahead does better.
     spec = ela(max_units=16, p=0.9, duration=1.0)
-    greedy = open_loop(Scheduler(Pool(cpus=16), lookahead=False), spec, 0.1, 300)
-    ahead = open_loop(Scheduler(Pool(cpus=16), lookahead=True), spec, 0.1, 300)
+    greedy = open_loop(Scheduler(Pool(cpus=16), lookahead=False), spec, 0.07, 300)
+    ahead = open_loop(Scheduler(Pool(cpus=16), lookahead=True), spec, 0.07, 300)
     assert ahead < greedy
+
+
+@pytest.mark.parametrize("gap", [0.5, 0.15, 0.08, 0.066])
+def test_elastic_is_never_worse_than_a_fixed_degree_of_parallelism(gap):
+    """Light to heavy open-loop load: elastic ACT <= the best of fixed DoP 1, 4 and 16."""
+    a = Amdahl(0.9)
+    elastic = open_loop(Scheduler(Pool(cpus=16)), ela(max_units=16, p=0.9, duration=1.0), gap, 600)
+    fixed = []
+    for dop in (1, 4, 16):
+        spec = ActionSpec(kind="t", cpus=dop, elastic=Elasticity("cpu", max_units=dop, efficiency=a),
+                          duration=1.0 / a.speedup(dop))
+        fixed.append(open_loop(Scheduler(Pool(cpus=16), elastic=False), spec, gap, 600))
+    assert elastic <= min(fixed) * 1.01, (elastic, fixed)
 
 
 def test_quota_concurrency_and_rate():

@@ -156,6 +156,7 @@ class Scheduler:
         self._feasible: dict[ActionSpec, str | None] = {}
         self._max_node = max(self.ledger.node_size) if self.ledger.node_size else 0
         self._keys: dict[ActionSpec, frozenset[str]] = {}
+        self._sig_count: dict[frozenset[str], int] = {}  # queued actions per resource-key set
         # round skipping: a submission that the last round's blocked set already covers, with no
         # resources freed and no time-dependent state since, cannot be granted: skip the round
         self._need_round = True
@@ -362,10 +363,18 @@ class Scheduler:
             self._prios = sorted(self._queues, reverse=True)
         q[aid] = a
         self._nqueued += 1
+        kc = self._sig_count
+        kc[keys] = kc.get(keys, 0) + 1
 
     def _dequeue(self, a: _Action) -> None:
         del self._queues[a.spec.priority][a.id]
         self._nqueued -= 1
+        kc = self._sig_count
+        n = kc[a.keys] - 1
+        if n:
+            kc[a.keys] = n
+        else:
+            del kc[a.keys]
 
     def _release(self, aid: int, now: float, *, failed: bool) -> None:
         a = self._running.pop(aid, None)
@@ -467,12 +476,13 @@ class Scheduler:
         q_used = dict(L.q_used) if L.q_used else L.q_used
         tokens = dict(L.tokens) if L.tokens else L.tokens
         blocked: set[str] = set()
-        all_keys = self._all_keys
+        sigs = self._sig_count
+        exhausted = False  # every queued action needs something already blocked: stop scanning
         cands: list[_Action] = []
         scanned = 0
         queue = self._queues[self._prios[0]].values() if len(self._prios) == 1 else self._iter_queue()
         for a in queue:
-            if scanned >= self.scan_limit or (all_keys and blocked >= all_keys):
+            if scanned >= self.scan_limit or exhausted:
                 break
             scanned += 1
             if a.keys & blocked:
@@ -480,10 +490,12 @@ class Scheduler:
             lack, node, cell, span = self._fits(a, node_free, gfree, mem, q_used, tokens, now)
             if lack:
                 blocked.update(lack)
+                exhausted = all(sig & blocked for sig in sigs)
                 continue
             if cell >= 0 and a.spec.service and self._should_wait_for_resident(a, cell, now):
                 # later actions of the same service would make the same choice: skip them cheaply
                 blocked.add(f"svc:{a.spec.service}:{a.gpu_min}")
+                exhausted = all(sig & blocked for sig in sigs)
                 continue
             # tentatively reserve the minimum
             for name, q in a.spec.quotas:
@@ -648,7 +660,11 @@ class Scheduler:
                         rem = 0.5 * (now - h.started)
                     wait = max(wait, rem)
             best_wait = min(best_wait, wait)
-        return best_wait < restore
+        # everyone queued behind ``a`` for this service waits on the same warm copies: compare the
+        # backlog's drain time with one restore, or a hot service never scales out (issue 5 finding)
+        n_warm = sum(1 for pos in cells if len(pos) == size) or 1
+        backlog = (self._sig_count.get(a.keys, 1) - 1) * self._dur_min(a) / n_warm
+        return best_wait + backlog < restore
 
     # -- elastic split --------------------------------------------------------------------------
     def _releases(self, res: str, now: float) -> list[tuple[float, int]]:
@@ -661,6 +677,17 @@ class Scheduler:
                 rel.append((max(r.est_end, now), k))
         rel.sort()
         return rel
+
+    def _may_evict(self, group: list[_Action], res: str, evict: bool) -> bool:
+        """Evicting a candidate that fits only pays when nobody else waits for this resource: with
+        a queue, its units would go to the queue's head, not to the other candidates."""
+        if not evict:
+            return False
+        skip = {a.id for a in group}
+        for a in self._iter_queue():
+            if a.id not in skip and (a.cpu_min if res == "cpu" else a.gpu_min):
+                return False
+        return True
 
     def _queued_waiters(self, res: str, now: float, skip: set[int]) -> list[Waiter]:
         out: list[Waiter] = []
@@ -690,11 +717,14 @@ class Scheduler:
                 total += n
         if not per_kind:
             return []
+        # Past the cap, look less far ahead rather than thin the stream: the first arrivals at
+        # their true rate are the ones a plan's spare units would have served.
         scale = min(1.0, self.lookahead_cap / total)
+        span = horizon * scale
         out: list[Waiter] = []
         for lam, st, n in per_kind:
             k = max(1, int(round(n * scale)))
-            step = horizon / k
+            step = span / k
             spec = st.spec
             d = self.estimated_duration(spec)
             need = spec.cpus if res == "cpu" else spec.gpus
@@ -794,6 +824,7 @@ class Scheduler:
                     fixed_rel: list[tuple[float, int]], res: str, now: float, units: dict[int, int],
                     evicted: set[int], step_units: tuple[int, ...] | None, evict: bool) -> None:
         plan_cost = self._plan_context(group, fixed_rel, free_total, res, now)
+        evict = self._may_evict(group, res, evict)
         binkey = (lambda a: a.node) if res == "cpu" else (lambda a: 0)
 
         def plan(active: list[_Action], out_: list[_Action]) -> tuple[float, dict[int, int]]:
@@ -863,12 +894,14 @@ class Scheduler:
         cost = 0.0
         extra_rel = list(fixed_rel)
         free = free_total
+        policy: dict[str, int] = {}
         for a in active:
             m = chosen.get(a.id, a.emin)
             t = self._dur_min(a) * a.spec.relative_duration(m)
             cost += t
             extra_rel.append((now + t, m))
             free -= m - a.emin
+            policy[a.spec.kind] = m
         waiters: list[Waiter] = []
         for a in out_:
             d = self._dur_min(a)
@@ -876,7 +909,7 @@ class Scheduler:
             waiters.append((now, a.emin, d, a.emax, a.spec))
         waiters.extend(queued)
         waiters.extend(arrivals)
-        return cost + estimate_waits(now, free, releases, extra_rel, waiters, pow2=res == "gpu")
+        return cost + estimate_waits(now, free, releases, extra_rel, waiters, pow2=res == "gpu", policy=policy)
 
     # -- placement ------------------------------------------------------------------------------
     def _grant(self, a: _Action, units: int, now: float) -> Grant:

@@ -11,7 +11,8 @@ is what stops a greedy split from draining the pool just before the next arrival
 from __future__ import annotations
 
 import heapq
-from collections.abc import Sequence
+from bisect import bisect_right
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 __all__ = ["Waiter", "estimate_waits"]
@@ -27,14 +28,19 @@ def estimate_waits(
     extra_releases: Sequence[tuple[float, int]],
     waiters: Sequence[Waiter],
     pow2: bool = False,
+    policy: Mapping[str, int] | None = None,
 ) -> float:
     """Sum of completion - arrival (wait + execution) over ``waiters`` served FCFS.
 
     ``releases`` is sorted by time (running actions, shared by every plan of a round);
     ``extra_releases`` are the plan's own (few) releases. Waiters needing more units than can ever
     be free are charged up to the last release (they would wait at least that long).
-    An elastic waiter starts with what is free beyond the next waiter's minimum (up to its max;
-    a power of two when ``pow2``, as GPU cells are), as the scheduler would give it.
+
+    How many units an elastic waiter takes when it starts: if the plan gives a candidate of the
+    same kind ``policy[kind]`` units, the same (a plan is judged as the stationary policy it
+    implies: "actions like this one get m units"); otherwise its share of what is free among
+    everyone waiting by then. Always at least its minimum, at most its max and what is free (a
+    power of two when ``pow2``, as GPU cells are).
     """
     heap = list(extra_releases)
     heapq.heapify(heap)
@@ -42,16 +48,20 @@ def estimate_waits(
     nrel = len(releases)
     t = now
     total = 0.0
-    nw = len(waiters)
+    arrivals = [w[0] for w in waiters]  # sorted: queued actions (now) first, then expected arrivals
     for i, (arrival, need, dur, maxu, spec) in enumerate(waiters):
         if arrival > t:
             t = arrival
-        while free < need:
-            # pop the earliest release from the sorted list or the heap
+        while True:
+            # take every release due by t, then wait for more only if still short
             if ri < nrel and (not heap or releases[ri][0] <= heap[0][0]):
+                if releases[ri][0] > t and free >= need:
+                    break
                 rt, ru = releases[ri]
                 ri += 1
             elif heap:
+                if heap[0][0] > t and free >= need:
+                    break
                 rt, ru = heapq.heappop(heap)
             else:
                 break
@@ -63,8 +73,12 @@ def estimate_waits(
             continue
         take = need
         if maxu > need:
-            reserve = waiters[i + 1][1] if i + 1 < nw and waiters[i + 1][0] <= t else 0
-            take = max(need, min(maxu, free - reserve))
+            target = policy.get(spec.kind) if policy and arrival > now else None
+            if target is None:
+                # share what is free with everyone already waiting at t
+                waiting = bisect_right(arrivals, t, lo=i + 1) - i
+                target = free // waiting
+            take = max(need, min(maxu, target, free))
             if pow2:
                 take = max(need, 1 << (take.bit_length() - 1))
             if take > need:
