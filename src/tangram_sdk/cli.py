@@ -21,12 +21,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     demo.add_argument("--no-progress", action="store_true")
 
     sim = sub.add_parser("simulate", help="discrete-event simulation of a workload under several policies")
-    try:
-        from .sim.cli import add_arguments as _sim_args
-    except ImportError:  # the simulator is an optional part of the tree while it is being built
-        _sim_args = None
-    if _sim_args is not None:
-        _sim_args(sim)
+    from .sim.cli import add_arguments
+
+    add_arguments(sim)
 
     args = parser.parse_args(argv)
     if args.command == "demo":

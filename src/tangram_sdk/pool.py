@@ -94,6 +94,14 @@ def _cells(value: Sequence[int]) -> tuple[int, ...]:
     return cells
 
 
+def _numa(value: Sequence[Sequence[int] | str] | None) -> tuple[tuple[int, ...], ...] | None:
+    if value is None:
+        return None
+    if isinstance(value, str):
+        raise SpecError("numa must be a list of per-node core lists (or cpuset strings)")
+    return tuple(parse_cpuset(n) if isinstance(n, str) else _cpus(list(n)) for n in value)
+
+
 def _quotas(value: Mapping[str, Quota] | None) -> tuple[tuple[str, Quota], ...]:
     if not value:
         return ()
@@ -118,7 +126,7 @@ class Pool:
     """
 
     cpus: tuple[int, ...] = attrs.field(default=0, converter=_cpus)
-    numa: tuple[tuple[int, ...], ...] | None = attrs.field(default=None)
+    numa: tuple[tuple[int, ...], ...] | None = attrs.field(default=None, converter=_numa)
     gpus: tuple[int, ...] = attrs.field(default=0, converter=_gpus)
     gpu_cells: tuple[int, ...] = attrs.field(default=(1, 2, 4, 8), converter=_cells)
     memory: int | None = None
@@ -126,7 +134,7 @@ class Pool:
 
     def __attrs_post_init__(self) -> None:
         if self.numa is not None:
-            nodes = tuple(_cpus(list(n)) if not isinstance(n, str) else parse_cpuset(n) for n in self.numa)
+            nodes = self.numa
             seen: set[int] = set()
             for n in nodes:
                 if seen & set(n):

@@ -32,7 +32,7 @@ from .lease import Lease
 from .managers.base import Manager, ManagerContext
 from .pool import Pool
 from .scheduler.core import Scheduler
-from .scheduler.decisions import Decision, Grant, Reject
+from .scheduler.decisions import Decision, Grant
 from .scheduler.events import Cancelled, Event, Released, Submitted, Tick
 from .spec import ActionSpec
 
@@ -333,7 +333,8 @@ class Tangram:
         if aid in self._waiters:  # still queued (not rejected/broken while posting)
             self._waiters[aid] = fut
         else:
-            fut.set_exception(self._rejected.pop(aid, None) or RuntimeClosedError("the Tangram closed"))
+            err = self._rejected.pop(aid, None)
+            fut.set_exception(err if err is not None else RuntimeClosedError("the Tangram closed"))
         return aid, fut
 
     def _leave(self, aid: int, *, failed: bool, granted: bool) -> None:

@@ -470,7 +470,6 @@ class Scheduler:
         if L.tokens:
             L.refill(now)
         node_free = [len(s) for s in L.node_free]
-        max_node = self._max_node
         gfree = L.gpu_free
         mem = L.mem_free
         q_used = dict(L.q_used) if L.q_used else L.q_used
@@ -722,7 +721,7 @@ class Scheduler:
         scale = min(1.0, self.lookahead_cap / total)
         span = horizon * scale
         out: list[Waiter] = []
-        for lam, st, n in per_kind:
+        for _lam, st, n in per_kind:
             k = max(1, int(round(n * scale)))
             step = span / k
             spec = st.spec
