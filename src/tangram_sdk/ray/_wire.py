@@ -1,0 +1,95 @@
+"""The data path between clients and the scheduler actor: length-prefixed pickled tuples over one TCP
+connection per client process.
+
+Why not plain Ray actor calls: a Ray call costs ~1.7 ms median on a loaded 2-core box, a framed
+message on an established socket ~0.2 ms, and the connection doubles as the client's lifetime (a
+killed process closes it at once). Ray still places the actor and hands out the endpoint and a
+secret token; the first frame of every connection must be that token, checked before anything is
+unpickled.
+
+Client -> actor: ``("acq", key, spec, timeout, node, caller_node)``, ``("rel", key, failed)``,
+``("cancel", key)``, ``("hb",)``, ``("stats", key)``.
+Actor -> client: ``("welcome", config)``, ``("grant", key, fields)``, ``("err", key, exc)``,
+``("lost", key, exc)``, ``("reply", key, value)``, ``("hb",)``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import pickle
+import struct
+from collections.abc import Callable
+from typing import Any
+
+from ..errors import TangramError
+
+_LEN = struct.Struct("!I")
+MAX_FRAME = 64 << 20
+
+
+def dumps(msg: Any) -> bytes:
+    try:
+        return pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception:  # noqa: BLE001 - lambdas in efficiency models and the like
+        from ._ray import require
+
+        data: bytes = require("ray.cloudpickle").dumps(msg)
+        return data
+
+
+def frame(payload: bytes) -> bytes:
+    return _LEN.pack(len(payload)) + payload
+
+
+def portable_error(exc: BaseException) -> BaseException:
+    """An exception that survives pickling (falls back to TangramError with the repr)."""
+    try:
+        pickle.loads(dumps(exc))
+        return exc
+    except Exception:  # noqa: BLE001 - anything unpicklable crosses as its text
+        return TangramError(f"{type(exc).__name__}: {exc}")
+
+
+class FrameProtocol(asyncio.Protocol):
+    """Splits the byte stream into frames and hands each payload to ``on_frame``."""
+
+    def __init__(self, on_frame: Callable[[bytes], None], on_lost: Callable[[Exception | None], None]) -> None:
+        self._on_frame = on_frame
+        self._on_lost = on_lost
+        self._buf = bytearray()
+        self.transport: asyncio.Transport | None = None
+        self.max_frame = MAX_FRAME  # the actor lowers it until a connection has authenticated
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        buf = self._buf
+        buf += data
+        pos = 0
+        n = len(buf)
+        while n - pos >= 4:
+            (size,) = _LEN.unpack_from(buf, pos)
+            if size > self.max_frame:
+                assert self.transport is not None
+                self.transport.abort()
+                return
+            if n - pos - 4 < size:
+                break
+            payload = bytes(buf[pos + 4:pos + 4 + size])
+            pos += 4 + size
+            self._on_frame(payload)
+            if self.transport is None or self.transport.is_closing():
+                break
+        del buf[:pos]
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._on_lost(exc)
+
+    def send(self, msg: Any) -> bool:
+        t = self.transport
+        if t is None or t.is_closing():
+            return False
+        t.write(frame(dumps(msg)))
+        return True

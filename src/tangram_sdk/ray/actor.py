@@ -1,0 +1,675 @@
+"""The scheduler actor: one named, detached async Ray actor that owns the whole job's pool.
+
+Inside it run plain :class:`~tangram_sdk.runtime.Tangram` runtimes (no second scheduler):
+
+* one **per node** over that node's cores, GPUs and memory, whose only manager forwards
+  ``apply``/``release`` to the node's agent (see :mod:`.agent`);
+* one **global** runtime over the named API quotas (a pool with no cores), so a quota holds for the
+  whole job, not per process or per node.
+
+An action needing both takes its quota units first, then its node resources (a fixed order, so no
+deadlock); see ``docs/ray.md`` for why. Clients talk to the actor over the framed TCP data path in
+:mod:`._wire`; each connection is a client process, and everything it holds or waits for is released
+when it closes or stays silent for longer than ``ttl`` seconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import os
+import pickle
+import secrets
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import anyio
+import attrs
+
+from ..errors import InfeasibleSpecError, RuntimeClosedError, SpecError, TangramError
+from ..lease import Lease
+from ..managers.base import Manager, ManagerContext
+from ..pool import Pool, Quota
+from ..runtime import Tangram
+from ..scheduler.decisions import Decision, Grant
+from ..scheduler.events import Event
+from ..spec import ActionSpec
+from . import _wire
+from ._errors import LeaseLostError, NodeLostError
+from ._ray import require
+
+__all__ = ["SchedulerActor"]
+
+log = logging.getLogger("tangram_sdk.ray")
+
+
+class _AgentManager:
+    """The node runtime's one manager: forwards apply/release to the node agent (a Ray call)."""
+
+    name = "ray-agent"
+
+    def __init__(self, agent: Any) -> None:
+        self.agent = agent
+
+    async def start(self, ctx: ManagerContext) -> None:
+        return None
+
+    def check(self, spec: ActionSpec) -> None:
+        return None
+
+    async def apply(self, grant: Grant, lease: Lease) -> None:
+        keys = await self.agent.apply.remote(lease.action_id, grant, lease.spec)
+        lease.attach("agent_keys", keys)
+
+    async def release(self, grant: Grant, lease: Lease) -> None:
+        await self.agent.release.remote(lease.action_id)
+
+    async def aclose(self) -> None:
+        return None
+
+
+class _Node:
+    __slots__ = (
+        "agent",
+        "agent_name",
+        "alive",
+        "containers",
+        "label",
+        "peak_cpus",
+        "peak_gpus",
+        "peak_memory",
+        "pool",
+        "ray_node_id",
+        "reason",
+        "rt",
+        "services",
+        "watch",
+    )
+
+    def __init__(self, label: str, ray_node_id: str, agent: Any, agent_name: str, rt: Tangram,
+                 info: Mapping[str, Any]) -> None:
+        self.label = label
+        self.ray_node_id = ray_node_id
+        self.agent = agent
+        self.agent_name = agent_name
+        self.rt = rt
+        self.pool: Pool = info["pool"]
+        self.containers: set[str] = set(info.get("containers") or ())
+        svc = info.get("services")
+        self.services: set[str] | None = None if svc is None else set(svc)
+        self.alive = True
+        self.reason: str | None = None
+        self.peak_cpus = self.peak_gpus = self.peak_memory = 0
+        self.watch: asyncio.Task[None] | None = None
+
+
+class _Held:
+    """What one client acquire holds inside the actor: a quota part and/or a node part."""
+
+    __slots__ = ("gid", "granted", "ncm", "nlease", "node", "qcm", "qlease")
+
+    def __init__(self, gid: int) -> None:
+        self.gid = gid
+        self.granted = False  # handed to the client (counts in granted/released)
+        self.node: _Node | None = None
+        self.qcm: Any = None
+        self.ncm: Any = None
+        self.nlease: Lease | None = None
+        self.qlease: Lease | None = None
+
+
+class _Conn:
+    """One client process's connection (authenticated by its first frame)."""
+
+    def __init__(self, actor: SchedulerActor, cid: int) -> None:
+        self.actor = actor
+        self.id = cid
+        self.proto = _wire.FrameProtocol(self._on_frame, self._on_lost)
+        self.proto.max_frame = 256  # the token frame; nothing bigger before authentication
+        self.authed = False
+        self.info: dict[str, Any] = {}
+        self.pending: dict[int, asyncio.Task[None]] = {}
+        self.held: dict[int, _Held] = {}
+        self.last_seen = time.monotonic()
+        self.closed = False
+
+    def send(self, msg: Any) -> None:
+        self.proto.send(msg)
+
+    def _on_frame(self, payload: bytes) -> None:
+        self.last_seen = time.monotonic()
+        if not self.authed:
+            import hmac
+
+            if not hmac.compare_digest(payload, self.actor._token):
+                log.warning("rejected a connection with a wrong token")
+                assert self.proto.transport is not None
+                self.proto.transport.abort()
+                return
+            self.authed = True
+            self.proto.max_frame = _wire.MAX_FRAME
+            self.actor._conns[self.id] = self
+            self.send(("welcome", self.actor._config()))
+            return
+        msg = pickle.loads(payload)
+        self.actor._on_message(self, msg)
+
+    def _on_lost(self, exc: Exception | None) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self.actor._on_conn_lost(self, exc)
+
+
+class SchedulerActor:
+    """Ray actor body (``ray.remote`` is applied lazily by :func:`tangram_sdk.ray.deploy`)."""
+
+    def __init__(
+        self,
+        name: str,
+        namespace: str,
+        quotas: Mapping[str, Quota] | None = None,
+        options: Mapping[str, Any] | None = None,
+        ttl: float = 10.0,
+        heartbeat: float = 2.0,
+        check_invariants: bool = False,
+        fingerprint: str = "",
+    ) -> None:
+        self.name = name
+        self.namespace = namespace
+        self._quotas = dict(quotas or {})
+        self._options = dict(options or {})
+        self.ttl = float(ttl)
+        self.heartbeat = float(heartbeat)
+        self._check = check_invariants
+        self.fingerprint = fingerprint
+        self._token = secrets.token_hex(16).encode()
+        self._started = False
+        self._lock: asyncio.Lock | None = None
+        self._host = ""
+        self._ray_node_id = ""
+        self._port = 0
+        self._server: asyncio.base_events.Server | None = None
+        self._quota_rt: Tangram | None = None
+        self._nodes: dict[str, _Node] = {}
+        self._lost_nodes: list[dict[str, Any]] = []
+        self._conns: dict[int, _Conn] = {}
+        self._cids = itertools.count(1)
+        self._gids = itertools.count(1)
+        self._gen = itertools.count(1)
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._reaper: asyncio.Task[None] | None = None
+        self._peak_quota: dict[str, int] = {n: 0 for n in self._quotas}
+        self._errors: list[str] = []
+        self.granted = self.released = self.lost = self.expired = self.failed_acquires = 0
+
+    # ------------------------------------------------------------------------------ lifecycle
+    async def _ensure_started(self) -> None:
+        if self._started:
+            return
+        if self._lock is None:
+            self._lock = asyncio.Lock()
+        async with self._lock:
+            if self._started:
+                return
+            ray = require()
+            self._quota_rt = Tangram(Pool(quotas=self._quotas), observers=[self._observe_quota],
+                                     **self._options)
+            await self._quota_rt.__aenter__()
+            loop = asyncio.get_running_loop()
+            host = os.environ.get("TANGRAM_RAY_BIND") or ray.util.get_node_ip_address()
+            self._server = await loop.create_server(self._new_conn, host, 0)
+            self._host, self._port = host, self._server.sockets[0].getsockname()[1]
+            self._ray_node_id = ray.get_runtime_context().get_node_id()
+            self._reaper = loop.create_task(self._reap())
+            self._started = True
+
+    def _new_conn(self) -> asyncio.Protocol:
+        return _Conn(self, next(self._cids)).proto
+
+    def _config(self) -> dict[str, Any]:
+        return {"ttl": self.ttl, "heartbeat": self.heartbeat, "name": self.name,
+                "nodes": {k: n.ray_node_id for k, n in self._nodes.items() if n.alive},
+                "quotas": sorted(self._quotas)}
+
+    async def endpoint(self) -> dict[str, Any]:
+        """Where clients connect, with the secret they must present first (handed out over Ray)."""
+        await self._ensure_started()
+        return {"host": self._host, "port": self._port, "token": self._token,
+                "fingerprint": self.fingerprint, **self._config()}
+
+    async def shutdown(self) -> None:
+        """Fail every waiter, drop every client, stop every agent (their managers close)."""
+        await self._ensure_started()
+        for conn in list(self._conns.values()):
+            if conn.proto.transport is not None:
+                conn.proto.transport.abort()
+        for node in list(self._nodes.values()):
+            if node.alive:
+                await self._remove(node, "the Tangram was shut down", close_agent=True)
+        assert self._quota_rt is not None
+        await self._quota_rt.aclose()
+        if self._server is not None:
+            self._server.close()
+
+    def _spawn(self, coro: Any, name: str | None = None) -> asyncio.Task[Any]:
+        t = asyncio.get_running_loop().create_task(coro, name=name)
+        self._tasks.add(t)
+        t.add_done_callback(self._tasks.discard)
+        return t
+
+    # ------------------------------------------------------------------------------ nodes
+    async def add_node(
+        self,
+        label: str,
+        ray_node_id: str,
+        pool: Pool | Callable[[], Pool] | None = None,
+        managers: Callable[[], Sequence[Manager]] | None = None,
+        containers: Sequence[str] = (),
+    ) -> dict[str, Any]:
+        """Start the agent for ``label`` on Ray node ``ray_node_id`` and add its pool (idempotent
+        while the node is alive; a lost node may be added again)."""
+        await self._ensure_started()
+        old = self._nodes.get(label)
+        if old is not None and old.alive:
+            return self._node_stats(old)
+        from .agent import NodeAgent
+
+        ray = require()
+        NodeAffinitySchedulingStrategy = require("ray.util.scheduling_strategies").NodeAffinitySchedulingStrategy
+
+        agent_name = f"{self.name}.agent.{label}.{next(self._gen)}"
+        me = ray.get_runtime_context().current_actor
+        agent = ray.remote(NodeAgent).options(
+            name=agent_name, namespace=self.namespace, num_cpus=0, max_restarts=0,
+            scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=ray_node_id, soft=False),
+        ).remote(label, pool, managers, list(containers), me)
+        try:
+            info = await agent.start.remote()
+        except BaseException:
+            ray.kill(agent)
+            raise
+        holder: dict[str, _Node] = {}
+        rt = Tangram(info["pool"], managers=[_AgentManager(agent)] if info["has_managers"] else [],
+                     observers=[lambda ev, now, ds: self._observe_node(holder["n"], ds)], **self._options)
+        await rt.__aenter__()
+        node = _Node(label, info["ray_node_id"], agent, agent_name, rt, info)
+        holder["n"] = node
+        self._nodes[label] = node
+        node.watch = self._spawn(self._watch(node))
+        log.info("node %s added on %s: %s", label, ray_node_id, info["pool"].describe())
+        return self._node_stats(node)
+
+    async def register_containers(self, label: str, names: Sequence[str]) -> None:
+        await self._ensure_started()
+        node = self._nodes.get(label)
+        if node is None or not node.alive:
+            raise SpecError(f"no live node {label!r}")
+        for other in self._nodes.values():
+            if other is not node:
+                other.containers.difference_update(names)
+        node.containers.update(names)
+
+    async def remove_node(self, label: str, reason: str = "removed by the operator") -> None:
+        await self._ensure_started()
+        node = self._nodes.get(label)
+        if node is not None and node.alive:
+            await self._remove(node, reason, close_agent=True)
+
+    async def _watch(self, node: _Node) -> None:
+        try:
+            await node.agent.watch.remote()
+            reason = "its agent closed"
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - ActorDiedError / node death, whatever Ray raises
+            reason = f"its agent died ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})"
+        if node.alive:
+            log.error("node %s lost: %s", node.label, reason)
+            await self._remove(node, reason, close_agent=False)
+
+    async def _remove(self, node: _Node, reason: str, *, close_agent: bool) -> None:
+        """Take ``node`` out of the pool: running actions there are told ``lost`` (their quota units
+        go back), queued ones fail with NodeLostError, the node runtime closes."""
+        if not node.alive:
+            return
+        node.alive = False
+        node.reason = reason
+        err = NodeLostError(f"node {node.label!r} left the pool: {reason}")
+        for conn in list(self._conns.values()):
+            for key, held in list(conn.held.items()):
+                if held.node is node:
+                    del conn.held[key]
+                    held.ncm = None  # the node runtime goes away as a whole
+                    held.granted = False  # counted as lost, not released
+                    self.lost += 1
+                    self._spawn(self._undo(held, failed=True), "undo")
+                    conn.send(("lost", key, err))
+        with anyio.CancelScope(shield=True):
+            await node.rt.aclose()  # queued waiters: RuntimeClosedError -> NodeLostError in _phases
+        if node.watch is not None and node.watch is not asyncio.current_task():
+            node.watch.cancel()
+        if close_agent:
+            try:
+                await asyncio.wait_for(node.agent.aclose.remote(), 10)
+            except Exception as exc:  # noqa: BLE001 - best effort: the agent is killed next anyway
+                log.warning("node %s: agent did not close cleanly: %r", node.label, exc)
+            require().kill(node.agent)
+        self._lost_nodes.append({"node": node.label, "reason": reason, "at": time.time()})
+
+    def post_event(self, label: str, ev: Event) -> None:
+        node = self._nodes.get(label)
+        if node is not None and node.alive:
+            node.rt._post(ev)
+
+    # ------------------------------------------------------------------------------ observers
+    def _observe_node(self, node: _Node, decisions: Sequence[Decision]) -> None:
+        L = node.rt.scheduler.ledger
+        node.peak_cpus = max(node.peak_cpus, len(node.pool.cpus) - L.free_cpus)
+        node.peak_gpus = max(node.peak_gpus, len(node.pool.gpus) - L.free_gpus)
+        if L.mem_free is not None and node.pool.memory is not None:
+            node.peak_memory = max(node.peak_memory, node.pool.memory - L.mem_free)
+        if self._check:
+            try:
+                node.rt.scheduler.check_invariants()
+            except AssertionError as exc:
+                self._errors.append(f"node {node.label}: {exc}")
+
+    def _observe_quota(self, events: Sequence[Event], now: float, decisions: Sequence[Decision]) -> None:
+        assert self._quota_rt is not None
+        core = self._quota_rt.scheduler
+        for n, used in core.ledger.q_used.items():
+            self._peak_quota[n] = max(self._peak_quota[n], used)
+        if self._check:
+            try:
+                core.check_invariants()
+            except AssertionError as exc:
+                self._errors.append(f"quotas: {exc}")
+
+    # ------------------------------------------------------------------------------ data path
+    def _on_message(self, conn: _Conn, msg: tuple[Any, ...]) -> None:
+        op = msg[0]
+        if op == "acq":
+            _, key, spec, timeout, hint, caller = msg
+            conn.pending[key] = self._spawn(self._acquire(conn, key, spec, timeout, hint, caller))
+        elif op == "rel":
+            held = conn.held.pop(msg[1], None)
+            if held is not None:
+                self._spawn(self._undo(held, failed=bool(msg[2])), "undo")
+        elif op == "cancel":
+            key = msg[1]
+            task = conn.pending.pop(key, None)
+            if task is not None:
+                task.cancel()
+            held = conn.held.pop(key, None)
+            if held is not None:
+                self._spawn(self._undo(held, failed=True), "undo")
+        elif op == "hb":
+            conn.send(("hb",))
+        elif op == "stats":
+            conn.send(("reply", msg[1], self._statistics()))
+        elif op == "hello":
+            conn.info = dict(msg[1])
+        else:
+            log.warning("unknown message %r from client %s", op, conn.id)
+
+    def _on_conn_lost(self, conn: _Conn, exc: Exception | None) -> None:
+        self._conns.pop(conn.id, None)
+        for task in conn.pending.values():
+            task.cancel()
+        conn.pending.clear()
+        for held in conn.held.values():
+            self._spawn(self._undo(held, failed=True), "undo")
+        if conn.held:
+            log.warning("client %s (%s) went away holding %d lease(s); released", conn.id,
+                        conn.info.get("pid"), len(conn.held))
+        conn.held.clear()
+
+    async def _reap(self) -> None:
+        period = max(0.05, min(1.0, self.ttl / 4))
+        while True:
+            await asyncio.sleep(period)
+            now = time.monotonic()
+            for conn in list(self._conns.values()):
+                if now - conn.last_seen > self.ttl and conn.proto.transport is not None:
+                    self.expired += 1
+                    log.warning("client %s (pid %s) silent for %.1f s > ttl %.1f s: releasing its leases",
+                                conn.id, conn.info.get("pid"), now - conn.last_seen, self.ttl)
+                    conn.proto.transport.abort()
+
+    @staticmethod
+    def _split(spec: ActionSpec) -> tuple[ActionSpec | None, ActionSpec | None]:
+        needs_node = bool(spec.cpus or spec.gpus or spec.memory or spec.container or spec.service)
+        if not needs_node:
+            return spec, None
+        if not spec.quotas:
+            return None, spec
+        qspec = ActionSpec(kind=spec.kind, quotas=spec.quotas, duration=spec.duration, priority=spec.priority)
+        return qspec, attrs.evolve(spec, quotas=())
+
+    def _route(self, spec: ActionSpec, hint: str | None, caller: str | None) -> _Node:
+        """Which node serves ``spec``: the one named, the container's, else the feasible nodes
+        (having the service, if any) preferring the caller's own node while it has room, then the
+        emptiest."""
+        if hint is not None:
+            node = self._nodes.get(hint)
+            if node is None:
+                raise SpecError(f"unknown node {hint!r}; nodes: {sorted(self._nodes)}")
+            if not node.alive:
+                raise NodeLostError(f"node {hint!r} left the pool: {node.reason}")
+            if spec.container is not None:
+                owner = [n.label for n in self._nodes.values() if n.alive and spec.container in n.containers]
+                if owner and hint not in owner:
+                    raise SpecError(f"container {spec.container!r} lives on node {owner[0]!r}, not {hint!r}")
+            cands = [node]
+        elif spec.container is not None:
+            cands = [n for n in self._nodes.values() if n.alive and spec.container in n.containers]
+            if not cands:
+                alive = [n for n in self._nodes.values() if n.alive]
+                if len(alive) == 1 and len(self._nodes) == 1:
+                    cands = alive
+                else:
+                    raise SpecError(
+                        f"container {spec.container!r} is not registered with any live node; pass "
+                        f"acquire(..., node=...) or register it (deploy(containers=...)/register_containers)")
+        else:
+            cands = [n for n in self._nodes.values() if n.alive]
+            if spec.service is not None:
+                cands = [n for n in cands if n.services is None or spec.service in n.services]
+        if not cands:
+            raise InfeasibleSpecError(f"{spec.kind}: no live node can serve it (nodes: {sorted(self._nodes)})")
+        reasons = []
+        ok = []
+        for n in cands:
+            r = n.rt.scheduler.feasibility(spec)
+            if r is None:
+                ok.append(n)
+            else:
+                reasons.append(f"{n.label}: {r}")
+        if not ok:
+            raise InfeasibleSpecError(f"{spec.kind}: " + "; ".join(reasons))
+        if len(ok) == 1:
+            return ok[0]
+
+        def room(n: _Node) -> tuple[int, int, int]:
+            L = n.rt.scheduler.ledger
+            free = L.free_gpus if spec.gpus else L.free_cpus
+            need = spec.gpus if spec.gpus else spec.cpus
+            return (int(free >= need and n.rt.scheduler.queued == 0), free, -n.rt.scheduler.queued)
+
+        if caller is not None:
+            mine = [n for n in ok if n.ray_node_id == caller]
+            if mine and room(mine[0])[0]:
+                return mine[0]
+        return max(ok, key=room)
+
+    async def _acquire(self, conn: _Conn, key: int, spec: ActionSpec, timeout: float | None,
+                       hint: str | None, caller: str | None) -> None:
+        held = _Held(next(self._gids))
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        try:
+            if timeout is None:
+                await self._phases(held, spec, hint, caller)
+            else:
+                await asyncio.wait_for(self._phases(held, spec, hint, caller), timeout)
+        except asyncio.CancelledError:
+            conn.pending.pop(key, None)
+            # wait_for may drop a result that landed while it was being cancelled: give it back
+            await self._undo(held, failed=True)
+            raise
+        except BaseException as exc:
+            conn.pending.pop(key, None)
+            await self._undo(held, failed=True)
+            self.failed_acquires += 1
+            if isinstance(exc, (asyncio.TimeoutError, TimeoutError)):
+                exc = TimeoutError(f"{spec.kind}: not granted within {timeout} s")
+            conn.send(("err", key, _wire.portable_error(exc)))
+            if not isinstance(exc, Exception):
+                raise
+            return
+        conn.pending.pop(key, None)
+        if conn.closed:
+            await self._undo(held, failed=True)
+            return
+        conn.held[key] = held
+        held.granted = True
+        self.granted += 1
+        nl, ql = held.nlease, held.qlease
+        node = held.node
+        fields = {
+            "id": held.gid,
+            "node": None if node is None else node.label,
+            "ray_node_id": None if node is None else node.ray_node_id,
+            "agent": None if node is None or nl is None or "agent_keys" not in nl._attached else node.agent_name,
+            "agent_keys": [] if nl is None or "agent_keys" not in nl._attached else nl.attachment("agent_keys"),
+            "node_aid": None if nl is None else nl.action_id,
+            "cpus": () if nl is None else nl.cpus,
+            "gpus": () if nl is None else nl.gpus,
+            "units": 0 if nl is None else nl.units,
+            "memory": 0 if nl is None else nl.memory,
+            "quotas": tuple(sorted(ql.quotas.items())) if ql is not None else (),
+            "queued_s": loop.time() - t0,
+        }
+        conn.send(("grant", key, fields))
+
+    async def _phases(self, held: _Held, spec: ActionSpec, hint: str | None, caller: str | None) -> None:
+        qspec, nspec = self._split(spec)
+        node = self._route(nspec, hint, caller) if nspec is not None else None  # fail fast, before quotas
+        try:
+            if qspec is not None:
+                assert self._quota_rt is not None
+                cm = self._quota_rt.acquire(qspec)
+                held.qlease = await cm.__aenter__()
+                held.qcm = cm
+            if node is not None and nspec is not None:
+                if not node.alive:
+                    raise NodeLostError(f"node {node.label!r} left the pool: {node.reason}")
+                cm = node.rt.acquire(nspec)
+                try:
+                    held.nlease = await cm.__aenter__()
+                except (RuntimeClosedError, TangramError, Exception) as exc:
+                    if not node.alive:
+                        raise NodeLostError(f"node {node.label!r} left the pool: {node.reason}") from exc
+                    raise
+                held.ncm, held.node = cm, node
+                if not node.alive:
+                    raise NodeLostError(f"node {node.label!r} left the pool: {node.reason}")
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                await self._undo(held, failed=True)
+            raise
+
+    async def _undo(self, held: _Held, *, failed: bool) -> None:
+        """Release both parts of a lease, node part first (the reverse of acquisition)."""
+        et = LeaseLostError if failed else None
+        ncm, qcm = held.ncm, held.qcm
+        held.ncm = held.qcm = None
+        with anyio.CancelScope(shield=True):
+            if ncm is not None and held.node is not None and held.node.alive:
+                try:
+                    await ncm.__aexit__(et, None, None)
+                except Exception:
+                    log.exception("releasing lease %s on node %s failed", held.gid, held.node.label)
+            if qcm is not None:
+                try:
+                    await qcm.__aexit__(et, None, None)
+                except Exception:
+                    log.exception("releasing the quota part of lease %s failed", held.gid)
+        if held.granted and (ncm is not None or qcm is not None):
+            self.released += 1
+
+    # ------------------------------------------------------------------------------ inspection
+    def _node_stats(self, node: _Node) -> dict[str, Any]:
+        s = node.rt.statistics() if node.alive else {}
+        s.update(alive=node.alive, reason=node.reason, ray_node_id=node.ray_node_id,
+                 peak_cpus_used=node.peak_cpus, peak_gpus_used=node.peak_gpus,
+                 peak_memory_used=node.peak_memory, containers=sorted(node.containers),
+                 agent=node.agent_name)
+        return s
+
+    def _statistics(self) -> dict[str, Any]:
+        qs = self._quota_rt.statistics() if self._quota_rt is not None else {}
+        quotas = dict(qs.get("quotas", {}))
+        for n, q in quotas.items():
+            q["peak_used"] = self._peak_quota.get(n, 0)
+        return {
+            "name": self.name,
+            "scheduler_node": self._ray_node_id,
+            "nodes": {k: self._node_stats(n) for k, n in self._nodes.items()},
+            "quotas": quotas,
+            "clients": len(self._conns),
+            "held": sum(len(c.held) for c in self._conns.values()),
+            "pending": sum(len(c.pending) for c in self._conns.values()),
+            "granted": self.granted, "released": self.released, "lost": self.lost,
+            "expired_clients": self.expired, "failed_acquires": self.failed_acquires,
+            "lost_nodes": list(self._lost_nodes),
+            "invariant_errors": list(self._errors[:20]),
+        }
+
+    async def statistics(self) -> dict[str, Any]:
+        await self._ensure_started()
+        return self._statistics()
+
+    async def check_invariants(self) -> list[str]:
+        """Every runtime's ledger checks, plus: what the actor thinks clients hold is what the
+        schedulers think is running (meaningful when no acquire is in flight)."""
+        await self._ensure_started()
+        undoing = [t for t in self._tasks if t.get_name().startswith("undo")]
+        if undoing:  # releases in flight: let them land first
+            await asyncio.wait(undoing, timeout=5)
+        errs = list(self._errors)
+        quiet = not any(c.pending for c in self._conns.values())
+        held_per_node: dict[str, int] = {}
+        held_q = 0
+        for c in self._conns.values():
+            for h in c.held.values():
+                if h.node is not None:
+                    held_per_node[h.node.label] = held_per_node.get(h.node.label, 0) + 1
+                if h.qcm is not None:
+                    held_q += 1
+        for n in self._nodes.values():
+            if not n.alive:
+                continue
+            try:
+                n.rt.scheduler.check_invariants()
+            except AssertionError as exc:
+                errs.append(f"node {n.label}: {exc}")
+            inside = n.rt.statistics()["waiters"]  # acquired and not yet left, per the runtime
+            if quiet and inside != held_per_node.get(n.label, 0):
+                errs.append(f"node {n.label}: the runtime has {inside} leases out but clients hold "
+                            f"{held_per_node.get(n.label, 0)}")
+        assert self._quota_rt is not None
+        try:
+            self._quota_rt.scheduler.check_invariants()
+        except AssertionError as exc:
+            errs.append(f"quotas: {exc}")
+        inside = self._quota_rt.statistics()["waiters"]
+        if quiet and inside != held_q:
+            errs.append(f"quotas: the runtime has {inside} leases out but clients hold {held_q}")
+        held = sum(len(c.held) for c in self._conns.values())
+        if self.granted != self.released + self.lost + held:
+            errs.append(f"granted {self.granted} != released {self.released} + lost {self.lost} + held {held}")
+        return errs

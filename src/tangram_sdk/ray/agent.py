@@ -1,0 +1,179 @@
+"""The per-node agent: a Ray actor pinned to one node (NodeAffinitySchedulingStrategy, hard) that
+runs that node's resource managers.
+
+The scheduler actor creates one agent per node it manages (so agents share its fate), asks it for
+the node's :class:`~tangram_sdk.pool.Pool`, and then, for every grant on that node, calls
+``apply``/``release`` here: the cpuset write happens on the machine whose containers it touches and
+the GPU restore on the machine whose devices it fills. Clients reach ``lease.exec``/``lease.call``
+through ``exec``/``call`` here. The scheduler keeps one ``watch()`` call open: when the agent or its
+node dies, that call fails and the node leaves the pool.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from ..lease import Lease
+from ..managers.base import Manager, ManagerContext
+from ..pool import Pool
+from ..scheduler.decisions import Grant
+from ..scheduler.events import Event
+from ..spec import ActionSpec
+from ._ray import require
+
+__all__ = ["NodeAgent", "default_node_pool"]
+
+log = logging.getLogger("tangram_sdk.ray")
+
+
+def default_node_pool() -> Pool:
+    """This machine's pool as the agent sees it: the cores it may run on, the GPUs Ray counts."""
+    cpus: Sequence[int]
+    try:
+        cpus = sorted(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cpus = range(os.cpu_count() or 1)
+    gpus = 0
+    try:
+        ray = require()
+        node_id = ray.get_runtime_context().get_node_id()
+        for n in ray.nodes():
+            if n.get("NodeID") == node_id:
+                gpus = int(n.get("Resources", {}).get("GPU", 0))
+    except Exception as exc:  # noqa: BLE001 - best effort: a pool without GPUs is still right
+        log.warning("could not count this node's GPUs through Ray: %r", exc)
+    return Pool(cpus=list(cpus), gpus=gpus)
+
+
+def _names(manager: Any, *attrs_: str) -> list[str] | None:
+    for a in attrs_:
+        v = getattr(manager, a, None)
+        if v is None:
+            continue
+        try:
+            v = v() if callable(v) else v
+            return [str(x) for x in v]
+        except Exception:  # noqa: BLE001, S112 - an attribute that merely shares the name: ignore it
+            continue
+    return None
+
+
+class NodeAgent:
+    """Ray actor body (wrapped with ``ray.remote`` by the scheduler actor; async, so one event loop)."""
+
+    def __init__(
+        self,
+        node: str,
+        pool: Pool | Callable[[], Pool] | None,
+        managers: Callable[[], Sequence[Manager]] | None,
+        containers: Sequence[str] = (),
+        scheduler: Any = None,
+    ) -> None:
+        self.node = node
+        self._pool_src = pool
+        self._managers_src = managers
+        self._containers = list(containers)
+        self._scheduler = scheduler
+        self.pool: Pool | None = None
+        self.managers: list[Manager] = []
+        self._leases: dict[int, tuple[Lease, Grant, list[Manager]]] = {}
+        self._forever = asyncio.Event()
+
+    async def start(self) -> dict[str, Any]:
+        src = self._pool_src
+        pool = src() if callable(src) else (src if src is not None else default_node_pool())
+        if not isinstance(pool, Pool):
+            raise TypeError(f"node {self.node!r}: pool must be a Pool, got {pool!r}")
+        if pool.quotas:
+            raise ValueError(f"node {self.node!r}: quotas are global; pass them to deploy(quotas=...)")
+        self.pool = pool
+        made = list(self._managers_src()) if self._managers_src is not None else []
+        ctx = ManagerContext(pool=pool, post=self._post)
+        for m in made:
+            await m.start(ctx)
+            self.managers.append(m)
+        containers = list(self._containers)
+        services: list[str] | None = None
+        for m in self.managers:
+            c = _names(m, "ids", "containers")
+            if c:
+                containers += c
+            s = _names(m, "services", "_services")
+            if s is not None:
+                services = (services or []) + s
+        ctx_ = require().get_runtime_context()
+        return {
+            "node": self.node, "pool": pool, "has_managers": bool(self.managers),
+            "containers": containers, "services": services, "ray_node_id": ctx_.get_node_id(),
+            "pid": os.getpid(),
+        }
+
+    def _post(self, ev: Event) -> None:
+        if self._scheduler is not None:
+            self._scheduler.post_event.remote(self.node, ev)
+
+    async def apply(self, action_id: int, grant: Grant, spec: ActionSpec) -> list[str]:
+        lease = Lease(action_id, spec, cpus=grant.cpus, gpus=grant.gpus, units=grant.units,
+                      memory=grant.memory, quotas=grant.quotas, queued_s=0.0,
+                      granted_at=asyncio.get_running_loop().time())
+        applied: list[Manager] = []
+        try:
+            for m in self.managers:
+                await m.apply(grant, lease)
+                applied.append(m)
+        except BaseException:
+            for m in reversed(applied):
+                try:
+                    await m.release(grant, lease)
+                except Exception:
+                    log.exception("node %s: manager %s failed to undo action %s", self.node, m.name, action_id)
+            raise
+        self._leases[action_id] = (lease, grant, applied)
+        return sorted(lease._attached)
+
+    async def release(self, action_id: int) -> None:
+        item = self._leases.pop(action_id, None)
+        if item is None:
+            return
+        lease, grant, applied = item
+        for m in reversed(applied):
+            try:
+                await m.release(grant, lease)
+            except Exception:
+                log.exception("node %s: manager %s failed to release action %s", self.node, m.name, action_id)
+
+    def _lease(self, action_id: int) -> Lease:
+        item = self._leases.get(action_id)
+        if item is None:
+            from ..errors import ManagerError
+
+            raise ManagerError(f"node {self.node!r} holds no lease #{action_id} (released or lost)")
+        return item[0]
+
+    async def exec(self, action_id: int, cmd: Sequence[str], kw: dict[str, Any]) -> Any:
+        return await self._lease(action_id).exec(cmd, **kw)
+
+    async def call(self, action_id: int, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        return await self._lease(action_id).call(*args, **kwargs)
+
+    async def watch(self) -> None:
+        """Never returns: the scheduler awaits it to learn that this agent (or its node) died."""
+        await self._forever.wait()
+
+    def ping(self) -> str:
+        return self.node
+
+    async def aclose(self) -> None:
+        for aid in list(self._leases):
+            await self.release(aid)
+        for m in reversed(self.managers):
+            try:
+                await m.aclose()
+            except Exception:
+                log.exception("node %s: manager %s failed to close", self.node, m.name)
+        self.managers.clear()
+        self._forever.set()

@@ -1,0 +1,394 @@
+"""A shared Tangram on a real local Ray cluster: several driver processes, one pool.
+
+The Ray cluster is started once for the module (small: 2 CPUs, 200 MB object store, no dashboard).
+Client processes are separate drivers (``ray.init(address=...)``) running this file as a script.
+Skipped without Ray, except under CI=true where the test command installs it (then it fails).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+if os.environ.get("CI") == "true":
+    import ray  # CI installs the extra: a missing Ray must fail, not skip
+else:
+    ray = pytest.importorskip("ray", reason="the ray extra is not installed (pip install 'tangram-sdk[ray]')")
+
+import itertools
+
+from tangram_sdk import ActionSpec, Pool, Quota, SpecError
+from tangram_sdk.ray import NodeLostError, RemoteTangram, deploy
+
+pytestmark = [pytest.mark.ray, pytest.mark.timeout(120)]
+
+NS = "tangram-tests"
+HERE = Path(__file__).resolve()
+
+
+@pytest.fixture(scope="module")
+def cluster_address() -> Any:
+    ctx = ray.init(num_cpus=2, include_dashboard=False, object_store_memory=200 * 1024 * 1024,
+                   namespace=NS, log_to_driver=False)
+    try:
+        yield ctx.address_info["gcs_address"]
+    finally:
+        ray.shutdown()
+
+
+def _spawn(address: str, *args: Any) -> subprocess.Popen[str]:
+    env = dict(os.environ, RAY_ADDRESS=address, PYTHONUNBUFFERED="1")
+    err = tempfile.TemporaryFile("w+")  # noqa: SIM115 - a file, not a pipe: a chatty client cannot block
+    p = subprocess.Popen([sys.executable, str(HERE), *map(str, args)], env=env, text=True,
+                         stdout=subprocess.PIPE, stderr=err)
+    p.errlog = err  # type: ignore[attr-defined]
+    return p
+
+
+def _wait_all(procs: list[subprocess.Popen[str]], timeout: float = 90) -> None:
+    for p in procs:
+        out, _ = p.communicate(timeout=timeout)
+        p.errlog.seek(0)  # type: ignore[attr-defined]
+        assert p.returncode == 0, f"client failed ({p.returncode}):\n{out}\n{p.errlog.read()[-3000:]}"  # type: ignore[attr-defined]
+
+
+def _poll(fn: Any, until: Any, timeout: float) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        v = fn()
+        if until(v) or time.monotonic() > deadline:
+            return v
+        time.sleep(0.05)
+
+
+def _node(stats: dict[str, Any]) -> dict[str, Any]:
+    (n,) = stats["nodes"].values()
+    return n
+
+
+# ---------------------------------------------------------------------------------------- tests
+def test_processes_share_one_pool_and_the_quotas(cluster_address: str, tmp_path: Path) -> None:
+    t0 = time.monotonic()
+    rate, burst = 20.0, 2
+    cl = deploy("shared", namespace=NS, pool=Pool(cpus=4),
+                quotas={"api": Quota(concurrency=3), "llm": Quota(rate=rate, burst=burst)}, check_invariants=True)
+    try:
+        procs = [_spawn(cluster_address, "share", "shared", tmp_path / f"log{i}.jsonl", i) for i in range(4)]
+        _wait_all(procs)
+        # the rate quota is global: 4 processes together get <= burst + rate * elapsed (per process: 4x)
+        times = sorted(float(x) for i in range(4) for x in (tmp_path / f"log{i}.jsonl.rate").read_text().split())
+        assert len(times) == 4 * 10
+        span = times[-1] - times[0]
+        assert span >= (len(times) - burst - 1) / rate * 0.9, f"{len(times)} grants in {span:.2f} s"
+        for i, t in enumerate(times):  # every 0.5 s window (+2 for receipt jitter)
+            assert sum(1 for u in times[i:] if u - t <= 0.5) <= burst + rate * 0.5 + 2
+        records = [json.loads(line) for i in range(4) for line in (tmp_path / f"log{i}.jsonl").read_text().splitlines()]
+        assert len(records) == 4 * 4 * 12
+        assert len({r["id"] for r in records}) == len(records)
+        assert len({r["pid"] for r in records}) == 4
+        # per-lease overlap log: a core is never held by two leases at once (client-side times are
+        # inside the actor-side hold, so logged intervals of one core must be disjoint)
+        by_core: dict[int, list[tuple[float, float]]] = collections.defaultdict(list)
+        for r in records:
+            for c in r["cpus"]:
+                by_core[c].append((r["t0"], r["t1"]))
+        assert set(by_core) <= {0, 1, 2, 3}
+        for c, iv in by_core.items():
+            iv.sort()
+            for (a0, a1), (b0, b1) in itertools.pairwise(iv):
+                assert b0 >= a1, f"core {c} double-granted: {(a0, a1)} overlaps {(b0, b1)}"
+        # the quota holds across processes: at most 3 'api' holders at any instant
+        edges = sorted([(r["t0"], 1) for r in records if r["api"]] + [(r["t1"], -1) for r in records if r["api"]])
+        level = peak = 0
+        for _, d in edges:
+            level += d
+            peak = max(peak, level)
+        assert 1 <= peak <= 3
+        s = _poll(cl.statistics, lambda s: s["held"] == 0 and _node(s)["cpus_free"] == 4, 5)
+        n = _node(s)
+        assert n["peak_cpus_used"] <= 4 and n["peak_cpus_used"] >= 3
+        assert s["quotas"]["api"]["peak_used"] <= 3 and s["quotas"]["api"]["used"] == 0
+        assert n["cpus_free"] == 4 and s["held"] == 0 and s["pending"] == 0
+        assert s["granted"] == len(records) + len(times) == s["released"]
+        assert s["invariant_errors"] == [] and _poll(cl.check_invariants, lambda e: e == [], 5) == []
+    finally:
+        cl.shutdown()
+    print(f"shared pool test: {time.monotonic() - t0:.1f} s")
+
+
+def test_a_dead_or_frozen_client_gives_its_units_back(cluster_address: str) -> None:
+    cl = deploy("crash", namespace=NS, pool=Pool(cpus=2), ttl=1.5, heartbeat=0.3)
+    try:
+        # SIGKILL: the kernel closes the socket, the actor releases at once
+        p = _spawn(cluster_address, "hold", "crash", 2)
+        assert p.stdout is not None and p.stdout.readline().strip() == "HELD"
+        assert _node(cl.statistics())["cpus_free"] == 0
+        t = time.monotonic()
+        p.send_signal(signal.SIGKILL)
+        p.wait()
+        s = _poll(cl.statistics, lambda s: _node(s)["cpus_free"] == 2, 5)
+        assert _node(s)["cpus_free"] == 2 and s["held"] == 0, s
+        print(f"killed client released after {time.monotonic() - t:.2f} s")
+        # SIGSTOP: the socket stays open but silent; the TTL (1.5 s) expires the lease
+        p = _spawn(cluster_address, "hold", "crash", 2)
+        assert p.stdout is not None and p.stdout.readline().strip() == "HELD"
+        t = time.monotonic()
+        p.send_signal(signal.SIGSTOP)
+        s = _poll(cl.statistics, lambda s: _node(s)["cpus_free"] == 2, 8)
+        waited = time.monotonic() - t
+        p.send_signal(signal.SIGKILL)
+        p.wait()
+        assert _node(s)["cpus_free"] == 2 and s["expired_clients"] == 1, s
+        assert 1.0 <= waited <= 5.0, waited
+        print(f"frozen client released after {waited:.2f} s (ttl 1.5 s)")
+        assert _poll(cl.check_invariants, lambda e: e == [], 5) == []
+    finally:
+        cl.shutdown()
+
+
+async def test_nodes_containers_and_node_loss(cluster_address: str) -> None:
+    def _recording_managers() -> list[Any]:
+        """Run on the agent; nested, so cloudpickle ships it by value."""
+        from tangram_sdk.lease import ExecResult
+
+        class Recorder:
+            name = "recorder"
+
+            async def start(self, ctx: Any) -> None:
+                self.pid = os.getpid()
+                self.ctx = ctx
+
+            def check(self, spec: Any) -> None:
+                pass
+
+            async def apply(self, grant: Any, lease: Any) -> None:
+                async def run(cmd: Any, **kw: Any) -> ExecResult:
+                    out = f"{self.pid} {list(grant.cpus)} {' '.join(cmd)}".encode()
+                    return ExecResult(0, out, b"", 0.0)
+
+                async def call(*args: Any, **kwargs: Any) -> Any:
+                    return (self.pid, args, kwargs)
+
+                lease.attach("exec", run)
+                lease.attach("call", call)
+                from tangram_sdk.scheduler.events import ServiceResidency
+
+                self.ctx.post(ServiceResidency("svc", (), True, 0.1))  # reaches the node's scheduler
+
+            async def release(self, grant: Any, lease: Any) -> None:
+                pass
+
+            async def aclose(self) -> None:
+                pass
+
+        return [Recorder()]
+
+    rid = ray.get_runtime_context().get_node_id()
+    cl = deploy("nodes", namespace=NS, nodes={"A": rid, "B": rid},
+                pool={"A": Pool(cpus=2), "B": Pool(cpus=2)}, containers={"A": ["box-a"], "B": ["box-b"]},
+                managers=_recording_managers, check_invariants=True)
+    try:
+        async with RemoteTangram("nodes", namespace=NS) as tg:
+            # containers are served by their own node; naming another node is refused
+            async with tg.acquire(ActionSpec(kind="t", cpus=1, container="box-b")) as lease:
+                assert lease.attachment("node") == "B" and lease.cpus in ((0,), (1,))
+                res = await lease.exec(["echo", "hi"])  # through B's agent, which applied the grant
+                pid, _ = res.stdout.decode().split(" ", 1)
+                assert int(pid) != os.getpid() and res.stdout.decode().endswith("echo hi")
+                assert await lease.call(1, x=2) == (int(pid), (1,), {"x": 2})
+            for _ in range(100):  # the agent's ServiceResidency event reached B's scheduler
+                if (await tg.statistics())["nodes"]["B"]["resident_services"] == 1:
+                    break
+                await asyncio.sleep(0.02)
+            assert (await tg.statistics())["nodes"]["B"]["resident_services"] == 1
+            async with tg.acquire(ActionSpec(kind="t", cpus=1, container="box-a")) as lease:
+                assert lease.attachment("node") == "A"
+            with pytest.raises(SpecError, match="lives on node 'A'"):
+                async with tg.acquire(ActionSpec(kind="t", cpus=1, container="box-a"), node="B"):
+                    pass
+            with pytest.raises(SpecError, match="not registered"):
+                async with tg.acquire(ActionSpec(kind="t", cpus=1, container="elsewhere")):
+                    pass
+            # fill B, queue one more on B, then kill B's agent
+            held = asyncio.Event()
+            release = asyncio.Event()
+            outcome: dict[str, Any] = {}
+
+            async def hold(tag: str) -> None:
+                try:
+                    async with tg.acquire(ActionSpec(kind="t", cpus=1, container="box-b")):
+                        held.set()
+                        await release.wait()
+                    outcome[tag] = "finished"
+                except NodeLostError as exc:
+                    outcome[tag] = exc
+
+            holders = [asyncio.create_task(hold(f"h{i}")) for i in range(2)]
+            while _node_free(await tg.statistics(), "B") != 0:
+                await asyncio.sleep(0.01)
+            waiter = asyncio.create_task(hold("queued"))
+            while (await tg.statistics())["nodes"]["B"]["queued"] != 1:
+                await asyncio.sleep(0.01)
+            agent_name = (await tg.statistics())["nodes"]["B"]["agent"]
+            ray.kill(ray.get_actor(agent_name, namespace=NS))
+            await asyncio.wait_for(asyncio.gather(*holders, waiter), 20)
+            for tag in ("h0", "h1", "queued"):
+                assert isinstance(outcome[tag], NodeLostError), outcome
+                assert "node 'B' left the pool" in str(outcome[tag])
+            s = await tg.statistics()
+            assert s["nodes"]["B"]["alive"] is False and s["lost_nodes"][0]["node"] == "B"
+            assert s["held"] == 0 and s["lost"] == 2 and s["nodes"]["A"]["cpus_free"] == 2
+            with pytest.raises(NodeLostError):
+                async with tg.acquire(ActionSpec(kind="t", cpus=1), node="B"):
+                    pass
+            # A keeps working, plain specs avoid the dead node, B can come back
+            async with tg.acquire(ActionSpec(kind="t", cpus=2)) as lease:
+                assert lease.attachment("node") == "A"
+            cl.add_node("B", rid, pool=Pool(cpus=2), containers=["box-b"])
+            async with tg.acquire(ActionSpec(kind="t", cpus=1, container="box-b")) as lease:
+                assert lease.attachment("node") == "B"
+            assert _poll(cl.check_invariants, lambda e: e == [], 5) == []
+    finally:
+        cl.shutdown()
+
+
+def _node_free(stats: dict[str, Any], label: str) -> int:
+    return int(stats["nodes"][label]["cpus_free"])
+
+
+async def test_remote_lease_has_the_runtime_fields_and_timeouts(cluster_address: str) -> None:
+    from tangram_sdk import Elasticity, Lease
+
+    cl = deploy("fields", namespace=NS, pool=Pool(cpus=4), quotas={"api": Quota(concurrency=1)})
+    try:
+        tg = await RemoteTangram.connect("fields", namespace=NS)
+        spec = ActionSpec(kind="e", cpus=1, quotas={"api": 1}, elastic=Elasticity("cpu", 4), duration=1.0)
+        async with tg.acquire(spec) as lease:
+            assert isinstance(lease, Lease) and lease.spec == spec
+            assert 1 <= lease.units <= 4 and len(lease.cpus) >= 1 and lease.quotas == {"api": 1}
+            assert lease.queued_s >= 0 and lease.gpus == () and lease.memory == 0 and lease.action_id >= 1
+            # the quota is full: a second acquire times out (and leaves nothing behind)
+            with pytest.raises(TimeoutError):
+                async with tg.acquire(ActionSpec(kind="q", quotas={"api": 1}), timeout=0.2):
+                    pass
+            # a cancelled waiter leaves nothing behind either
+            t = asyncio.create_task(tg.acquire(ActionSpec(kind="q", quotas={"api": 1})).__aenter__())
+            await asyncio.sleep(0.1)
+            t.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await t
+        with pytest.raises(Exception, match="exceeds"):
+            async with tg.acquire(ActionSpec(kind="big", cpus=5)):
+                pass
+        # quota part granted, node part queued behind a full node: the timeout gives the quota back
+        async with tg.acquire(ActionSpec(kind="all", cpus=4)):
+            with pytest.raises(TimeoutError):
+                async with tg.acquire(ActionSpec(kind="both", cpus=1, quotas={"api": 1}), timeout=0.3):
+                    pass
+            assert (await tg.statistics())["quotas"]["api"]["used"] == 0
+        s = await tg.statistics()
+        for _ in range(50):
+            if s["held"] == 0 and s["pending"] == 0 and s["quotas"]["api"]["used"] == 0:
+                break
+            await asyncio.sleep(0.02)
+            s = await tg.statistics()
+        assert s["held"] == 0 and s["pending"] == 0 and s["quotas"]["api"]["used"] == 0, s
+        assert "connected" in repr(tg)
+        await tg.aclose()
+    finally:
+        cl.shutdown()
+
+
+async def test_link_loss_and_scheduler_death(cluster_address: str) -> None:
+    from tangram_sdk import TangramError
+    from tangram_sdk.ray import LeaseLostError, TangramCluster
+
+    cl = deploy("mortal", namespace=NS, pool=Pool(cpus=1))
+    tg = await RemoteTangram.connect("mortal", namespace=NS)
+
+    async def hold() -> Any:
+        try:
+            async with tg.acquire(ActionSpec(kind="h", cpus=1)):
+                await asyncio.sleep(30)
+        except LeaseLostError as exc:
+            return exc
+
+    # a broken link: the held action is cancelled with LeaseLostError, the actor frees the core
+    h = asyncio.create_task(hold())
+    while (await tg.statistics())["held"] != 1:
+        await asyncio.sleep(0.01)
+    tg._link.abort()  # type: ignore[union-attr]
+    assert "connection to the Tangram scheduler actor lost" in str(await asyncio.wait_for(h, 10))
+    async with tg.acquire(ActionSpec(kind="h", cpus=1)) as lease:  # reconnects
+        assert lease.cpus == (0,)
+    # the scheduler actor dies: held and queued actions fail, reconnecting says why
+    h = asyncio.create_task(hold())
+    while (await tg.statistics())["held"] != 1:
+        await asyncio.sleep(0.01)
+    q = asyncio.create_task(hold())
+    while (await tg.statistics())["pending"] != 1:
+        await asyncio.sleep(0.01)
+    ray.kill(cl.actor)
+    for t in (h, q):
+        assert isinstance(await asyncio.wait_for(t, 20), LeaseLostError)
+    with pytest.raises(TangramError):
+        async with tg.acquire(ActionSpec(kind="h", cpus=1)):
+            pass
+    with pytest.raises(TangramError, match="deploy"):
+        TangramCluster.get("mortal", namespace=NS)
+    await tg.aclose()
+
+
+# ---------------------------------------------------------------------------------------- clients
+async def _client_share(name: str, out: str, seed: int) -> None:
+    rng = random.Random(seed)
+    lines = []
+    async with RemoteTangram(name, namespace=NS) as tg:
+
+        async def worker(w: int) -> None:
+            for _ in range(12):
+                api = rng.random() < 0.5
+                spec = ActionSpec(kind="act", cpus=rng.choice((1, 1, 2)), quotas={"api": 1} if api else None)
+                async with tg.acquire(spec) as lease:
+                    t0 = time.monotonic()
+                    await asyncio.sleep(rng.uniform(0.001, 0.006))
+                    t1 = time.monotonic()
+                lines.append(json.dumps({"pid": os.getpid(), "id": lease.action_id, "cpus": list(lease.cpus),
+                                         "api": api, "t0": t0, "t1": t1}))
+
+        await asyncio.gather(*(worker(w) for w in range(4)))
+        Path(out).write_text("\n".join(lines) + "\n")
+        times = []
+        for _ in range(10):
+            async with tg.acquire(ActionSpec(kind="call", quotas={"llm": 1})):
+                times.append(time.monotonic())
+        Path(out + ".rate").write_text("\n".join(map(repr, times)) + "\n")
+
+
+async def _client_hold(name: str, cpus: int) -> None:
+    async with RemoteTangram(name, namespace=NS) as tg, tg.acquire(ActionSpec(kind="hold", cpus=cpus)):
+        print("HELD", flush=True)
+        await asyncio.sleep(3600)
+
+
+if __name__ == "__main__":
+    import ray as _ray
+
+    _ray.init(address=os.environ["RAY_ADDRESS"], namespace=NS, log_to_driver=False)
+    mode, *rest = sys.argv[1:]
+    if mode == "share":
+        asyncio.run(_client_share(rest[0], rest[1], int(rest[2])))
+    elif mode == "hold":
+        asyncio.run(_client_hold(rest[0], int(rest[1])))
