@@ -1,0 +1,382 @@
+"""Discrete-event simulator: closed-loop trajectories driving the real :class:`Scheduler` on virtual time.
+
+A trajectory alternates *think* (LLM decode) and *action*: the next action arrives ``think`` seconds
+after the previous one completed, so queueing feeds back into arrivals exactly as in a rollout.
+Events are kept in one heap ordered by ``(time, class, sequence)``: at equal times completions come
+before arrivals, and otherwise the order of scheduling, so a run is a pure function of its inputs.
+Each event is handed to the scheduler on its own (``handle``), as the live runtime does with
+``batch=False``; timer ticks are armed at ``Scheduler.next_wakeup`` exactly like the runtime's timer.
+
+An action's real duration is ``work x spec.relative_duration(units)`` plus system overhead: the
+policy's per-grant cost (a cgroup/cpuset update) and, for GPU services, a restore when the service is
+not resident on the granted cell (residency is modelled per GPU with LRU eviction, and reported back
+to the scheduler as ``ServiceResidency`` events, as the GPU manager would).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import attrs
+
+from ..scheduler.core import Scheduler
+from ..scheduler.decisions import Decision, Grant, Reject
+from ..scheduler.events import Event, Released, ServiceResidency, Submitted, Tick
+from ..spec import ActionSpec
+
+__all__ = ["Act", "Trajectory", "Result", "simulate", "Observer"]
+
+Observer = Callable[[Sequence[Event], float, Sequence[Decision]], None]
+
+# event classes: at equal times, completions first, then residency reports, then arrivals, then ticks
+_DONE, _END, _RESID, _START, _SUBMIT, _READY, _TICK = 0, 1, 2, 3, 4, 5, 6
+
+
+@attrs.frozen(slots=True)
+class Act:
+    """One action: think ``think`` seconds, then ask for ``spec`` and run ``work`` seconds (at the
+    spec's minimum units; scaled by ``spec.relative_duration(units)``) plus ``overhead`` seconds."""
+
+    spec: ActionSpec
+    work: float
+    think: float = 0.0
+    overhead: float = 0.0
+
+
+@attrs.frozen(slots=True)
+class Trajectory:
+    """Starts at ``start``; runs ``acts`` in a closed loop; decodes ``tail`` seconds after the last."""
+
+    acts: tuple[Act, ...]
+    start: float = 0.0
+    tail: float = 0.0
+
+
+class Result:
+    """Per-action columns (index = action number in submission order) plus per-trajectory ends and
+    resource timelines. ``metrics.summarise`` turns it into numbers."""
+
+    def __init__(self, policy: str, workload: str, pool_cpus: int, pool_gpus: int) -> None:
+        self.policy = policy
+        self.workload = workload
+        self.pool_cpus = pool_cpus
+        self.pool_gpus = pool_gpus
+        self.kind: list[str] = []
+        self.submit: list[float] = []
+        self.grant: list[float] = []
+        self.end: list[float] = []
+        self.exec_s: list[float] = []
+        self.overhead: list[float] = []
+        self.units: list[int] = []
+        self.traj_end: list[float] = []
+        # (time, d_cpu_alloc, d_cpu_busy, d_gpu_alloc, d_gpu_busy): resource change points
+        self.changes: list[tuple[float, int, int, int, int]] = []
+        self.restores = 0
+        self.wall_s = 0.0
+        self.scheduler_stats: list[dict[str, Any]] = []
+
+
+class _Lane:
+    __slots__ = ("sched", "timer_at", "timer_gen", "slots", "resident", "restore_s", "seen_restore")
+
+    def __init__(self, sched: Scheduler, slots: float, restore_s: dict[str, float]) -> None:
+        self.sched = sched
+        self.timer_at: float | None = None
+        self.timer_gen = 0
+        self.slots = slots
+        self.resident: dict[tuple[str, tuple[int, ...]], float] = {}  # truth: instance -> last use
+        self.restore_s = restore_s
+        self.seen_restore: set[str] = set()
+
+
+def simulate(
+    trajectories: Sequence[Trajectory],
+    policy: Any,
+    *,
+    workload: str = "custom",
+    observers: Sequence[Observer] = (),
+    restore_s: dict[str, float] | None = None,
+    gpu_slots: float = 1.0,
+    prewarm: Sequence[tuple[int, str, tuple[int, ...]]] = (),
+    time_resolution: float | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> Result:
+    """Run ``trajectories`` under ``policy`` (see :mod:`.baselines`) and return the :class:`Result`.
+
+    ``restore_s``: seconds to restore each GPU service onto a cell when it is not resident there.
+    ``gpu_slots``: how many full model copies one GPU's memory holds (a TP-k instance uses 1/k). ``prewarm``: (lane, service, gpus)
+    instances resident at time 0. ``time_resolution``: round event times to this grid (e.g. 1e-6,
+    as looptime does) so a run matches the live runtime on virtual time bit for bit.
+    """
+    import time as _time
+
+    t_wall = _time.perf_counter()
+    restore = dict(restore_s or {})
+    lanes = [_Lane(s, gpu_slots, restore) for s in policy.lanes]
+    res = Result(policy.name, workload, sum(len(s.pool.cpus) for s in policy.lanes),
+                 sum(len(s.pool.gpus) for s in policy.lanes))
+    rr = None if time_resolution is None else round(1.0 / time_resolution)
+
+    def q(t: float) -> float:
+        return t if rr is None else round(t * rr) / rr
+
+    heap: list[tuple[float, int, int, int, int]] = []  # (t, class, seq, a, b)
+    seq = 0
+
+    def push(t: float, cls: int, a: int, b: int = 0) -> None:
+        nonlocal seq
+        seq += 1
+        heapq.heappush(heap, (t, cls, seq, a, b))
+
+    n_traj = len(trajectories)
+    pos = [0] * n_traj  # next act index per trajectory
+    hold_of: list[int] = [0] * n_traj  # aid of the trajectory's sandbox (static policy), 0 = none
+    hold_units: list[int] = [0] * n_traj
+    pending_first: dict[int, int] = {}  # hold aid -> action index waiting for that sandbox
+    # per action id
+    rec_of: dict[int, int] = {}  # aid -> record index (actions only, not holds)
+    act_of: list[Act] = []
+    traj_of: list[int] = []
+    lane_of: dict[int, int] = {}
+    grant_of: dict[int, Grant] = {}
+    direct: set[int] = set()
+    hold_traj: dict[int, int] = {}
+    next_id = 1
+    total_acts = sum(len(t.acts) for t in trajectories)
+    done_acts = 0
+    res.traj_end = [math.nan] * n_traj
+    changes = res.changes
+    hold = policy.hold
+    cpu_cost = policy.cpu_overhead_s
+    startup = policy.hold_startup_s
+    for li, service, gpus in prewarm:
+        lane = lanes[li]
+        lane.resident[(service, tuple(gpus))] = 0.0
+        lane.sched.handle(ServiceResidency(service, tuple(gpus), True, restore.get(service)), 0.0)
+
+    for i, tr in enumerate(trajectories):
+        if tr.acts:
+            push(q(tr.start + tr.acts[0].think), _SUBMIT, i)
+        else:
+            push(q(tr.start + tr.tail), _END, i)
+
+    def arm(li: int) -> None:
+        lane = lanes[li]
+        nw = lane.sched.next_wakeup
+        if nw != lane.timer_at:
+            lane.timer_at = nw
+            lane.timer_gen += 1
+            if nw is not None:
+                push(nw, _TICK, li, lane.timer_gen)
+
+    def feed(li: int, ev: Event, now: float) -> None:
+        decs = lanes[li].sched.handle(ev, now)
+        for obs in observers:
+            obs((ev,), now, decs)
+        for d in decs:
+            if isinstance(d, Grant):
+                on_grant(li, d, now)
+            elif isinstance(d, Reject):
+                raise ValueError(f"action {d.action_id} can never run on this pool: {d.reason}")
+        arm(li)
+
+    def on_grant(li: int, g: Grant, now: float) -> None:
+        aid = g.action_id
+        grant_of[aid] = g
+        nc, ng = len(g.cpus), len(g.gpus)
+        if aid in hold_traj:  # a trajectory's sandbox: ready after container start-up
+            ti = hold_traj[aid]
+            hold_units[ti] = nc
+            changes.append((now, nc, 0, ng, 0))
+            push(q(now + startup), _READY, aid)
+            return
+        r = rec_of[aid]
+        act = act_of[r]
+        spec = act.spec
+        units = g.units
+        over = act.overhead + (cpu_cost if nc else 0.0)
+        svc = spec.service
+        if svc is not None and ng:
+            over += restore_cost(li, svc, g.gpus, now)
+        ex = act.work * (spec.relative_duration(units) if spec.elastic is not None and units else 1.0)
+        res.grant[r] = now
+        res.exec_s[r] = ex
+        res.overhead[r] = over
+        res.units[r] = units or nc or ng
+        changes.append((now, nc, nc, ng, ng))
+        push(q(now + (ex + over)), _DONE, aid)
+
+    def restore_cost(li: int, svc: str, gpus: tuple[int, ...], now: float) -> float:
+        lane = lanes[li]
+        key = (svc, gpus)
+        if key in lane.resident:
+            lane.resident[key] = now
+            return 0.0
+        k = len(gpus)
+        cost = lane.restore_s.get(svc, 0.0) / k  # k GPUs each load 1/k of the weights, in parallel
+        res.restores += 1
+        # a TP-k instance takes 1/k of a model's memory on each of its GPUs; a GPU holds ``slots``
+        # models' worth. Evict least recently used instances on these GPUs until the new one fits.
+        mine = set(gpus)
+        while True:
+            use = {g: 0.0 for g in gpus}
+            for (_s, gs) in lane.resident:
+                for g in gs:
+                    if g in use:
+                        use[g] += 1.0 / len(gs)
+            if all(u + 1.0 / k <= lane.slots + 1e-9 for u in use.values()):
+                break
+            victims = [(t, kk) for kk, t in lane.resident.items() if mine & set(kk[1])]
+            _t, victim = min(victims)
+            del lane.resident[victim]
+            pending_resid.append((li, ServiceResidency(victim[0], victim[1], False)))
+        lane.resident[key] = now
+        pending_resid.append((li, ServiceResidency(svc, gpus, True, cost)))
+        return cost
+
+    pending_resid: list[tuple[int, ServiceResidency]] = []
+    handle_resid = policy.report_residency
+
+    def flush_resid(now: float) -> None:
+        while pending_resid:
+            li, ev = pending_resid.pop(0)
+            if handle_resid:
+                feed(li, ev, now)
+
+    def new_record(ti: int, act: Act, now: float) -> int:
+        r = len(act_of)
+        act_of.append(act)
+        traj_of.append(ti)
+        res.kind.append(act.spec.kind)
+        res.submit.append(now)
+        res.grant.append(math.nan)
+        res.end.append(math.nan)
+        res.exec_s.append(0.0)
+        res.overhead.append(0.0)
+        res.units.append(0)
+        return r
+
+    def run_in_sandbox(ti: int, r: int, now: float) -> None:
+        """Trajectory-static: a CPU action runs at once on its trajectory's sandbox cores."""
+        nonlocal next_id
+        aid = next_id
+        next_id += 1
+        rec_of[aid] = r
+        direct.add(aid)
+        act = act_of[r]
+        spec = act.spec
+        units = hold_units[ti]
+        m = min(units, spec.max_units) if spec.elastic is not None else 0
+        ex = act.work * (spec.relative_duration(m) if m else 1.0)
+        res.grant[r] = now
+        res.exec_s[r] = ex
+        res.overhead[r] += act.overhead
+        res.units[r] = m or spec.cpus
+        busy = m or spec.cpus
+        changes.append((now, 0, busy, 0, 0))
+        push(q(now + (ex + act.overhead)), _DONE, aid)
+
+    last_report = 0
+    while heap:
+        now, cls, _s, a, b = heapq.heappop(heap)
+        if cls == _SUBMIT:
+            ti = a
+            act = trajectories[ti].acts[pos[ti]]
+            r = new_record(ti, act, now)
+            spec = act.spec
+            if hold is not None and policy.in_sandbox(spec):
+                if hold_of[ti] == 0:  # first sandboxed action: create the trajectory's sandbox
+                    hid = next_id
+                    next_id += 1
+                    hold_of[ti] = hid
+                    hold_traj[hid] = ti
+                    pending_first[hid] = r
+                    lane_of[hid] = 0
+                    feed(0, Submitted(hid, hold), now)
+                else:
+                    run_in_sandbox(ti, r, now)
+            else:
+                aid = next_id
+                next_id += 1
+                rec_of[aid] = r
+                li, sspec = policy.route(spec)
+                lane_of[aid] = li
+                feed(li, Submitted(aid, sspec), now)
+            flush_resid(now)
+        elif cls == _DONE:
+            aid = a
+            r = rec_of.pop(aid)
+            res.end[r] = now
+            if aid in direct:
+                direct.discard(aid)
+                act = act_of[r]
+                changes.append((now, 0, -(res.units[r]), 0, 0))
+            else:
+                g = grant_of.pop(aid)
+                nc, ng = len(g.cpus), len(g.gpus)
+                changes.append((now, -nc, -nc, -ng, -ng))
+                li = lane_of.pop(aid)
+                feed(li, Released(aid), now)
+                flush_resid(now)
+            ti = traj_of[r]
+            pos[ti] += 1
+            tr = trajectories[ti]
+            if pos[ti] < len(tr.acts):
+                push(q(now + tr.acts[pos[ti]].think), _SUBMIT, ti)
+            else:
+                push(q(now + tr.tail), _END, ti)
+            done_acts += 1
+            if progress is not None and done_acts - last_report >= 2000:
+                last_report = done_acts
+                progress(done_acts, total_acts)
+        elif cls == _END:
+            ti = a
+            res.traj_end[ti] = now
+            hid = hold_of[ti]
+            if hid:
+                g = grant_of.pop(hid)
+                changes.append((now, -len(g.cpus), 0, -len(g.gpus), 0))
+                feed(0, Released(hid), now)
+        elif cls == _READY:
+            hid = a
+            r = pending_first.pop(hid)
+            res.overhead[r] += startup
+            ti = hold_traj[hid]
+            run_in_sandbox(ti, r, now)
+            # the wait for the sandbox counts as the first action's queueing; start-up as overhead
+            res.grant[r] = now - startup
+        elif cls == _TICK:
+            lane = lanes[a]
+            if b == lane.timer_gen and lane.timer_at is not None:
+                lane.timer_at = None
+                feed(a, Tick(), now)
+                flush_resid(now)
+        elif cls == _RESID:
+            pass
+    if progress is not None:
+        progress(total_acts, total_acts)
+    for lane in lanes:
+        if lane.sched.queued or lane.sched.running:
+            raise RuntimeError(f"simulation ended with work left: {lane.sched!r}")
+        res.scheduler_stats.append(dict(lane.sched.statistics()))
+    res.wall_s = _time.perf_counter() - t_wall
+    return res
+
+
+def text_progress(label: str, stream: Any = None) -> Callable[[int, int], None]:
+    """A dependency-free progress bar on stderr: ``label [#####.....] 52% 1234/2345``."""
+    out = stream if stream is not None else sys.stderr
+
+    def report(done: int, total: int) -> None:
+        frac = done / total if total else 1.0
+        n = int(frac * 30)
+        out.write(f"\r{label} [{'#' * n}{'.' * (30 - n)}] {frac:4.0%} {done}/{total}")
+        if done >= total:
+            out.write("\n")
+        out.flush()
+
+    return report

@@ -1,0 +1,240 @@
+"""Action traces as JSON Lines: record them from the live runtime, replay them in the simulator.
+
+One line per action::
+
+    {"arrival": 12.5, "kind": "test", "cpus": 1, "elastic": {"resource": "cpu", "max_units": 16,
+     "parallel": 0.9}, "duration": 3.2, "traj": "sb-17", "end": 14.1}
+
+``arrival`` (s) and ``duration`` (s of work at the minimum units) are required with ``kind``;
+``cpus``/``gpus``/``memory``/``quotas``/``service``/``elastic``/``overhead`` describe the demand.
+``traj`` groups actions into a closed-loop trajectory (the think time before an action is its
+arrival minus the previous action's ``end``, or its arrival plus duration when ``end`` is absent);
+lines without ``traj`` are open-loop, each its own trajectory. An optional first line
+``{"pool": {"cpus": 64, "gpus": 8, "quotas": {"search": {"concurrency": 4, "rate": 10}}}}`` names the
+pool. A malformed line raises :class:`TraceError` naming the line and the field; nothing is dropped.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from typing import IO, Any
+
+from ..errors import SpecError
+from ..pool import Pool, Quota
+from ..scheduler.decisions import Decision, Grant
+from ..scheduler.events import Cancelled, Event, Released, Submitted
+from ..spec import ActionSpec, Amdahl, Elasticity
+from .engine import Act, Trajectory
+
+__all__ = ["TraceError", "TraceRecorder", "load_trace", "trace_workload"]
+
+_FIELDS = {"arrival", "kind", "cpus", "gpus", "memory", "quotas", "service", "elastic", "duration",
+           "traj", "end", "overhead", "units", "granted", "failed", "id"}
+
+
+class TraceError(ValueError):
+    """A trace line that cannot be replayed; the message names the line number and field."""
+
+
+def _num(line: int, rec: dict[str, Any], key: str, *, positive: bool = False, default: Any = None) -> Any:
+    if key not in rec:
+        if default is not None:
+            return default
+        raise TraceError(f"line {line}: missing field {key!r}")
+    v = rec[key]
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or v != v or v in (float("inf"), float("-inf")):
+        raise TraceError(f"line {line}: field {key!r} must be a finite number, got {v!r}")
+    if v < 0 or (positive and v == 0):
+        raise TraceError(f"line {line}: field {key!r} must be {'> 0' if positive else '>= 0'}, got {v!r}")
+    return v
+
+
+def _spec(line: int, rec: dict[str, Any]) -> ActionSpec:
+    el = rec.get("elastic")
+    elastic = None
+    if el is not None:
+        if not isinstance(el, dict):
+            raise TraceError(f"line {line}: field 'elastic' must be an object, got {el!r}")
+        extra = set(el) - {"resource", "max_units", "parallel", "table"}
+        if extra:
+            raise TraceError(f"line {line}: field 'elastic' has unknown keys {sorted(extra)}")
+        try:
+            if "table" in el:
+                eff: Any = {int(k): float(v) for k, v in el["table"].items()}
+            else:
+                eff = Amdahl(el.get("parallel", 0.9))
+            elastic = Elasticity(el.get("resource"), el.get("max_units"), eff)
+        except (SpecError, TypeError, ValueError, AttributeError) as exc:
+            raise TraceError(f"line {line}: field 'elastic': {exc}") from None
+    for key in ("cpus", "gpus", "memory"):
+        if key in rec and (isinstance(rec[key], bool) or not isinstance(rec[key], int) or rec[key] < 0):
+            raise TraceError(f"line {line}: field {key!r} must be an int >= 0, got {rec[key]!r}")
+    try:
+        return ActionSpec(kind=rec["kind"], cpus=rec.get("cpus", 0), gpus=rec.get("gpus", 0),
+                          memory=rec.get("memory", 0), quotas=rec.get("quotas"), elastic=elastic,
+                          service=rec.get("service"))
+    except (SpecError, TypeError, ValueError, AttributeError) as exc:
+        field = next((f for f in ("kind", "quotas", "service", "cpus", "gpus") if f in str(exc)), "spec")
+        raise TraceError(f"line {line}: field {field!r}: {exc}") from None
+
+
+def load_trace(path: str | os.PathLike[str]) -> tuple[Pool | None, list[tuple[int, dict[str, Any], ActionSpec]]]:
+    """Parse and validate every line; returns the optional pool and ``(line, record, spec)`` rows."""
+    pool: Pool | None = None
+    rows: list[tuple[int, dict[str, Any], ActionSpec]] = []
+    with open(path, encoding="utf-8") as f:
+        for i, raw in enumerate(f, 1):
+            if not raw.strip():
+                continue
+            try:
+                rec = json.loads(raw)
+            except json.JSONDecodeError as exc:
+                raise TraceError(f"line {i}: not valid JSON ({exc.msg} at column {exc.colno})") from None
+            if not isinstance(rec, dict):
+                raise TraceError(f"line {i}: expected a JSON object, got {type(rec).__name__}")
+            if "pool" in rec:
+                if rows or pool is not None:
+                    raise TraceError(f"line {i}: field 'pool' is only allowed on the first line")
+                pool = _pool(i, rec["pool"])
+                continue
+            unknown = set(rec) - _FIELDS
+            if unknown:
+                raise TraceError(f"line {i}: unknown field(s) {sorted(unknown)}")
+            if "kind" not in rec:
+                raise TraceError(f"line {i}: missing field 'kind'")
+            _num(i, rec, "arrival")
+            _num(i, rec, "duration", positive=True)
+            if "end" in rec:
+                _num(i, rec, "end")
+            if "overhead" in rec:
+                _num(i, rec, "overhead")
+            rows.append((i, rec, _spec(i, rec)))
+    return pool, rows
+
+
+def _pool(line: int, p: Any) -> Pool:
+    if not isinstance(p, dict):
+        raise TraceError(f"line {line}: field 'pool' must be an object")
+    try:
+        quotas = {n: Quota(**q) for n, q in (p.get("quotas") or {}).items()}
+        return Pool(cpus=p.get("cpus", 0), numa=p.get("numa"), gpus=p.get("gpus", 0), quotas=quotas)
+    except (SpecError, TypeError) as exc:
+        raise TraceError(f"line {line}: field 'pool': {exc}") from None
+
+
+def trace_workload(path: str | os.PathLike[str], pool: Pool | None = None) -> Any:
+    """A :class:`~.workloads.Workload` replaying the trace at ``path`` (closed loop per ``traj``)."""
+    from .workloads import Workload
+
+    tpool, rows = load_trace(path)
+    pool = pool or tpool
+    if pool is None:
+        raise TraceError(f"{path}: no pool: add a first line {{\"pool\": {{...}}}} or pass --cpus/--gpus")
+    groups: dict[Any, list[tuple[int, dict[str, Any], ActionSpec]]] = {}
+    for n, (line, rec, spec) in enumerate(rows):
+        key = ("traj", rec["traj"]) if "traj" in rec else ("line", n)
+        groups.setdefault(key, []).append((line, rec, spec))
+    trajs = []
+    services: list[str] = []
+    for key, items in groups.items():
+        items.sort(key=lambda x: (x[1]["arrival"], x[0]))
+        acts = []
+        prev_free = 0.0  # when the previous action of this trajectory ended
+        start = items[0][1]["arrival"]
+        for j, (line, rec, spec) in enumerate(items):
+            arr = float(rec["arrival"])
+            think = 0.0 if j == 0 else arr - prev_free
+            if think < -1e-9:
+                raise TraceError(f"line {line}: field 'arrival' {arr} is before the previous action of "
+                                 f"traj {rec.get('traj')!r} ended ({prev_free}); give overlapping actions "
+                                 "different traj ids")
+            acts.append(Act(spec, float(rec["duration"]), max(0.0, think), float(rec.get("overhead", 0.0))))
+            prev_free = float(rec["end"]) if "end" in rec else arr + float(rec["duration"])
+            if spec.service and spec.service not in services:
+                services.append(spec.service)
+        trajs.append(Trajectory(tuple(acts), float(start), 0.0))
+    return Workload("trace", pool, tuple(trajs), services=tuple(services),
+                    policies=("tangram", "fifo1", "fifo4", "fifo16") + (("isolated",) if services else ()),
+                    params={"path": str(path), "actions": len(rows)})
+
+
+class TraceRecorder:
+    """Runtime observer writing one JSONL line per finished action (opt-in)::
+
+        async with Tangram(pool, observers=[TraceRecorder("run.jsonl", pool=pool)]) as t: ...
+
+    ``duration`` is the measured run time scaled back to the spec's minimum units, so a replay under
+    another policy rescales it; ``traj`` is the spec's ``container`` (one sandbox per trajectory).
+    Works as a simulator observer too. Call :meth:`close` (or use it as a context manager) to flush.
+    """
+
+    def __init__(self, path: str | os.PathLike[str] | IO[str], pool: Pool | None = None) -> None:
+        self._own = not hasattr(path, "write")
+        self._f: IO[str] = open(path, "w", encoding="utf-8") if self._own else path  # type: ignore[arg-type]
+        self._open: dict[int, list[Any]] = {}  # aid -> [spec, arrival, grant time, units]
+        self.lines = 0
+        if pool is not None:
+            quotas = {n: {k: v for k, v in (("concurrency", q.concurrency), ("rate", q.rate),
+                                            ("burst", q.burst)) if v is not None} for n, q in pool.quotas}
+            head: dict[str, Any] = {"cpus": list(pool.cpus), "gpus": list(pool.gpus), "quotas": quotas}
+            if pool.numa is not None:
+                head["numa"] = [list(n) for n in pool.numa]
+            self._write({"pool": head})
+
+    def __call__(self, events: Sequence[Event], now: float, decisions: Sequence[Decision]) -> None:
+        for ev in events:
+            if isinstance(ev, Submitted):
+                self._open[ev.action_id] = [ev.spec, now, None, 0]
+            elif isinstance(ev, (Released, Cancelled)):
+                rec = self._open.pop(ev.action_id, None)
+                if rec is not None and rec[2] is not None:
+                    self._finish(ev.action_id, rec, now, failed=isinstance(ev, Cancelled) or ev.failed)
+        for d in decisions:
+            if isinstance(d, Grant) and d.action_id in self._open:
+                self._open[d.action_id][2] = now
+                self._open[d.action_id][3] = d.units
+
+    def _finish(self, aid: int, rec: list[Any], now: float, failed: bool) -> None:
+        spec, arrival, granted, units = rec
+        ran = max(1e-9, now - granted)
+        work = ran / spec.relative_duration(units) if spec.elastic is not None and units else ran
+        line: dict[str, Any] = {"id": aid, "arrival": round(arrival, 6), "kind": spec.kind,
+                                "duration": round(work, 6), "granted": round(granted, 6), "end": round(now, 6)}
+        for k in ("cpus", "gpus", "memory"):
+            if getattr(spec, k):
+                line[k] = getattr(spec, k)
+        if spec.quotas:
+            line["quotas"] = dict(spec.quotas)
+        if spec.service:
+            line["service"] = spec.service
+        if spec.elastic is not None:
+            el: dict[str, Any] = {"resource": spec.elastic.resource, "max_units": spec.elastic.max_units}
+            eff = spec.elastic.efficiency
+            if isinstance(eff, Amdahl):
+                el["parallel"] = eff.parallel
+            else:
+                el["table"] = {str(m): eff.efficiency(m) for m in range(1, min(spec.elastic.max_units, 64) + 1)}
+            line["elastic"] = el
+            line["units"] = units
+        if spec.container:
+            line["traj"] = spec.container
+        if failed:
+            line["failed"] = True
+        self._write(line)
+
+    def _write(self, obj: dict[str, Any]) -> None:
+        self._f.write(json.dumps(obj, separators=(",", ":")) + "\n")
+        self._f.flush()
+        self.lines += 1
+
+    def close(self) -> None:
+        if self._own and not self._f.closed:
+            self._f.close()
+
+    def __enter__(self) -> TraceRecorder:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

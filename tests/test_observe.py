@@ -1,0 +1,91 @@
+"""Observers: Chrome-trace timeline and Prometheus metrics, on the live runtime and the simulator."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from tangram_sdk.observe import PrometheusMetrics, Timeline
+from tangram_sdk.pool import Pool
+from tangram_sdk.runtime import Tangram
+from tangram_sdk.sim.baselines import make_policy
+from tangram_sdk.sim.engine import Act, Trajectory, simulate
+from tangram_sdk.spec import ActionSpec, Amdahl, Elasticity
+
+SPEC = ActionSpec(kind="build", cpus=1, elastic=Elasticity("cpu", 4, Amdahl(0.9)))
+
+
+@pytest.mark.looptime
+async def test_timeline_from_runtime(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    tl = Timeline()
+    async with Tangram(Pool(cpus=4), observers=[tl]) as tangram:
+
+        async def one(delay: float) -> None:
+            await asyncio.sleep(delay)
+            async with tangram.acquire(SPEC):
+                await asyncio.sleep(1.0)
+
+        await asyncio.gather(one(0.0), one(0.25), one(0.5))
+    path = tmp_path / "t.json"
+    tl.export(path)
+    data = json.loads(path.read_text())
+    xs = [e for e in data["traceEvents"] if e["ph"] == "X" and e["pid"] == 1]
+    names = {e["name"] for e in xs}
+    assert names == {"build#1", "build#2", "build#3"}
+    # the first action got all 4 cores: one event per core, 1 s long, starting at 0
+    first = [e for e in xs if e["name"] == "build#1"]
+    assert sorted(e["tid"] for e in first) == [0, 1, 2, 3]
+    assert all(e["ts"] == 0 and e["dur"] == pytest.approx(1e6) for e in first)
+    # no core is held by two actions at once
+    by_core: dict[int, list[tuple[float, float]]] = {}
+    for e in xs:
+        by_core.setdefault(e["tid"], []).append((e["ts"], e["ts"] + e["dur"]))
+    for spans in by_core.values():
+        spans.sort()
+        assert all(a[1] <= b[0] + 1e-6 for a, b in zip(spans, spans[1:]))
+    assert any(e["ph"] == "C" for e in data["traceEvents"])
+    assert any(e["ph"] == "M" and e["args"]["name"] == "cpu" for e in data["traceEvents"])
+
+
+def test_timeline_from_simulator_marks_queueing() -> None:
+    tl = Timeline()
+    trajs = [Trajectory((Act(ActionSpec(kind="x", cpus=1), 1.0, 0.0),)) for _ in range(3)]
+    simulate(trajs, make_policy("tangram", Pool(cpus=1)), observers=[tl])
+    evs = tl.to_chrome()["traceEvents"]
+    queued = [e for e in evs if e["ph"] == "X" and e["pid"] == 3]
+    assert len(queued) == 2
+
+
+def test_prometheus_collector_exposes_statistics() -> None:
+    prometheus_client = pytest.importorskip("prometheus_client")
+    reg = prometheus_client.CollectorRegistry()
+    prom = PrometheusMetrics(registry=reg, namespace="tg")
+    pol = make_policy("tangram", Pool(cpus=2, gpus=0))
+    prom.bind(pol.lanes[0])
+    trajs = [Trajectory((Act(ActionSpec(kind="x", cpus=1), 1.0, 0.0),) * 2) for _ in range(3)]
+    simulate(trajs, pol, observers=[prom])
+    text = prometheus_client.generate_latest(reg).decode()
+    assert 'tg_resource_units{resource="cpus",state="free"} 2.0' in text
+    assert 'tg_resource_units{resource="cpus",state="used"} 0.0' in text
+    assert "tg_completed_total 6.0" in text
+    assert "tg_running 0.0" in text and "tg_queued 0.0" in text
+    assert 'tg_events_total{type="Submitted"} 6.0' in text
+    assert 'tg_decisions_total{type="Grant"} 6.0' in text
+    assert 'tg_action_completion_seconds_count{kind="x"} 6.0' in text
+    assert "tg_mean_act_seconds" in text and "tg_mean_queue_seconds" in text
+    prom.unregister()
+
+
+@pytest.mark.looptime
+async def test_prometheus_bound_to_runtime() -> None:
+    prometheus_client = pytest.importorskip("prometheus_client")
+    reg = prometheus_client.CollectorRegistry()
+    prom = PrometheusMetrics(registry=reg)
+    async with Tangram(Pool(cpus=4), observers=[prom]) as tangram:
+        prom.bind(tangram)
+        async with tangram.acquire(ActionSpec(kind="x", cpus=3)):
+            text = prometheus_client.generate_latest(reg).decode()
+            assert 'tangram_resource_units{resource="cpus",state="used"} 3.0' in text
+            assert "tangram_running 1.0" in text

@@ -1,0 +1,121 @@
+"""Trace record (runtime observer) -> replay (simulator), validation errors, and the CLI."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from tangram_sdk.cli import main as cli_main
+from tangram_sdk.pool import Pool
+from tangram_sdk.runtime import Tangram
+from tangram_sdk.sim.metrics import summarise
+from tangram_sdk.sim.trace import TraceError, TraceRecorder, load_trace, trace_workload
+from tangram_sdk.sim.workloads import run_policy
+from tangram_sdk.spec import ActionSpec, Amdahl, Elasticity
+
+
+def _write(path, lines):  # type: ignore[no-untyped-def]
+    path.write_text("\n".join(json.dumps(x) if not isinstance(x, str) else x for x in lines) + "\n")
+    return path
+
+
+GOOD = {"arrival": 0.5, "kind": "test", "cpus": 1, "duration": 2.0,
+        "elastic": {"resource": "cpu", "max_units": 8, "parallel": 0.9}}
+
+
+@pytest.mark.parametrize(("bad", "needle"), [
+    ("{not json", "line 3: not valid JSON"),
+    ({"kind": "x", "duration": 1.0}, "line 3: missing field 'arrival'"),
+    ({"arrival": 1.0, "kind": "x", "duration": -1}, "line 3: field 'duration' must be > 0"),
+    ({"arrival": "soon", "kind": "x", "duration": 1}, "line 3: field 'arrival' must be a finite number"),
+    ({"arrival": 1.0, "kind": "x", "duration": 1, "cpus": 1.5}, "line 3: field 'cpus' must be an int"),
+    ({"arrival": 1.0, "kind": "x", "duration": 1, "colour": "red"}, "line 3: unknown field(s) ['colour']"),
+    ({"arrival": 1.0, "kind": "x", "duration": 1, "cpus": 1,
+      "elastic": {"resource": "cpu", "max_units": 0}}, "line 3: field 'elastic'"),
+    ([1, 2], "line 3: expected a JSON object"),
+    ({"arrival": 1.0, "kind": "bad kind!", "duration": 1}, "line 3: field 'kind'"),
+])
+def test_malformed_line_names_line_and_field(tmp_path, bad, needle) -> None:  # type: ignore[no-untyped-def]
+    p = _write(tmp_path / "t.jsonl", [{"pool": {"cpus": 4}}, GOOD, bad])
+    with pytest.raises(TraceError) as ei:
+        load_trace(p)
+    assert needle in str(ei.value)
+
+
+def test_overlapping_actions_in_one_traj_are_an_error(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    p = _write(tmp_path / "t.jsonl", [{"pool": {"cpus": 4}},
+                                      {"arrival": 0.0, "kind": "a", "cpus": 1, "duration": 2.0, "traj": "t1"},
+                                      {"arrival": 1.0, "kind": "a", "cpus": 1, "duration": 2.0, "traj": "t1"}])
+    with pytest.raises(TraceError, match="line 3: field 'arrival'"):
+        trace_workload(p)
+
+
+def test_replay_keeps_every_action(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    lines = [{"pool": {"cpus": 8}}] + [
+        {"arrival": 0.1 * i, "kind": "test" if i % 2 else "sh", "cpus": 1, "duration": 1.0 + 0.01 * i,
+         **({"elastic": GOOD["elastic"]} if i % 2 else {}), **({"traj": f"t{i % 3}"} if i < 9 else {})}
+        for i in range(20)]
+    # make the traj actions sequential: space them beyond the previous one's end
+    for i, rec in enumerate(lines[1:10]):
+        rec["arrival"] = (i // 3) * 5.0 + (i % 3) * 0.1
+    p = _write(tmp_path / "t.jsonl", lines)
+    wl = trace_workload(p)
+    assert wl.n_actions == 20
+    s = summarise(run_policy(wl, "tangram"))
+    assert s["actions"] == 20
+
+
+@pytest.mark.looptime
+async def test_record_from_runtime_then_replay(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    pool = Pool(cpus=4)
+    path = tmp_path / "rec.jsonl"
+    spec = ActionSpec(kind="test", cpus=1, elastic=Elasticity("cpu", 4, Amdahl(0.9)), container="sb1")
+    with TraceRecorder(path, pool=pool) as rec:
+        async with Tangram(pool, observers=[rec]) as tangram:
+            for _ in range(3):
+                async with tangram.acquire(spec) as lease:
+                    await asyncio.sleep(2.0 * spec.relative_duration(lease.units))
+                await asyncio.sleep(0.5)
+    rows = [json.loads(x) for x in path.read_text().splitlines()]
+    assert "pool" in rows[0] and len(rows) == 4
+    assert rows[1]["duration"] == pytest.approx(2.0) and rows[1]["traj"] == "sb1" and rows[1]["units"] == 4
+    wl = trace_workload(path)
+    assert wl.n_actions == 3 and len(wl.trajectories) == 1
+    assert [a.think for a in wl.trajectories[0].acts] == pytest.approx([0.0, 0.5, 0.5])
+    r = run_policy(wl, "fifo1")
+    assert [round(e - s, 6) for s, e in zip(r.submit, r.end)] == pytest.approx([2.02] * 3)
+
+
+def test_cli_compare_json_and_plot(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    out = tmp_path / "o.json"
+    png = tmp_path / "o.png"
+    rc = cli_main(["simulate", "--workload", "ai-coding", "--batch", "12", "--nodes", "1", "--cores", "24",
+                   "--policy", "all", "--json", str(out), "--plot", str(png), "--sweep-batch", "6,12",
+                   "--no-progress"])
+    assert rc == 0
+    text = capsys.readouterr().out
+    for pol in ("tangram", "static", "fifo4", "fifo16"):
+        assert pol in text
+    data = json.loads(out.read_text())
+    assert {r["policy"] for r in data["runs"]} == {"tangram", "static", "fifo1", "fifo4", "fifo16"}
+    assert len(data["sweep"]) == 10
+    assert png.stat().st_size > 1000 and (tmp_path / "o-sweep.png").stat().st_size > 1000
+
+
+def test_cli_gpus_needed_and_progress(capsys) -> None:  # type: ignore[no-untyped-def]
+    rc = cli_main(["simulate", "--workload", "mopd", "--batch", "16", "--gpus", "12", "--iso-gpus", "1",
+                   "--policy", "tangram,isolated", "--gpus-needed"])
+    assert rc == 0
+    cap = capsys.readouterr()
+    assert "GPUs needed at equal mean ACT" in cap.out
+    assert "100%" in cap.err  # progress bar on stderr
+
+
+def test_cli_bad_policy_and_trace(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    assert cli_main(["simulate", "--workload", "ai-coding", "--batch", "2", "--nodes", "1", "--cores", "8",
+                     "--policy", "isolated", "--no-progress"]) == 2
+    bad = _write(tmp_path / "b.jsonl", [{"pool": {"cpus": 2}}, {"arrival": 0, "kind": "x"}])
+    assert cli_main(["simulate", "--workload", "trace", "--trace", str(bad), "--no-progress"]) == 2
+    assert "line 2: missing field 'duration'" in capsys.readouterr().err
