@@ -157,6 +157,9 @@ class Scheduler:
         self._max_node = max(self.ledger.node_size) if self.ledger.node_size else 0
         self._keys: dict[ActionSpec, frozenset[str]] = {}
         self._sig_count: dict[frozenset[str], int] = {}  # queued actions per resource-key set
+        self._cold_memo: dict[tuple[str, int], float] = {}
+        self._svc_queued: dict[str, int] = {}  # queued actions per GPU service
+        self._now = 0.0
         # round skipping: a submission that the last round's blocked set already covers, with no
         # resources freed and no time-dependent state since, cannot be granted: skip the round
         self._need_round = True
@@ -365,6 +368,8 @@ class Scheduler:
         self._nqueued += 1
         kc = self._sig_count
         kc[keys] = kc.get(keys, 0) + 1
+        if spec.service is not None:
+            self._svc_queued[spec.service] = self._svc_queued.get(spec.service, 0) + 1
 
     def _dequeue(self, a: _Action) -> None:
         del self._queues[a.spec.priority][a.id]
@@ -375,6 +380,9 @@ class Scheduler:
             kc[a.keys] = n
         else:
             del kc[a.keys]
+        svc = a.spec.service
+        if svc is not None:
+            self._svc_queued[svc] -= 1
 
     def _release(self, aid: int, now: float, *, failed: bool) -> None:
         a = self._running.pop(aid, None)
@@ -462,6 +470,8 @@ class Scheduler:
             return []
         self.next_wakeup = None
         self.rounds += 1
+        self._now = now
+        self._cold_memo.clear()
         if self._nqueued == 1:
             (only,) = (a for q in self._queues.values() for a in q.values())
             if only.eres is None:
@@ -663,7 +673,42 @@ class Scheduler:
         # backlog's drain time with one restore, or a hot service never scales out (issue 5 finding)
         n_warm = sum(1 for pos in cells if len(pos) == size) or 1
         backlog = (self._sig_count.get(a.keys, 1) - 1) * self._dur_min(a) / n_warm
-        return best_wait + backlog < restore
+        wait = best_wait + backlog
+        # Restoring here may displace other services' warm copies; each one that is called again
+        # within the wait pays a restore of its own. Without this price a hot service scaling out
+        # on a tight pool just moves the restore around (MOPD thrash when every GPU caches someone).
+        return wait < restore + self._displacement(svc, tuple(range(cell, cell + size)), wait, now)
+
+    def _displacement(self, svc: str | None, cell: tuple[int, ...], horizon: float, now: float) -> float:
+        """Expected restore seconds that putting ``svc`` on ``cell`` costs *other* services whose
+        warm copies live there: each pays a restore if it is called within ``horizon``."""
+        cost = 0.0
+        target = set(cell)
+        for other, other_cells in self._resident.by_service.items():
+            if other == svc or not any(target.intersection(pos) for pos in other_cells):
+                continue
+            if self._svc_queued.get(other):
+                return math.inf  # its own waiters would use that warm copy: never take it from them
+            cost += self._restore_cost(other) * min(1.0, self._service_rate(other, now) * horizon)
+        return cost
+
+    def _cold_cost(self, svc: str, size: int, dur: float, now: float) -> float:
+        """Restore plus displacement for a new ``size``-GPU instance of ``svc``, on the free cell
+        where that is cheapest (memoised per round: the price grid asks many times)."""
+        key = (svc, size)
+        hit = self._cold_memo.get(key)
+        if hit is not None:
+            return hit
+        restore = self._restore_cost(svc)
+        opts = self._cell_options(size, self.ledger.gpu_free)
+        best = min((self._displacement(svc, tuple(range(o, o + size)), dur, now) for o in opts), default=0.0)
+        self._cold_memo[key] = restore + best
+        return restore + best
+
+    def _service_rate(self, service: str, now: float) -> float:
+        """Calls per second of ``service`` (all kinds using it), from the learned arrival rates."""
+        return sum(st.rate(now) for st in self._kinds.values()
+                   if st.spec is not None and st.spec.service == service)
 
     # -- elastic split --------------------------------------------------------------------------
     def _releases(self, res: str, now: float) -> list[tuple[float, int]]:
@@ -801,7 +846,6 @@ class Scheduler:
                  ) -> list[tuple[int, float]]:
         d0 = self._dur_min(a)
         spec = a.spec
-        restore = self._restore_cost(spec.service)
         hi = min(a.emax, a.emin + spare)
         sizes = range(a.emin, hi + 1) if steps is None else [s for s in steps if a.emin <= s <= hi]
         opts = []
@@ -809,13 +853,18 @@ class Scheduler:
             t = d0 * spec.relative_duration(m)
             if steps is not None and spec.service is not None:
                 warm = any(len(pos) == m for pos in self._resident.cells_of(spec.service))
-                t += 0.0 if warm else restore
+                if not warm:
+                    t += self._cold_cost(spec.service, m, d0, self._now)
             if math.isinf(mu):
                 if m > a.emin:
                     break
                 cost = t
             else:
                 cost = t + mu * m * t
+            if math.isinf(cost):
+                if m > a.emin:
+                    continue  # a size that could only displace busy services' caches
+                cost = 1e12  # admitted at its minimum already: keep it, at any price
             opts.append((m - a.emin, cost))
         return opts
 

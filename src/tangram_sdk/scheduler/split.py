@@ -49,6 +49,8 @@ def dp_split(options: Options, capacity: int) -> tuple[list[int], float]:
         choice.append(pick)
     u_best = min(range(cap + 1), key=lambda u: (best[u], u))
     total = best[u_best]
+    if total == inf:  # no finite combination: everyone at option 0
+        return [0] * n, sum(o[0][1] for o in options)
     picks = [0] * n
     u = u_best
     for i in range(n - 1, -1, -1):
