@@ -14,12 +14,13 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Sequence
 from types import TracebackType
 from typing import Any
 
 import anyio
 
+from ._shield import finish
 from .errors import (
     InfeasibleSpecError,
     ManagerError,
@@ -87,6 +88,7 @@ class Tangram:
         self._state = "new"  # new -> open -> closed
         self._broken: BaseException | None = None
         self._started_managers: list[Manager] = []
+        self._cleanups: set[asyncio.Task[None]] = set()  # manager releases still running
         self._handling = False
 
     # ------------------------------------------------------------------------------ lifecycle
@@ -133,7 +135,9 @@ class Tangram:
                     pass
                 except BaseException:  # already reported to waiters as SchedulerBrokenError
                     pass
+        cleanups = asyncio.gather(*self._cleanups, return_exceptions=True)
         with anyio.CancelScope(shield=True):
+            await asyncio.shield(cleanups)  # releases in flight finish before managers close
             await self._close_managers()
 
     async def _close_managers(self) -> None:
@@ -307,6 +311,13 @@ class Tangram:
                 err.__cause__ = exc
                 fut.set_exception(err)
 
+    def _track(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+        """A manager release in flight: closing the Tangram waits for it."""
+        task = asyncio.ensure_future(coro)
+        self._cleanups.add(task)
+        task.add_done_callback(self._cleanups.discard)
+        return task
+
     def _ensure_open(self) -> None:
         if self._broken is not None:
             raise SchedulerBrokenError(f"the scheduler task died: {self._broken!r}") from self._broken
@@ -387,12 +398,12 @@ class _Acquire:
         if rt.managers:
             try:
                 for m in rt.managers:
-                    await m.apply(grant, lease)
+                    # registered before the await: a manager whose apply was interrupted or failed
+                    # half-way still gets its release (which must tolerate a partial apply)
                     self._applied.append(m)
+                    await m.apply(grant, lease)
             except BaseException as exc:
-                with anyio.CancelScope(shield=True):
-                    await self._unapply()
-                rt._leave(aid, failed=True, granted=True)
+                await self._finish(failed=True)
                 if isinstance(exc, Exception) and not isinstance(exc, TangramError):
                     raise ManagerError(f"{self._spec.kind}: applying the grant failed: {exc!r}") from exc
                 raise
@@ -411,7 +422,25 @@ class _Acquire:
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        if self._applied:
-            with anyio.CancelScope(shield=True):
+        await self._finish(failed=exc_type is not None)
+
+    async def _finish(self, *, failed: bool) -> None:
+        """Undo the managers' work, then return the units — in that order, so cores go back to the
+        pool only once the container is parked — and do both even if this task is cancelled
+        meanwhile: the cleanup runs as its own task, awaited through ``asyncio.shield`` (a native
+        ``Task.cancel()`` is not stopped by an anyio shield) until it is done, and only then does a
+        cancellation propagate. It is also tracked so closing the Tangram waits for it."""
+        rt = self._rt
+        if not self._applied:
+            rt._leave(self._aid, failed=failed, granted=True)
+            return
+
+        async def cleanup() -> None:
+            try:
                 await self._unapply()
-        self._rt._leave(self._aid, failed=exc_type is not None, granted=True)
+            finally:
+                rt._leave(self._aid, failed=failed, granted=True)
+
+        _done, cancelled = await finish(rt._track(cleanup()))
+        if cancelled:
+            raise asyncio.CancelledError

@@ -49,7 +49,9 @@ class Manager(Protocol):
         """Make the grant real before the action runs; may ``lease.attach(...)`` handles."""
 
     async def release(self, grant: Grant, lease: Lease) -> None:
-        """Undo ``apply`` after the action (park a container, mark a service idle). Shielded."""
+        """Undo ``apply`` after the action (park a container, mark a service idle). Runs to the end
+        even if the action is cancelled. Called for every manager whose ``apply`` was *started*,
+        also when that apply raised or was cancelled half-way, so it must tolerate a partial one."""
 
     async def aclose(self) -> None:
         """Release everything this manager created."""

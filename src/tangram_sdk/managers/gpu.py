@@ -22,6 +22,8 @@ Only :mod:`._torch_store` imports torch (lazily), so importing this module does 
 
 from __future__ import annotations
 
+import asyncio
+
 import json
 import logging
 import time
@@ -36,6 +38,7 @@ import attrs
 from ..errors import DeviceError, InfeasibleSpecError, ManagerError, SpecError
 from ..lease import Lease
 from ..scheduler.decisions import Grant
+from .._shield import finish
 from ..scheduler.events import ServiceResidency
 from ..spec import _NAME_RE, ActionSpec
 from . import _torch_store as ts
@@ -373,7 +376,9 @@ class TorchGpuManager:
                 measured = await svc.restore(inst, self._hook)
             except Exception as exc:  # noqa: BLE001 - classified below (OOM: retry; else DeviceError)
                 failure = exc
-                await self._discard(inst)
+                if await self._discard(inst):
+                    inst.charge = {}
+                    raise asyncio.CancelledError from exc
             except BaseException:  # cancelled: the copy may have landed anyway; do not leak it
                 await self._discard(inst)
                 inst.charge = {}
@@ -404,14 +409,16 @@ class TorchGpuManager:
         self._restore_s_total += inst.restore_s
         self._post(ServiceResidency(svc.name, inst.gpus, True, inst.restore_s))
 
-    async def _discard(self, inst: _Instance) -> None:
-        """Free whatever a failed or cancelled restore left behind (idempotent, errors logged)."""
-        try:
-            with anyio.CancelScope(shield=True):
-                await inst.service.evict(inst, self._empty_cache)
-        except Exception:
+    async def _discard(self, inst: _Instance) -> bool:
+        """Free whatever a failed or cancelled restore left behind (idempotent, errors logged), and
+        tell the scheduler the copy is not there (it marked it resident when it granted). Returns
+        whether the caller was cancelled meanwhile (it must re-raise once its state is settled)."""
+        task, cancelled = await finish(inst.service.evict(inst, self._empty_cache))
+        if task.exception() is not None:
             log.warning("cleaning up a failed restore of %s on %s failed", inst.service.name, inst.devices,
-                        exc_info=True)
+                        exc_info=task.exception())
+        self._post(ServiceResidency(inst.service.name, inst.gpus, False, None))
+        return cancelled
 
     async def _make_room(self, inst: _Instance) -> None:
         """Reserve ``estimate`` bytes on every GPU of ``inst``, evicting idle instances LRU-first and
@@ -470,14 +477,16 @@ class TorchGpuManager:
         return chosen
 
     async def _evict(self, v: _Instance) -> None:
-        """Evict ``v`` (already marked 'evicting'); shielded, since a half-evicted copy is unusable."""
-        try:
-            with anyio.CancelScope(shield=True):
-                await v.service.evict(v, self._empty_cache)
-        except Exception as exc:
+        """Evict ``v`` (already marked 'evicting') to the end even if the caller is cancelled — a
+        half-evicted copy is unusable — and settle its state either way before anything propagates."""
+        task, cancelled = await finish(v.service.evict(v, self._empty_cache))
+        exc = task.exception()
+        if exc is not None:
             v.state = "resident"
             v.changed.set()
             self._notify()
+            if cancelled:
+                raise asyncio.CancelledError
             raise DeviceError(f"evicting service {v.service.name!r} from {','.join(v.devices)} failed: {exc!r}",
                               resource=f"{v.service.name}@{','.join(v.devices)}") from exc
         v.state, v.charge = "cold", {}
@@ -485,6 +494,8 @@ class TorchGpuManager:
         self._stats["evictions"] += 1
         self._notify()
         self._post(ServiceResidency(v.service.name, v.gpus, False, None))
+        if cancelled:
+            raise asyncio.CancelledError
 
     async def _evict_all_idle(self, inst: _Instance) -> None:
         await self._evict_many([i for i in self._instances.values() if i is not inst and i.state == "resident"

@@ -43,6 +43,7 @@ from .split import best_split
 __all__ = ["Scheduler", "SchedulerStats"]
 
 _DEFAULT_MU_GRID = (0.0, 0.05, 0.15, 0.5, 1.5, 5.0, math.inf)
+_MAX_KINDS = 4096  # learned per-kind state kept (least recently seen forgotten beyond it)
 
 
 class _Action:
@@ -346,6 +347,8 @@ class Scheduler:
         spec = ev.spec
         st = self._kinds.get(spec.kind)
         if st is None:
+            if len(self._kinds) >= _MAX_KINDS:
+                self._forget_kinds()
             st = self._kinds[spec.kind] = KindStats(self.default_duration)
         st.observe_arrival(now, self.alpha)
         st.spec = spec
@@ -370,6 +373,14 @@ class Scheduler:
         kc[keys] = kc.get(keys, 0) + 1
         if spec.service is not None:
             self._svc_queued[spec.service] = self._svc_queued.get(spec.service, 0) + 1
+
+    def _forget_kinds(self) -> None:
+        """Bound what is learned per kind: a job naming kinds per task (``f"pytest-{repo}"``) must
+        not grow memory and planning cost forever. The least recently seen quarter is forgotten
+        (actions in flight keep their own reference to their kind's stats)."""
+        by_age = sorted(self._kinds, key=lambda k: self._kinds[k].last_arrival or 0.0)
+        for k in by_age[: len(by_age) // 4]:
+            del self._kinds[k]
 
     def _dequeue(self, a: _Action) -> None:
         del self._queues[a.spec.priority][a.id]

@@ -1,0 +1,35 @@
+"""Finish cleanup even when the caller is cancelled.
+
+``anyio.CancelScope(shield=True)`` only shields against anyio cancel scopes; a plain asyncio
+``Task.cancel()`` (a TaskGroup tearing down, ``wait_for`` timing out) still lands inside it. Work
+that must not stop half-way — parking a container, evicting a GPU copy, returning units — runs as
+its own task here, and a cancellation of the caller is delivered only after that task is done.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+__all__ = ["finish"]
+
+T = TypeVar("T")
+
+
+async def finish(coro: Coroutine[Any, Any, T] | asyncio.Future[T]) -> tuple[asyncio.Future[T], bool]:
+    """Run ``coro`` to its end whatever happens to the caller. Returns the finished task (read
+    its result or exception) and whether the caller was cancelled meanwhile — in which case the
+    caller must raise ``asyncio.CancelledError`` once it has settled its own state."""
+    task: asyncio.Future[T] = asyncio.ensure_future(coro)
+    cancelled = False
+    while not task.done():
+        try:
+            await asyncio.shield(task)
+        except asyncio.CancelledError:
+            if task.done() and task.cancelled():
+                raise
+            cancelled = True
+        except BaseException:  # the task's own error: read it below
+            break
+    return task, cancelled
