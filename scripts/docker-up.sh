@@ -49,6 +49,12 @@ if ! daemon_ok; then
         log "starting dockerd (log: $LOG)"
         # Stale pid/socket files from a killed daemon make dockerd refuse to start.
         rm -f /var/run/docker.pid /var/run/docker.sock
+        # ...and so do a dead managed containerd's: its pid file can name a recycled pid, and
+        # dockerd then waits forever for a socket nobody serves.
+        if ! pgrep -x containerd >/dev/null 2>&1; then
+            rm -f /var/run/docker/containerd/containerd.pid /var/run/docker/containerd/containerd.sock \
+                /var/run/docker/containerd/containerd-debug.sock
+        fi
         # containerd is started by dockerd itself when it is not running.
         nohup dockerd --iptables=false --ip6tables=false --bridge=none >>"$LOG" 2>&1 &
     fi
