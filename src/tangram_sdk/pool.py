@@ -4,15 +4,48 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, Sequence, Set
 from typing import Any
 
 import attrs
 
-from ._cpuset import format_cpuset, parse_cpuset
+from ._cpuset import _MAX_CPU, format_cpuset, parse_cpuset
 from .errors import SpecError
+from .spec import _show
 
 __all__ = ["Pool", "Quota"]
+
+# Same bound as cpuset strings (ids < 65536): a pool comes from configs and trace headers, and
+# ``Pool(cpus=10**10)`` would otherwise build a ten-billion-entry tuple. GPUs get the same sane cap.
+_MAX_GPU = 1 << 16
+
+
+def _finite(value: float) -> bool:
+    """``math.isfinite`` without the OverflowError an int beyond float range (``10**400``) raises."""
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
+
+
+def _id_list(field: str, what: str, value: Any, bound: int) -> tuple[int, ...]:
+    """A list/tuple/range/set of distinct ints in ``[0, bound)``, type-checked before iterating so a
+    float, None or a dict is a SpecError (not "not iterable") and the work stays bounded."""
+    if isinstance(value, (str, bytes, bytearray)) or not isinstance(value, (Sequence, Set)):
+        raise SpecError(f"{field} must be a count or a list of {what}, got {_show(value)}")
+    try:
+        n = len(value)
+    except OverflowError:  # range(10**30)
+        n = bound + 1
+    if n > bound:
+        raise SpecError(f"{field}: at most {bound} {what}, got {n}")
+    ids = tuple(value)
+    for i in ids:
+        if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < bound:
+            raise SpecError(f"{field}: {what} must be ints in [0, {bound}), got {_show(i)}")
+    if len(set(ids)) != len(ids):
+        raise SpecError(f"{field}: {what} must be unique")
+    return ids
 
 
 @attrs.frozen
@@ -29,18 +62,18 @@ class Quota:
             raise SpecError("a Quota needs concurrency=, rate= or both")
         c = self.concurrency
         if c is not None and (isinstance(c, bool) or not isinstance(c, int) or c < 1):
-            raise SpecError(f"quota concurrency must be an int >= 1, got {c!r}")
+            raise SpecError(f"quota concurrency must be an int >= 1, got {_show(c)}")
         r = self.rate
         if r is not None and (
-            isinstance(r, bool) or not isinstance(r, (int, float)) or not math.isfinite(r) or r <= 0
+            isinstance(r, bool) or not isinstance(r, (int, float)) or not _finite(r) or r <= 0
         ):
-            raise SpecError(f"quota rate must be a finite number > 0 per second, got {r!r}")
+            raise SpecError(f"quota rate must be a finite number > 0 per second, got {_show(r)}")
         b = self.burst
         if b is not None:
             if r is None:
                 raise SpecError("quota burst only makes sense with a rate")
             if isinstance(b, bool) or not isinstance(b, int) or b < 1:
-                raise SpecError(f"quota burst must be an int >= 1, got {b!r}")
+                raise SpecError(f"quota burst must be an int >= 1, got {_show(b)}")
 
     @property
     def bucket(self) -> int | None:
@@ -54,63 +87,78 @@ def _cpus(value: int | str | Sequence[int]) -> tuple[int, ...]:
     if isinstance(value, bool):
         raise SpecError("cpus must be a count, a cpuset string or a list of core ids")
     if isinstance(value, int):
-        if value < 0:
-            raise SpecError(f"cpus must be >= 0, got {value}")
+        if not 0 <= value <= _MAX_CPU:
+            raise SpecError(f"cpus must be a count in [0, {_MAX_CPU}], got {_show(value)}")
         return tuple(range(value))
     if isinstance(value, str):
         return parse_cpuset(value)
-    ids = tuple(value)
-    for i in ids:
-        if isinstance(i, bool) or not isinstance(i, int) or i < 0:
-            raise SpecError(f"core ids must be ints >= 0, got {i!r}")
-    if len(set(ids)) != len(ids):
-        raise SpecError("core ids must be unique")
-    return tuple(sorted(ids))
+    return tuple(sorted(_id_list("cpus", "core ids", value, _MAX_CPU)))
 
 
 def _gpus(value: int | Sequence[int]) -> tuple[int, ...]:
     if isinstance(value, bool):
         raise SpecError("gpus must be a count or a list of device indices")
     if isinstance(value, int):
-        if value < 0:
-            raise SpecError(f"gpus must be >= 0, got {value}")
+        if not 0 <= value <= _MAX_GPU:
+            raise SpecError(f"gpus must be a count in [0, {_MAX_GPU}], got {_show(value)}")
         return tuple(range(value))
-    ids = tuple(value)
-    for i in ids:
-        if isinstance(i, bool) or not isinstance(i, int) or i < 0:
-            raise SpecError(f"GPU indices must be ints >= 0, got {i!r}")
-    if len(set(ids)) != len(ids):
-        raise SpecError("GPU indices must be unique")
-    return ids
+    return _id_list("gpus", "GPU indices", value, _MAX_GPU)
 
 
 def _cells(value: Sequence[int]) -> tuple[int, ...]:
+    """Checked element by element before ``set``/``sorted``, which would raise TypeError on an int,
+    unhashable or mixed-type input."""
+    if isinstance(value, (str, bytes, bytearray)) or not isinstance(value, (Sequence, Set)):
+        raise SpecError(f"gpu_cells must be a list of cell sizes, got {_show(value)}")
+    if len(value) > _MAX_GPU:
+        raise SpecError(f"gpu_cells: at most {_MAX_GPU} cell sizes, got {len(value)}")
+    for c in value:
+        if isinstance(c, bool) or not isinstance(c, int) or c < 1 or c & (c - 1):
+            raise SpecError(f"gpu cell sizes must be powers of two >= 1, got {_show(c)}")
     cells = tuple(sorted(set(value)))
     if not cells:
         raise SpecError("gpu_cells must name at least one cell size")
-    for c in cells:
-        if isinstance(c, bool) or not isinstance(c, int) or c < 1 or c & (c - 1):
-            raise SpecError(f"gpu cell sizes must be powers of two >= 1, got {c!r}")
     return cells
 
 
 def _numa(value: Sequence[Sequence[int] | str] | None) -> tuple[tuple[int, ...], ...] | None:
     if value is None:
         return None
-    if isinstance(value, str):
-        raise SpecError("numa must be a list of per-node core lists (or cpuset strings)")
-    return tuple(parse_cpuset(n) if isinstance(n, str) else _cpus(list(n)) for n in value)
+    if isinstance(value, (str, bytes, bytearray)) or not isinstance(value, Sequence):
+        raise SpecError(f"numa must be a list of per-node core lists (or cpuset strings), got {_show(value)}")
+    if len(value) > _MAX_CPU:
+        raise SpecError(f"numa: at most {_MAX_CPU} nodes, got {len(value)}")
+    nodes: list[tuple[int, ...]] = []
+    for node in value:
+        n: Any = node  # untrusted: each element is type-checked below
+        if isinstance(n, str):
+            nodes.append(parse_cpuset(n))
+        elif isinstance(n, (Sequence, Set)) and not isinstance(n, (bytes, bytearray)):
+            nodes.append(_cpus(list(n)))
+        else:
+            raise SpecError(f"numa: each node must be a core-id list or a cpuset string, got {_show(n)}")
+    return tuple(nodes)
 
 
-def _quotas(value: Mapping[str, Quota] | None) -> tuple[tuple[str, Quota], ...]:
-    if not value:
+def _quotas(
+    value: Mapping[str, Quota] | Sequence[tuple[str, Quota]] | None,
+) -> tuple[tuple[str, Quota], ...]:
+    """A ``{name: Quota}`` mapping; the stored ``(name, Quota)`` pairs are accepted too so that
+    ``attrs.evolve(pool, ...)`` round-trips. Anything else is a SpecError, not an AttributeError."""
+    if value is None:
         return ()
+    if isinstance(value, Mapping):
+        items: list[tuple[Any, Any]] = list(value.items())
+    elif isinstance(value, (list, tuple)) and all(isinstance(kv, tuple) and len(kv) == 2 for kv in value):
+        items = list(value)
+    else:
+        raise SpecError(f"quotas must map names to Quota(...), got {_show(value)}")
     out = []
-    for name, q in value.items():
+    for name, q in items:
         if not isinstance(name, str) or not name:
-            raise SpecError(f"quota names must be non-empty strings, got {name!r}")
+            raise SpecError(f"quota names must be non-empty strings, got {_show(name)}")
         if not isinstance(q, Quota):
-            raise SpecError(f"quota {name!r} must be a Quota(...), got {q!r}")
+            raise SpecError(f"quota {_show(name)} must be a Quota(...), got {_show(q)}")
         out.append((name, q))
     return tuple(sorted(out, key=lambda kv: kv[0]))
 
@@ -150,7 +198,7 @@ class Pool:
             object.__setattr__(self, "numa", tuple(n for n in nodes if n))
         m = self.memory
         if m is not None and (isinstance(m, bool) or not isinstance(m, int) or m < 0):
-            raise SpecError(f"memory must be bytes >= 0 or None, got {m!r}")
+            raise SpecError(f"memory must be bytes >= 0 or None, got {_show(m)}")
 
     @property
     def numa_nodes(self) -> tuple[tuple[int, ...], ...]:

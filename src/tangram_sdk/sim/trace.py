@@ -17,6 +17,7 @@ pool. A malformed line raises :class:`TraceError` naming the line and the field;
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Sequence
 from typing import IO, Any
@@ -38,13 +39,22 @@ class TraceError(ValueError):
     """A trace line that cannot be replayed; the message names the line number and field."""
 
 
+def _finite(v: float) -> bool:
+    """Finite *as a float*: the replay calls ``float()`` on these, so an int past float range
+    (``9`` * 400) must be refused here rather than raise OverflowError later."""
+    try:
+        return math.isfinite(float(v))
+    except OverflowError:
+        return False
+
+
 def _num(line: int, rec: dict[str, Any], key: str, *, positive: bool = False, default: Any = None) -> Any:
     if key not in rec:
         if default is not None:
             return default
         raise TraceError(f"line {line}: missing field {key!r}")
     v = rec[key]
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or v != v or v in (float("inf"), float("-inf")):
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not _finite(v):
         raise TraceError(f"line {line}: field {key!r} must be a finite number, got {v!r}")
     if v < 0 or (positive and v == 0):
         raise TraceError(f"line {line}: field {key!r} must be {'> 0' if positive else '>= 0'}, got {v!r}")
@@ -65,8 +75,10 @@ def _spec(line: int, rec: dict[str, Any]) -> ActionSpec:
                 eff: Any = {int(k): float(v) for k, v in el["table"].items()}
             else:
                 eff = Amdahl(el.get("parallel", 0.9))
-            elastic = Elasticity(el.get("resource"), el.get("max_units"), eff)
-        except (SpecError, TypeError, ValueError, AttributeError) as exc:
+            resource: Any = el.get("resource")  # untrusted JSON: Elasticity validates both
+            max_units: Any = el.get("max_units")
+            elastic = Elasticity(resource, max_units, eff)
+        except (SpecError, TypeError, ValueError, AttributeError, OverflowError) as exc:
             raise TraceError(f"line {line}: field 'elastic': {exc}") from None
     for key in ("cpus", "gpus", "memory"):
         if key in rec and (isinstance(rec[key], bool) or not isinstance(rec[key], int) or rec[key] < 0):
@@ -84,41 +96,86 @@ def load_trace(path: str | os.PathLike[str]) -> tuple[Pool | None, list[tuple[in
     """Parse and validate every line; returns the optional pool and ``(line, record, spec)`` rows."""
     pool: Pool | None = None
     rows: list[tuple[int, dict[str, Any], ActionSpec]] = []
-    with open(path, encoding="utf-8") as f:
+    # Bytes, split on b"\n" only: each line is decoded on its own so bad UTF-8 names its line, and
+    # line numbers match what ``wc -l``/an editor shows (text mode would also split on a lone \r).
+    with open(path, "rb") as f:
         for i, raw in enumerate(f, 1):
-            if not raw.strip():
-                continue
+            # The one boundary: whatever a hostile line makes the parser or a constructor raise
+            # becomes a TraceError naming the line; the explicit checks below give the field too.
             try:
-                rec = json.loads(raw)
-            except json.JSONDecodeError as exc:
-                raise TraceError(f"line {i}: not valid JSON ({exc.msg} at column {exc.colno})") from None
-            if not isinstance(rec, dict):
-                raise TraceError(f"line {i}: expected a JSON object, got {type(rec).__name__}")
-            if "pool" in rec:
-                if rows or pool is not None:
-                    raise TraceError(f"line {i}: field 'pool' is only allowed on the first line")
-                pool = _pool(i, rec["pool"])
-                continue
-            unknown = set(rec) - _FIELDS
-            if unknown:
-                raise TraceError(f"line {i}: unknown field(s) {sorted(unknown)}")
-            if "kind" not in rec:
-                raise TraceError(f"line {i}: missing field 'kind'")
-            _num(i, rec, "arrival")
-            _num(i, rec, "duration", positive=True)
-            if "end" in rec:
-                _num(i, rec, "end")
-            if "overhead" in rec:
-                _num(i, rec, "overhead")
-            rows.append((i, rec, _spec(i, rec)))
+                rec = _parse_line(i, raw)
+                if rec is None:
+                    continue
+                if "pool" in rec:
+                    if rows or pool is not None:
+                        raise TraceError(f"line {i}: field 'pool' is only allowed on the first line")
+                    pool = _pool(i, rec["pool"])
+                    continue
+                rows.append((i, rec, _record(i, rec)))
+            except TraceError:
+                raise
+            except (ValueError, TypeError, AttributeError, KeyError, OverflowError, RecursionError) as exc:
+                raise TraceError(f"line {i}: {type(exc).__name__}: {exc}") from None
     return pool, rows
+
+
+def _parse_line(i: int, raw: bytes) -> dict[str, Any] | None:
+    """One line's JSON object, or None for a blank line."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise TraceError(f"line {i}: not UTF-8 (byte {exc.start + 1})") from None
+    if not text.strip():
+        return None
+    try:
+        rec = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise TraceError(f"line {i}: not valid JSON ({exc.msg} at column {exc.colno})") from None
+    except RecursionError:
+        raise TraceError(f"line {i}: not valid JSON (nested too deeply)") from None
+    except ValueError as exc:  # e.g. an int over the 4300-digit conversion limit
+        raise TraceError(f"line {i}: not valid JSON ({exc})") from None
+    if not isinstance(rec, dict):
+        raise TraceError(f"line {i}: expected a JSON object, got {type(rec).__name__}")
+    return rec
+
+
+def _record(i: int, rec: dict[str, Any]) -> ActionSpec:
+    """Validate one action line's fields (types included) and build its spec."""
+    unknown = set(rec) - _FIELDS
+    if unknown:
+        raise TraceError(f"line {i}: unknown field(s) {sorted(unknown)}")
+    if "kind" not in rec:
+        raise TraceError(f"line {i}: missing field 'kind'")
+    _num(i, rec, "arrival")
+    _num(i, rec, "duration", positive=True)
+    if "end" in rec:
+        _num(i, rec, "end")
+    if "overhead" in rec:
+        _num(i, rec, "overhead")
+    if "traj" in rec:
+        t = rec["traj"]
+        if isinstance(t, bool) or not isinstance(t, (str, int)):  # it keys a dict of trajectories
+            raise TraceError(f"line {i}: field 'traj' must be a string or an int, got {t!r}")
+    return _spec(i, rec)
 
 
 def _pool(line: int, p: Any) -> Pool:
     if not isinstance(p, dict):
         raise TraceError(f"line {line}: field 'pool' must be an object")
+    raw_quotas = p.get("quotas") or {}
+    if not isinstance(raw_quotas, dict):
+        raise TraceError(f"line {line}: field 'pool.quotas' must be an object, got {raw_quotas!r}")
+    quotas: dict[str, Quota] = {}
+    for n, q in raw_quotas.items():
+        if not isinstance(q, dict) or set(q) - {"concurrency", "rate", "burst"}:
+            raise TraceError(f"line {line}: field 'pool.quotas.{n}' must be an object with concurrency, "
+                             f"rate and/or burst, got {q!r}")
+        try:
+            quotas[n] = Quota(**q)
+        except SpecError as exc:
+            raise TraceError(f"line {line}: field 'pool.quotas.{n}': {exc}") from None
     try:
-        quotas = {n: Quota(**q) for n, q in (p.get("quotas") or {}).items()}
         return Pool(cpus=p.get("cpus", 0), numa=p.get("numa"), gpus=p.get("gpus", 0), quotas=quotas)
     except (SpecError, TypeError) as exc:
         raise TraceError(f"line {line}: field 'pool': {exc}") from None
@@ -138,7 +195,7 @@ def trace_workload(path: str | os.PathLike[str], pool: Pool | None = None) -> An
         groups.setdefault(key, []).append((line, rec, spec))
     trajs = []
     services: list[str] = []
-    for key, items in groups.items():
+    for items in groups.values():
         items.sort(key=lambda x: (x[1]["arrival"], x[0]))
         acts = []
         prev_free = 0.0  # when the previous action of this trajectory ended
@@ -172,7 +229,7 @@ class TraceRecorder:
 
     def __init__(self, path: str | os.PathLike[str] | IO[str], pool: Pool | None = None) -> None:
         self._own = not hasattr(path, "write")
-        self._f: IO[str] = open(path, "w", encoding="utf-8") if self._own else path  # type: ignore[arg-type]
+        self._f: IO[str] = open(path, "w", encoding="utf-8") if self._own else path  # type: ignore[arg-type,assignment]
         self._open: dict[int, list[Any]] = {}  # aid -> [spec, arrival, grant time, units]
         self.lines = 0
         if pool is not None:
