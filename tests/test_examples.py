@@ -28,8 +28,8 @@ CASES: list[tuple[str, tuple[str, ...], tuple[str, ...], float]] = [
     ("quickstart.py", (), ("trajectory 0 turn 0: test on cores", "statistics:", "completed: 24", "failed: 0"), 20),
     ("verl_tool.py", ("verl",), ("call 0: ran on", "was not run: argument 'cores'", "completed: 6"), 120),
     ("openrlhf_agent.py", ("openrlhf", "torch"), ("episode paris: reward=1.0 steps=2", "completed: 8"), 120),
-    ("coding_sandbox.py", ("docker",), (), 300),
-    ("reward_model.py", ("torch",), (), 300),
+    ("coding_sandbox.py", ("docker",), ("trajectory 3 turn 2:", "/tmp/log has 3 line(s)", "completed: 12, failed: 0"), 120),
+    ("reward_model.py", ("torch",), ("call 11", "bit-identical to first call: True", "completed: 12, failed: 0"), 120),
 ]
 
 
