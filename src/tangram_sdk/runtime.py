@@ -187,10 +187,11 @@ class Tangram:
     def _check_spec(self, spec: ActionSpec) -> None:
         if not isinstance(spec, ActionSpec):
             raise SpecError(f"acquire() needs an ActionSpec, got {type(spec).__name__}")
-        conc = self._core.ledger.q_conc
-        for name, _ in spec.quotas:
-            if name not in conc:
-                raise SpecError(f"unknown quota {name!r}; this pool has {sorted(conc) or 'no quotas'}")
+        if spec.quotas:
+            conc = self._core.ledger.q_conc
+            for name, _ in spec.quotas:
+                if name not in conc:
+                    raise SpecError(f"unknown quota {name!r}; this pool has {sorted(conc) or 'no quotas'}")
         reason = self._core.feasibility(spec)
         if reason is not None:
             raise InfeasibleSpecError(f"{spec.kind}: {reason}")
@@ -328,9 +329,7 @@ class Tangram:
             )
 
     def _submit(self, spec: ActionSpec) -> tuple[int, Grant | asyncio.Future[Grant]]:
-        self._ensure_open()
         self._check_spec(spec)
-        assert self._loop is not None
         aid = next(self._ids)
         # Register a placeholder first: if the core grants inline, _dispatch parks the grant in
         # _immediate and no future is ever created (the uncontended fast path).
@@ -378,20 +377,22 @@ class _Acquire:
         t0 = loop.time()
         aid, fut = rt._submit(self._spec)
         self._aid = aid
-        try:
-            if isinstance(fut, Grant):
-                grant = fut
-            elif self._timeout is None:
-                grant = await fut
-            else:
-                grant = await asyncio.wait_for(fut, self._timeout)
-        except BaseException as exc:
-            rt._leave(aid, failed=True, granted=False)
-            if isinstance(exc, asyncio.TimeoutError) and not isinstance(exc, TimeoutError):
-                raise TimeoutError(f"{self._spec.kind}: not granted within {self._timeout} s") from exc
-            raise
+        if isinstance(fut, Grant):  # granted inline, at t0: no wait, no second clock read
+            grant = fut
+            now = t0
+        else:
+            try:
+                if self._timeout is None:
+                    grant = await fut
+                else:
+                    grant = await asyncio.wait_for(fut, self._timeout)
+            except BaseException as exc:
+                rt._leave(aid, failed=True, granted=False)
+                if isinstance(exc, asyncio.TimeoutError) and not isinstance(exc, TimeoutError):
+                    raise TimeoutError(f"{self._spec.kind}: not granted within {self._timeout} s") from exc
+                raise
+            now = loop.time()
         self._grant = grant
-        now = loop.time()
         lease = Lease(aid, self._spec, cpus=grant.cpus, gpus=grant.gpus, units=grant.units,
                       memory=grant.memory, quotas=grant.quotas, queued_s=now - t0, granted_at=now)
         self._lease = lease
@@ -422,7 +423,10 @@ class _Acquire:
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        await self._finish(failed=exc_type is not None)
+        if self._applied:
+            await self._finish(failed=exc_type is not None)
+        else:  # no manager to undo: just return the units (the common, fast case)
+            self._rt._leave(self._aid, failed=exc_type is not None, granted=True)
 
     async def _finish(self, *, failed: bool) -> None:
         """Undo the managers' work, then return the units — in that order, so cores go back to the
