@@ -159,6 +159,8 @@ class Scheduler:
         self._keys: dict[ActionSpec, frozenset[str]] = {}
         self._sig_count: dict[frozenset[str], int] = {}  # queued actions per resource-key set
         self._cold_memo: dict[tuple[str, int], float] = {}
+        self._rates_memo: dict[str, float] | None = None
+        self._rates_at = -math.inf
         self._svc_queued: dict[str, int] = {}  # queued actions per GPU service
         self._now = 0.0
         # round skipping: a submission that the last round's blocked set already covers, with no
@@ -483,6 +485,7 @@ class Scheduler:
         self.rounds += 1
         self._now = now
         self._cold_memo.clear()
+        self._rates_memo = None
         if self._nqueued == 1:
             (only,) = (a for q in self._queues.values() for a in q.values())
             if only.eres is None:
@@ -711,15 +714,23 @@ class Scheduler:
         if hit is not None:
             return hit
         restore = self._restore_cost(svc)
-        opts = self._cell_options(size, self.ledger.gpu_free)
-        best = min((self._displacement(svc, tuple(range(o, o + size)), dur, now) for o in opts), default=0.0)
+        o = self._pick_cell(size, svc, self.ledger.gpu_free)  # where placement would put it
+        best = self._displacement(svc, tuple(range(o, o + size)), dur, now) if o >= 0 else 0.0
         self._cold_memo[key] = restore + best
         return restore + best
 
     def _service_rate(self, service: str, now: float) -> float:
-        """Calls per second of ``service`` (all kinds using it), from the learned arrival rates."""
-        return sum(st.rate(now) for st in self._kinds.values()
-                   if st.spec is not None and st.spec.service == service)
+        """Calls per second of ``service`` (all kinds using it), from the learned arrival rates;
+        computed for every service at once, at most once per round."""
+        rates = self._rates_memo
+        if rates is None or self._rates_at != now:
+            rates = {}
+            for st in self._kinds.values():
+                svc = st.spec.service if st.spec is not None else None
+                if svc is not None:
+                    rates[svc] = rates.get(svc, 0.0) + st.rate(now)
+            self._rates_memo, self._rates_at = rates, now
+        return rates.get(service, 0.0)
 
     # -- elastic split --------------------------------------------------------------------------
     def _releases(self, res: str, now: float) -> list[tuple[float, int]]:
