@@ -159,6 +159,7 @@ class Scheduler:
         self._keys: dict[ActionSpec, frozenset[str]] = {}
         self._sig_count: dict[frozenset[str], int] = {}  # queued actions per resource-key set
         self._cold_memo: dict[tuple[str, int], float] = {}
+        self._rel_memo: dict[tuple[int, int], float] = {}  # (action, units) -> T(m)/T(min), per round
         self._rates_memo: dict[str, float] | None = None
         self._rates_at = -math.inf
         self._svc_queued: dict[str, int] = {}  # queued actions per GPU service
@@ -485,6 +486,7 @@ class Scheduler:
         self.rounds += 1
         self._now = now
         self._cold_memo.clear()
+        self._rel_memo.clear()
         self._rates_memo = None
         if self._nqueued == 1:
             (only,) = (a for q in self._queues.values() for a in q.values())
@@ -639,28 +641,34 @@ class Scheduler:
 
     def _pick_cell(self, size: int, service: str | None, mask: int) -> int:
         """Aligned free cell of ``size`` GPUs: one where the service is resident first, then one
-        disturbing the fewest other resident services, then the tightest buddy block."""
+        disturbing the fewest other resident services, then the tightest buddy block (hot path:
+        called for every GPU action scanned, so it avoids building tuples per candidate cell)."""
         opts = self._cell_options(size, mask)
         if not opts:
             return -1
-        if len(opts) == 1 and not self._resident:
-            return opts[0]
+        res = self._resident
+        if len(opts) == 1 or not res:
+            if len(opts) == 1 or size >= len(self._gpu_holder):
+                return opts[0]
         ng = len(self._gpu_holder)
         full_all = (1 << ng) - 1
-        res = self._resident
-        warm_cells = res.cells_of(service)
+        parent = size * 2
+        pfull = (1 << parent) - 1
 
-        def score(o: int) -> tuple[int, int, int, int]:
-            cell = tuple(range(o, o + size))
-            warm = 0 if cell in warm_cells else 1
-            others = res.others_on(service, cell)
-            parent = size * 2
+        def tight(o: int) -> int:
             po = (o // parent) * parent
-            pmask = (((1 << parent) - 1) << po) & full_all
-            parent_free = (mask & pmask).bit_count()
-            return (warm, others, parent_free, o)
+            return (mask & ((pfull << po) & full_all)).bit_count()
 
-        return min(opts, key=score)
+        warm_cells = res.cells_of(service)
+        if warm_cells:
+            free = set(opts)
+            warm = [pos[0] for pos in warm_cells if len(pos) == size and pos[0] in free]
+            if warm:
+                return min(warm, key=lambda o: (tight(o), o))
+        per_pos = res.per_pos
+        if size == 1:
+            return min(opts, key=lambda o: (per_pos[o], tight(o), o))
+        return min(opts, key=lambda o: (sum(per_pos[o:o + size]), tight(o), o))
 
     def _should_wait_for_resident(self, a: _Action, cell: int, now: float) -> bool:
         """Waiting for a busy GPU that already holds the service can beat restoring it elsewhere."""
@@ -697,9 +705,8 @@ class Scheduler:
         """Expected restore seconds that putting ``svc`` on ``cell`` costs *other* services whose
         warm copies live there: each pays a restore if it is called within ``horizon``."""
         cost = 0.0
-        target = set(cell)
-        for other, other_cells in self._resident.by_service.items():
-            if other == svc or not any(target.intersection(pos) for pos in other_cells):
+        for other in self._resident.services_on(cell):
+            if other == svc:
                 continue
             if self._svc_queued.get(other):
                 return math.inf  # its own waiters would use that warm copy: never take it from them
@@ -871,12 +878,18 @@ class Scheduler:
         hi = min(a.emax, a.emin + spare)
         sizes = range(a.emin, hi + 1) if steps is None else [s for s in steps if a.emin <= s <= hi]
         opts = []
+        warm_sizes = ({len(pos) for pos in self._resident.cells_of(spec.service)}
+                      if steps is not None and spec.service is not None else None)
+        rel = self._rel_memo
         for m in sizes:
-            t = d0 * spec.relative_duration(m)
-            if steps is not None and spec.service is not None:
-                warm = any(len(pos) == m for pos in self._resident.cells_of(spec.service))
-                if not warm:
-                    t += self._cold_cost(spec.service, m, d0, self._now)
+            key = (a.id, m)
+            r = rel.get(key)
+            if r is None:
+                r = rel[key] = spec.relative_duration(m)
+            t = d0 * r
+            if warm_sizes is not None and m not in warm_sizes:
+                assert spec.service is not None
+                t += self._cold_cost(spec.service, m, d0, self._now)
             if math.isinf(mu):
                 if m > a.emin:
                     break

@@ -13,12 +13,13 @@ Key = tuple[str, tuple[int, ...]]  # (service, GPU positions of its cell)
 
 
 class Residency:
-    __slots__ = ("last_used", "by_service", "per_pos")
+    __slots__ = ("last_used", "by_service", "per_pos", "at_pos")
 
     def __init__(self, n_gpus: int) -> None:
         self.last_used: dict[Key, float] = {}
         self.by_service: dict[str, set[tuple[int, ...]]] = {}
         self.per_pos: list[int] = [0] * n_gpus
+        self.at_pos: list[dict[str, int]] = [{} for _ in range(n_gpus)]  # service -> copies there
 
     def __contains__(self, key: Key) -> bool:
         return key in self.last_used
@@ -34,6 +35,8 @@ class Residency:
             self.by_service.setdefault(key[0], set()).add(key[1])
             for p in key[1]:
                 self.per_pos[p] += 1
+                at = self.at_pos[p]
+                at[key[0]] = at.get(key[0], 0) + 1
         self.last_used[key] = now
 
     def touch(self, key: Key, now: float) -> None:
@@ -49,11 +52,24 @@ class Residency:
             del self.by_service[key[0]]
         for p in key[1]:
             self.per_pos[p] -= 1
+            at = self.at_pos[p]
+            n = at[key[0]] - 1
+            if n:
+                at[key[0]] = n
+            else:
+                del at[key[0]]
 
     def cells_of(self, service: str | None) -> set[tuple[int, ...]]:
         if service is None:
             return set()
         return self.by_service.get(service, set())
+
+    def services_on(self, cell: tuple[int, ...]) -> set[str]:
+        """Services with a resident copy overlapping ``cell``."""
+        out: set[str] = set()
+        for p in cell:
+            out.update(self.at_pos[p])
+        return out
 
     def others_on(self, service: str | None, cell: tuple[int, ...]) -> int:
         """Resident instances of other services (or other cells of this one) overlapping ``cell``."""
