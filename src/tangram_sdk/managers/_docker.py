@@ -28,6 +28,7 @@ import attrs
 
 from ..errors import DockerError, SpecError
 from ..lease import ExecResult
+from .process import check_argv as _check_argv
 
 __all__ = ["LABEL", "ContainerInfo", "DockerClient", "is_connection_error", "is_not_found", "kill_tree", "validate_ref"]
 
@@ -388,14 +389,6 @@ def _descendants(root: int, proc: Path) -> list[int]:
     return out
 
 
-def _check_argv(cmd: Sequence[str]) -> list[str]:
-    if isinstance(cmd, (str, bytes)) or not cmd:
-        raise SpecError("cmd must be a non-empty argv list such as ['sh', '-c', '...'], not a shell string")
-    argv = list(cmd)
-    for a in argv:
-        if not isinstance(a, str) or "\x00" in a:
-            raise SpecError(f"argv elements must be strings without NUL bytes, got {a!r}")
-    return argv
 
 
 class _CallError(DockerError):

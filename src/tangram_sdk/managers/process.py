@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from ..errors import SpecError
 from ..lease import ExecResult
 
-__all__ = ["run_pinned"]
+__all__ = ["check_argv", "run_pinned"]
 
 _SHIM = (
     "import os,sys\n"
@@ -26,9 +26,10 @@ _SHIM = (
 )
 
 
-def _check_argv(cmd: Sequence[str]) -> list[str]:
+def check_argv(cmd: Sequence[str]) -> list[str]:
+    """Refuse shell strings and NUL bytes: commands are argv lists, here and in containers."""
     if isinstance(cmd, (str, bytes)) or not cmd:
-        raise SpecError("cmd must be a non-empty argv list such as ['python', '-c', '...'], not a shell string")
+        raise SpecError("cmd must be a non-empty argv list such as ['sh', '-c', '...'], not a shell string")
     argv = list(cmd)
     for a in argv:
         if not isinstance(a, str) or "\x00" in a:
@@ -65,7 +66,7 @@ async def run_pinned(
 ) -> ExecResult:
     """Run ``cmd`` pinned to ``cpus`` (all cores when empty); kill its process group on timeout or
     cancellation; keep at most ``max_output`` bytes of each of stdout/stderr."""
-    argv = _check_argv(cmd)
+    argv = check_argv(cmd)
     started = time.monotonic()
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-c", _SHIM, ",".join(str(c) for c in cpus), *argv,
