@@ -339,6 +339,7 @@ class Tangram:
         if done is not None:
             self._waiters.pop(aid, None)
             return aid, done
+        assert self._loop is not None
         fut: asyncio.Future[Grant] = self._loop.create_future()
         if aid in self._waiters:  # still queued (not rejected/broken while posting)
             self._waiters[aid] = fut

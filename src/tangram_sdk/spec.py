@@ -145,7 +145,7 @@ class Custom:
         return self.efficiency(m) * m
 
 
-EfficiencyLike = Union[Amdahl, Table, Custom, Mapping[int, float], Callable[[int], float]]
+EfficiencyLike = Union[Amdahl, Table, Custom, Efficiency, Mapping[int, float], Callable[[int], float]]
 
 
 def _to_efficiency(value: EfficiencyLike) -> Efficiency:

@@ -47,7 +47,8 @@ def _workload(args: argparse.Namespace, batch: int | None) -> Workload:
         if not args.trace:
             raise SystemExit("--workload trace needs --trace PATH")
         pool = Pool(cpus=args.cpus or 0, gpus=args.gpus or 0) if (args.cpus or args.gpus) else None
-        return trace_workload(args.trace, pool)
+        wl_trace: Workload = trace_workload(args.trace, pool)
+        return wl_trace
     kw: dict[str, Any] = {"seed": args.seed}
     if args.workload == "ai-coding":
         if args.nodes is not None:
@@ -68,12 +69,14 @@ def _policies(args: argparse.Namespace, wl: Workload) -> list[str]:
 def _iso(args: argparse.Namespace, wl: Workload) -> int | None:
     if args.iso_gpus is not None:
         return int(args.iso_gpus)
-    return wl.params.get("iso_gpus")  # type: ignore[no-any-return]
+    iso: int | None = wl.params.get("iso_gpus")
+    return iso
 
 
 def _run(args: argparse.Namespace, wl: Workload, pol: str) -> Result:
     prog = None if args.no_progress else text_progress(f"{wl.name} {pol:>8} b={len(wl.trajectories)}")
-    return run_policy(wl, pol, progress=prog, iso_gpus=_iso(args, wl) if pol == "isolated" else None)
+    result: Result = run_policy(wl, pol, progress=prog, iso_gpus=_iso(args, wl) if pol == "isolated" else None)
+    return result
 
 
 def _table(rows: list[dict[str, Any]]) -> str:

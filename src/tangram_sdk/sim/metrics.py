@@ -15,7 +15,8 @@ __all__ = ["summarise", "timeline", "min_pool_for", "act_array"]
 
 
 def act_array(r: Result) -> np.ndarray:
-    return np.asarray(r.end) - np.asarray(r.submit)
+    out: np.ndarray = np.asarray(r.end, dtype=float) - np.asarray(r.submit, dtype=float)
+    return out
 
 
 def summarise(r: Result) -> dict[str, Any]:
@@ -74,7 +75,8 @@ def timeline(r: Result, bins: int = 200, until: float | None = None) -> dict[str
         cum = np.concatenate([[0.0], np.cumsum(level * dt)])  # integral at t[0..], end
         pts = np.concatenate([t, [end]])
 
-        def integral(x: np.ndarray) -> np.ndarray:
+        def integral(x: np.ndarray, pts: np.ndarray = pts, cum: np.ndarray = cum,
+                     level: np.ndarray = level) -> np.ndarray:
             i = np.searchsorted(pts, x, side="right") - 1
             i = np.clip(i, 0, len(pts) - 1)
             base = cum[i]
