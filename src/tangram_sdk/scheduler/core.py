@@ -159,6 +159,7 @@ class Scheduler:
         self._keys: dict[ActionSpec, frozenset[str]] = {}
         self._sig_count: dict[frozenset[str], int] = {}  # queued actions per resource-key set
         self._cold_memo: dict[tuple[str, int], float] = {}
+        self._newest: _Action | None = None
         self._rel_memo: dict[tuple[int, int], float] = {}  # (action, units) -> T(m)/T(min), per round
         self._rates_memo: dict[str, float] | None = None
         self._rates_at = -math.inf
@@ -372,6 +373,7 @@ class Scheduler:
             self._prios = sorted(self._queues, reverse=True)
         q[aid] = a
         self._nqueued += 1
+        self._newest = a  # the only one when the queue was empty: the uncontended round needs no scan
         kc = self._sig_count
         kc[keys] = kc.get(keys, 0) + 1
         if spec.service is not None:
@@ -484,14 +486,16 @@ class Scheduler:
             return []
         self.next_wakeup = None
         self.rounds += 1
+        if self._nqueued == 1:
+            only = self._newest
+            if only is None or self._queues[only.spec.priority].get(only.id) is not only:
+                (only,) = (a for q in self._queues.values() for a in q.values())
+            if only.eres is None:
+                return self._round_single(only, now)
         self._now = now
         self._cold_memo.clear()
         self._rel_memo.clear()
         self._rates_memo = None
-        if self._nqueued == 1:
-            (only,) = (a for q in self._queues.values() for a in q.values())
-            if only.eres is None:
-                return self._round_single(only, now)
         L = self.ledger
         if L.tokens:
             L.refill(now)
