@@ -243,7 +243,7 @@ async def test_subclass_with_execute_with_lease_and_bad_config(tangram: Tangram)
     with pytest.raises(SpecError, match="tangram.spec"):
         TangramTool(config={"type": "native", "tangram": {}}, tool_schema=schema)
     plain = TangramTool(config={"type": "native", "tangram": {"spec": {"cpus": 1}}}, tool_schema=schema)
-    with pytest.raises(NotImplementedError, match="wraps"):
+    with pytest.raises(SpecError, match="wraps"):
         await plain.execute("id", {})
 
 

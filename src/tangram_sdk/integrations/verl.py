@@ -237,7 +237,8 @@ def _make_tangram_tool() -> type:
                 if _wants_lease(self) and _accepts(self._inner.execute, "lease"):
                     kwargs.setdefault("lease", lease)
                 return await self._inner.execute(instance_id, parameters, **kwargs)
-            raise NotImplementedError(
+            # a configuration error, raised where the tool is called (veRL builds tools lazily)
+            raise SpecError(
                 f"{type(self).__name__}: set `tangram.wraps` in the tool config or implement execute_with_lease"
             )
 
