@@ -29,7 +29,6 @@ import math
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from .._cpuset import format_cpuset
 from ..pool import Pool
 from ..spec import ActionSpec
 from .decisions import Decision, Grant, Reject
@@ -144,10 +143,6 @@ class Scheduler:
         self._known: set[int] = set()
         self._kinds: dict[str, KindStats] = {}
         self._seq = 0
-        self._all_keys = frozenset(
-            (["cpu"] if pool.cpus else []) + (["gpu"] if pool.gpus else [])
-            + (["mem"] if pool.memory is not None else []) + ["q:" + n for n, _ in pool.quotas]
-        )
         ng = len(pool.gpus)
         self._cells = tuple(c for c in pool.gpu_cells if c <= ng)
         self._gpu_holder: list[_Action | None] = [None] * ng
@@ -1044,15 +1039,3 @@ class Scheduler:
         self.granted += 1
         self._sum_queue += now - a.submitted
         return g
-
-
-def describe_grant(g: Grant) -> str:
-    """One human line for logs."""
-    parts = [f"#{g.action_id}"]
-    if g.cpus:
-        parts.append(f"cpus={format_cpuset(g.cpus)}")
-    if g.gpus:
-        parts.append(f"gpus={list(g.gpus)}")
-    if g.units:
-        parts.append(f"units={g.units}")
-    return " ".join(parts)
