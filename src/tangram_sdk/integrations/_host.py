@@ -21,17 +21,17 @@ import asyncio
 import contextlib
 import json
 import weakref
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from contextvars import ContextVar
-from typing import Any
+from typing import Any, TypeVar
 
-from ..errors import RuntimeClosedError, SpecError
+from ..errors import InfeasibleSpecError, RuntimeClosedError, SpecError, TangramError
 from ..lease import Lease
 from ..runtime import Tangram
 from ..spec import ActionSpec
 from ._config import import_object, pool_from_mapping
 
-__all__ = ["RuntimeSource", "action", "current_lease", "install", "resolve_runtime", "shutdown", "using"]
+__all__ = ["RuntimeSource", "action", "current_lease", "install", "resolve_runtime", "run_holding", "shutdown", "using"]
 
 #: A Tangram, a zero-arg factory returning one, an import path to such a factory, or a pool mapping.
 RuntimeSource = Tangram | Callable[[], Tangram] | str | Mapping[str, Any]
@@ -173,6 +173,39 @@ async def action(
             yield lease
         finally:
             _current_lease.reset(token)
+
+
+T = TypeVar("T")
+
+
+async def run_holding(
+    spec: ActionSpec,
+    body: Callable[[Lease], Awaitable[T]],
+    refused: Callable[[TangramError], T],
+    *,
+    runtime: RuntimeSource | None = None,
+    timeout: float | None = None,
+) -> T:
+    """Run ``body(lease)`` holding ``spec``'s resources, with the lease visible to
+    :func:`current_lease`. A spec this pool refuses at acquire (invalid for it, or too big) gives
+    ``refused(error)`` instead of raising: an argument-dependent failure becomes the tool's or the
+    step's result and the rollout goes on. Everything else propagates; the lease is always released."""
+    tangram = await resolve_runtime(runtime)
+    acm = tangram.acquire(spec, timeout=timeout)
+    try:
+        lease = await acm.__aenter__()
+    except (SpecError, InfeasibleSpecError) as exc:
+        return refused(exc)
+    token = _set_lease(lease)
+    try:
+        result = await body(lease)
+    except BaseException as exc:
+        _reset_lease(token)
+        await acm.__aexit__(type(exc), exc, exc.__traceback__)
+        raise
+    _reset_lease(token)
+    await acm.__aexit__(None, None, None)
+    return result
 
 
 def _set_lease(lease: Lease | None) -> Any:

@@ -20,10 +20,11 @@ import inspect
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
-from ..errors import InfeasibleSpecError, SpecError
+from ..errors import SpecError, TangramError
+from ..lease import Lease
 from ..spec import ActionSpec
 from ._config import SpecMapper, SpecMappingError
-from ._host import RuntimeSource, _reset_lease, _set_lease, current_lease, resolve_runtime
+from ._host import RuntimeSource, current_lease, run_holding
 from ._lazy import require
 
 __all__ = ["current_lease", "with_tangram"]
@@ -88,25 +89,16 @@ def with_tangram(
         except SpecMappingError as exc:
             SpecMapper.report(label, exc)
             return _error_step(states, exc)
-        tangram = await resolve_runtime(runtime)
-        acm = tangram.acquire(the_spec, timeout=timeout)
-        try:
-            lease = await acm.__aenter__()
-        except (SpecError, InfeasibleSpecError) as exc:
-            SpecMapper.report(label, exc)
-            return _error_step(states, exc)
-        token = _set_lease(lease)
-        try:
+        async def body(lease: Lease) -> Any:
             if takes_lease:
                 kwargs.setdefault("lease", lease)
-            result = await original_step(self, states, **kwargs)
-        except BaseException as exc:
-            _reset_lease(token)
-            await acm.__aexit__(type(exc), exc, exc.__traceback__)
-            raise
-        _reset_lease(token)
-        await acm.__aexit__(None, None, None)
-        return result
+            return await original_step(self, states, **kwargs)
+
+        def refused(exc: TangramError) -> Any:
+            SpecMapper.report(label, exc)
+            return _error_step(states, exc)
+
+        return await run_holding(the_spec, body, refused, runtime=runtime, timeout=timeout)
 
     step.__doc__ = original_step.__doc__
     return type(label, (instance_cls,), {"step": step, "__module__": instance_cls.__module__,

@@ -30,11 +30,11 @@ import inspect
 from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from ..errors import InfeasibleSpecError, SpecError
+from ..errors import SpecError, TangramError
 from ..lease import Lease
 from ..spec import ActionSpec
 from ._config import SpecFor, SpecMapper, SpecMappingError, import_object, spec_from_mapping
-from ._host import RuntimeSource, _reset_lease, _set_lease, action, current_lease, resolve_runtime
+from ._host import RuntimeSource, action, current_lease, run_holding
 from ._lazy import require
 
 __all__ = [
@@ -123,23 +123,14 @@ class TangramToolMixin:
         except SpecMappingError as exc:
             SpecMapper.report(self.name, exc)
             return _error_result(self.name, exc)
-        tangram = await resolve_runtime(self._tangram_source)
-        acm = tangram.acquire(spec, timeout=self._tangram_timeout)
-        try:
-            lease = await acm.__aenter__()
-        except (SpecError, InfeasibleSpecError) as exc:  # argument-dependent: too big for this pool
+        async def body(lease: Lease) -> Any:
+            return _with_metrics(await self.execute_with_lease(instance_id, parameters, lease, **kwargs), lease)
+
+        def refused(exc: TangramError) -> Any:  # argument-dependent: e.g. too big for this pool
             SpecMapper.report(self.name, exc)
             return _error_result(self.name, exc)
-        token = _set_lease(lease)
-        try:
-            result = await self.execute_with_lease(instance_id, parameters, lease, **kwargs)
-        except BaseException as exc:
-            _reset_lease(token)
-            await acm.__aexit__(type(exc), exc, exc.__traceback__)
-            raise
-        _reset_lease(token)
-        await acm.__aexit__(None, None, None)
-        return _with_metrics(result, lease)
+
+        return await run_holding(spec, body, refused, runtime=self._tangram_source, timeout=self._tangram_timeout)
 
     async def execute_with_lease(
         self, instance_id: str, parameters: dict[str, Any], lease: Lease, **kwargs: Any
