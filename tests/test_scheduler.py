@@ -63,7 +63,7 @@ def test_infeasible_is_rejected_at_once():
         (ActionSpec(kind="a", quotas={"q": 3}), "concurrency"),
         (ActionSpec(kind="a", quotas={"nope": 1}), "unknown quota"),
     ]:
-        d = s.handle(Submitted(len(s._known) + 100 + s.rejected, spec), 0)
+        d = s.handle(Submitted(100 + s.rejected, spec), 0)
         assert isinstance(d[0], Reject) and word in d[0].reason
     assert s.queued == 0
 

@@ -26,6 +26,7 @@ One round, run after every event:
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -136,11 +137,13 @@ class Scheduler:
         self.lookahead_cap = lookahead_cap
         self.skip_rounds = skip_rounds
         self.ledger = Ledger(pool)
-        self._queues: dict[int, dict[int, _Action]] = {}
+        # FIFO per priority. OrderedDict, not dict: a dict drained from the front keeps its dead
+        # slots until the next resize, and every round's scan would step over them first.
+        self._queues: dict[int, OrderedDict[int, _Action]] = {}
         self._prios: list[int] = []
         self._nqueued = 0
         self._running: dict[int, _Action] = {}
-        self._known: set[int] = set()
+        self._live: dict[int, _Action] = {}  # queued or running, by id
         self._kinds: dict[str, KindStats] = {}
         self._seq = 0
         ng = len(pool.gpus)
@@ -233,7 +236,8 @@ class Scheduler:
         return len(self._running)
 
     def is_queued(self, action_id: int) -> bool:
-        return any(action_id in q for q in self._queues.values())
+        a = self._live.get(action_id)
+        return a is not None and a.grant is None
 
     def grant_of(self, action_id: int) -> Grant | None:
         a = self._running.get(action_id)
@@ -334,7 +338,7 @@ class Scheduler:
 
     def _submit(self, ev: Submitted, now: float, out: list[Decision]) -> None:
         aid = ev.action_id
-        if aid in self._known:
+        if aid in self._live:
             raise ValueError(f"action id {aid} submitted twice")
         self.submitted += 1
         reason = self.feasibility(ev.spec)
@@ -342,7 +346,6 @@ class Scheduler:
             self.rejected += 1
             out.append(Reject(aid, reason))
             return
-        self._known.add(aid)
         spec = ev.spec
         st = self._kinds.get(spec.kind)
         if st is None:
@@ -357,14 +360,14 @@ class Scheduler:
             if len(self._keys) > 4096:
                 self._keys.clear()
             keys = self._keys[spec] = _resource_keys(spec)
-        a = _Action(aid, spec, self._seq, now, st, keys)
+        a = self._live[aid] = _Action(aid, spec, self._seq, now, st, keys)
         if not (self.skip_rounds and not self._need_round and keys and keys <= self._blocked_last
                 and (not self._time_sensitive or now == self._round_now)
-                and all(spec.priority <= p for p in self._prios if self._queues[p])):
+                and self._not_ahead(spec.priority)):
             self._need_round = True
         q = self._queues.get(spec.priority)
         if q is None:
-            q = self._queues[spec.priority] = {}
+            q = self._queues[spec.priority] = OrderedDict()
             self._prios = sorted(self._queues, reverse=True)
         q[aid] = a
         self._nqueued += 1
@@ -373,6 +376,13 @@ class Scheduler:
         kc[keys] = kc.get(keys, 0) + 1
         if spec.service is not None:
             self._svc_queued[spec.service] = self._svc_queued.get(spec.service, 0) + 1
+
+    def _not_ahead(self, prio: int) -> bool:
+        """A new action of priority ``prio`` would not be scanned before any queued one."""
+        prios = self._prios
+        if len(prios) == 1:
+            return prio <= prios[0] or not self._queues[prios[0]]
+        return all(prio <= p for p in prios if self._queues[p])
 
     def _forget_kinds(self) -> None:
         """Bound what is learned per kind: a job naming kinds per task (``f"pytest-{repo}"``) must
@@ -410,7 +420,7 @@ class Scheduler:
         if a.spec.service and g.gpus:
             self._resident.touch((a.spec.service, tuple(self.ledger.gpu_pos[x] for x in g.gpus)), now)
         self.released += 1
-        self._known.discard(aid)
+        del self._live[aid]
         if failed:
             self.failed += 1
             return
@@ -423,13 +433,12 @@ class Scheduler:
             a.stats.observe_duration(t1, self.alpha)
 
     def _drop_queued(self, aid: int) -> bool:
-        for q in self._queues.values():
-            a = q.get(aid)
-            if a is not None:
-                self._dequeue(a)
-                self._known.discard(aid)
-                return True
-        return False
+        a = self._live.get(aid)
+        if a is None or a.grant is not None:
+            return False
+        self._dequeue(a)
+        del self._live[aid]
+        return True
 
     def _cancel(self, aid: int, now: float) -> None:
         if self._drop_queued(aid):
@@ -488,8 +497,10 @@ class Scheduler:
             if only.eres is None:
                 return self._round_single(only, now)
         self._now = now
-        self._cold_memo.clear()
-        self._rel_memo.clear()
+        if self._cold_memo:
+            self._cold_memo.clear()
+        if self._rel_memo:
+            self._rel_memo.clear()
         self._rates_memo = None
         L = self.ledger
         if L.tokens:
@@ -502,24 +513,28 @@ class Scheduler:
         blocked: set[str] = set()
         sigs = self._sig_count
         exhausted = False  # every queued action needs something already blocked: stop scanning
+        svc_blocked = False  # a service waits for its warm copy: the next round may differ in time
+        elastic_cands = False
         cands: list[_Action] = []
         scanned = 0
+        scan_limit = self.scan_limit
         queue = self._queues[self._prios[0]].values() if len(self._prios) == 1 else self._iter_queue()
         for a in queue:
-            if scanned >= self.scan_limit or exhausted:
+            if scanned >= scan_limit or exhausted:
                 break
             scanned += 1
-            if a.keys & blocked:
+            if blocked and not a.keys.isdisjoint(blocked):
                 continue
             lack, node, cell, span = self._fits(a, node_free, gfree, mem, q_used, tokens, now)
             if lack:
                 blocked.update(lack)
-                exhausted = all(sig & blocked for sig in sigs)
+                exhausted = all(not sig.isdisjoint(blocked) for sig in sigs)
                 continue
             if cell >= 0 and a.spec.service and self._should_wait_for_resident(a, cell, now):
                 # later actions of the same service would make the same choice: skip them cheaply
                 blocked.add(f"svc:{a.spec.service}:{a.gpu_min}")
-                exhausted = all(sig & blocked for sig in sigs)
+                svc_blocked = True
+                exhausted = all(not sig.isdisjoint(blocked) for sig in sigs)
                 continue
             # tentatively reserve the minimum
             for name, q in a.spec.quotas:
@@ -539,16 +554,20 @@ class Scheduler:
             if cell >= 0:
                 gfree &= ~(((1 << a.gpu_min) - 1) << cell)
             a.node, a.cell, a.span = node, cell, span
+            if a.eres is not None:
+                elastic_cands = True
             cands.append(a)
         self._blocked_last = blocked
         self._round_now = now
-        self._time_sensitive = self.next_wakeup is not None or any(k.startswith("svc:") for k in blocked)
+        self._time_sensitive = self.next_wakeup is not None or svc_blocked
         self._need_round = False
         if not cands:
             return []
+        if not elastic_cands:  # the common FIFO case: everyone gets exactly the minimum
+            return [self._grant(a, 0, now) for a in cands]
         units = {a.id: a.emin for a in cands if a.eres is not None}
         evicted: set[int] = set()
-        if self.elastic and units:
+        if self.elastic:
             self._split_cpu(cands, node_free, now, units, evicted)
             self._split_gpu(cands, gfree, now, units, evicted)
         # The blocked set was computed with every candidate's minimum reserved; elastic extras only
