@@ -29,36 +29,32 @@ def pct(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, int(q * len(xs)))]
 
 
-async def latency(n: int) -> dict[str, tuple[float, float]]:
-    out = {}
+async def latency(n: int, blocks: int = 10) -> dict[str, tuple[float, float]]:
+    """Per-op samples of each primitive, measured in interleaved blocks (A, B, C, A, B, C, ...)
+    so that drift on a shared machine (frequency, neighbours) hits every primitive alike."""
     sem = asyncio.Semaphore(8)
-    samples = []
-    for _ in range(n):
-        t0 = time.perf_counter_ns()
-        async with sem:
-            pass
-        samples.append((time.perf_counter_ns() - t0) / 1e3)
-    out["asyncio.Semaphore"] = (statistics.median(samples), pct(samples, 0.99))
-
     lim = anyio.CapacityLimiter(8)
-    samples = []
-    for _ in range(n):
-        t0 = time.perf_counter_ns()
-        async with lim:
-            pass
-        samples.append((time.perf_counter_ns() - t0) / 1e3)
-    out["anyio.CapacityLimiter"] = (statistics.median(samples), pct(samples, 0.99))
-
     spec = ActionSpec(kind="noop", cpus=1)
+    samples: dict[str, list[float]] = {"asyncio.Semaphore": [], "anyio.CapacityLimiter": [],
+                                       "Tangram.acquire": []}
+    per_block = max(1, n // blocks)
     async with Tangram(Pool(cpus=8)) as t:
-        samples = []
-        for _ in range(n):
-            t0 = time.perf_counter_ns()
-            async with t.acquire(spec):
-                pass
-            samples.append((time.perf_counter_ns() - t0) / 1e3)
-        out["Tangram.acquire"] = (statistics.median(samples), pct(samples, 0.99))
-    return out
+        prims = [("asyncio.Semaphore", sem), ("anyio.CapacityLimiter", lim),
+                 ("Tangram.acquire", None)]
+        for block in range(blocks + 1):  # block 0 warms every path up and is discarded
+            for name, prim in prims:
+                out = samples[name]
+                for _ in range(per_block):
+                    t0 = time.perf_counter_ns()
+                    if prim is None:
+                        async with t.acquire(spec):
+                            pass
+                    else:
+                        async with prim:
+                            pass
+                    if block:
+                        out.append((time.perf_counter_ns() - t0) / 1e3)
+    return {k: (statistics.median(v), pct(v, 0.99)) for k, v in samples.items()}
 
 
 async def throughput(tasks: int, actions: int) -> dict[str, float]:

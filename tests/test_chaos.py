@@ -386,14 +386,14 @@ async def test_core_failure_inside_a_timer_tick_for_a_rate_limited_quota() -> No
     t = Tangram(pool)
     async with t:
         seen: list[Any] = []
-        orig_apply = t.scheduler._apply
+        orig_handle = t.scheduler.handle
 
-        def apply(ev: Any, now: float, out: Any) -> None:
+        def handle(ev: Any, now: float) -> Any:
             seen.append(ev)
-            orig_apply(ev, now, out)
+            return orig_handle(ev, now)
 
-        t.scheduler._apply = apply  # type: ignore[method-assign]
-        _break_after(t.scheduler, 0, when=lambda: isinstance(seen[-1], Tick))
+        t.scheduler.handle = handle  # type: ignore[method-assign]
+        _break_after(t.scheduler, 0, when=lambda: bool(seen) and isinstance(seen[-1], Tick))
         granted = []
 
         async def search() -> str:

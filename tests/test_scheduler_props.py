@@ -129,8 +129,10 @@ TestCoreMachine.settings = settings(max_examples=150, stateful_step_count=40, de
 @given(st.lists(st.tuples(st.sampled_from(["sub", "sub", "sub", "rel", "cancel", "tick"]), specs(),
                           st.floats(0, 0.3), st.integers(0, 10_000)), max_size=40))
 def test_round_skipping_changes_no_decision(script):
-    """Skipping provably-blocked rounds is an optimisation only: same decisions as always planning."""
+    """Skipping provably-blocked rounds, and deciding an arrival at an empty queue without queueing
+    it, are optimisations only: same decisions as queueing every event and always planning."""
     fast, slow = Scheduler(POOL, window=4, depth=8), Scheduler(POOL, window=4, depth=8, skip_rounds=False)
+    ref = Scheduler(POOL, window=4, depth=8, skip_rounds=False)
     now, aid, running, queued = 0.0, 0, [], set()
     for op, spec, dt, pick in script:
         now += dt
@@ -146,8 +148,8 @@ def test_round_skipping_changes_no_decision(script):
             ev = Cancelled(victim)
         else:
             ev = Tick()
-        a, b = fast.handle(ev, now), slow.handle(ev, now)
-        assert a == b
+        a, b, c = fast.handle(ev, now), slow.handle(ev, now), ref.handle_many([ev], now)
+        assert a == b == c
         for d in a:
             if isinstance(d, Grant):
                 queued.discard(d.action_id)

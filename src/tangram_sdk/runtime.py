@@ -198,7 +198,7 @@ class Tangram:
         for m in self.managers:
             m.check(spec)
 
-    def _post(self, ev: Event) -> None:
+    def _post(self, ev: Event, now: float | None = None) -> None:
         """Feed an event to the core now, on the caller's stack (no await: decide, then act).
 
         Handling inline instead of hopping to the scheduler task saves two task switches per
@@ -213,13 +213,15 @@ class Tangram:
             return
         self._handling = True
         try:
-            assert self._loop is not None
-            now = self._loop.time()
-            self._dispatch((ev,), now, self._core.handle(ev, now))
+            if now is None:
+                assert self._loop is not None
+                now = self._loop.time()
+            core = self._core
+            self._dispatch((ev,), now, core.handle(ev, now))
             if self._pending:
                 self._drain()
-            else:
-                self._arm_timer(self._core.next_wakeup)
+            elif core.next_wakeup != self._timer_at:
+                self._arm_timer(core.next_wakeup)
         except BaseException as exc:
             self._break(exc)
             if self._task is not None:
@@ -328,13 +330,13 @@ class Tangram:
                 if self._state == "new" else "this Tangram has been closed"
             )
 
-    def _submit(self, spec: ActionSpec) -> tuple[int, Grant | asyncio.Future[Grant]]:
+    def _submit(self, spec: ActionSpec, now: float) -> tuple[int, Grant | asyncio.Future[Grant]]:
         self._check_spec(spec)
         aid = next(self._ids)
         # Register a placeholder first: if the core grants inline, _dispatch parks the grant in
         # _immediate and no future is ever created (the uncontended fast path).
         self._waiters[aid] = None
-        self._post(Submitted(aid, spec))
+        self._post(Submitted(aid, spec), now)
         done = self._immediate.pop(aid, None)
         if done is not None:
             self._waiters.pop(aid, None)
@@ -373,10 +375,11 @@ class _Acquire:
     async def __aenter__(self) -> Lease:
         rt = self._rt
         loop = rt._loop
-        rt._ensure_open()
+        if rt._state != "open" or rt._broken is not None:
+            rt._ensure_open()
         assert loop is not None
         t0 = loop.time()
-        aid, fut = rt._submit(self._spec)
+        aid, fut = rt._submit(self._spec, t0)
         self._aid = aid
         if isinstance(fut, Grant):  # granted inline, at t0: no wait, no second clock read
             grant = fut

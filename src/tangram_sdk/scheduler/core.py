@@ -152,9 +152,9 @@ class Scheduler:
         self._resident = Residency(ng)
         self._restore_s: dict[str, float] = {}
         self.next_wakeup: float | None = None
-        self._feasible: dict[ActionSpec, str | None] = {}
+        # per distinct spec: why it can never fit (None: it can), and the resources it contends for
+        self._shape: dict[ActionSpec, tuple[str | None, frozenset[str]]] = {}
         self._max_node = max(self.ledger.node_size) if self.ledger.node_size else 0
-        self._keys: dict[ActionSpec, frozenset[str]] = {}
         self._sig_count: dict[frozenset[str], int] = {}  # queued actions per resource-key set
         self._cold_memo: dict[tuple[str, int], float] = {}
         self._newest: _Action | None = None
@@ -179,15 +179,18 @@ class Scheduler:
     def feasibility(self, spec: ActionSpec) -> str | None:
         """Why ``spec`` can never be granted by this pool, or None when it can (memoised: rollouts
         submit the same few specs millions of times)."""
-        cache = self._feasible
+        return self._shape_of(spec)[0]
+
+    def _shape_of(self, spec: ActionSpec) -> tuple[str | None, frozenset[str]]:
+        cache = self._shape
         try:
             return cache[spec]
         except KeyError:
             pass
         if len(cache) > 4096:
             cache.clear()
-        reason = cache[spec] = self._feasibility(spec)
-        return reason
+        shape = cache[spec] = (self._feasibility(spec), _resource_keys(spec))
+        return shape
 
     def _feasibility(self, spec: ActionSpec) -> str | None:
         pool = self.pool
@@ -214,10 +217,34 @@ class Scheduler:
 
     def handle(self, event: Event, now: float) -> list[Decision]:
         """Apply one event at time ``now`` and run a scheduling round."""
+        if type(event) is Submitted:
+            return self.submit(event.action_id, event.spec, now)
+        if type(event) is Released:
+            return self.release(event.action_id, now, failed=event.failed)
         out: list[Decision] = []
         self._apply(event, now, out)
         out.extend(self._round(now))
         return out
+
+    def submit(self, action_id: int, spec: ActionSpec, now: float) -> list[Decision]:
+        """``handle(Submitted(action_id, spec), now)`` without building the event (the runtime's
+        hot path when nobody records events). An action arriving at an empty queue is decided on
+        the spot, by the same rules as a round, without entering the queue."""
+        out: list[Decision] = []
+        a = self._submit(action_id, spec, now, out, direct=True)
+        if a is not None and a.grant is not None:
+            return out
+        r = self._round(now)
+        if out:
+            out.extend(r)
+            return out
+        return r
+
+    def release(self, action_id: int, now: float, *, failed: bool = False) -> list[Decision]:
+        """``handle(Released(action_id, failed), now)`` without building the event."""
+        self._need_round = True
+        self._release(action_id, now, failed=failed)
+        return self._round(now)
 
     def handle_many(self, events: Iterable[Event], now: float) -> list[Decision]:
         """Apply several simultaneous events, then run one round (what a busy runtime does)."""
@@ -322,7 +349,7 @@ class Scheduler:
     # ------------------------------------------------------------------------------ events
     def _apply(self, ev: Event, now: float, out: list[Decision]) -> None:
         if isinstance(ev, Submitted):
-            self._submit(ev, now, out)
+            self._submit(ev.action_id, ev.spec, now, out, direct=False)
             return
         self._need_round = True
         if isinstance(ev, Released):
@@ -336,17 +363,19 @@ class Scheduler:
         else:
             raise TypeError(f"unknown event {ev!r}")
 
-    def _submit(self, ev: Submitted, now: float, out: list[Decision]) -> None:
-        aid = ev.action_id
+    def _submit(self, aid: int, spec: ActionSpec, now: float, out: list[Decision], *,
+                direct: bool) -> _Action | None:
+        """Register an arrival and queue it. ``direct``: a fixed-size action meeting an empty queue
+        is decided right here (the round would scan only it); in a batch it must queue, so the
+        batch's one round sees every event first."""
         if aid in self._live:
             raise ValueError(f"action id {aid} submitted twice")
         self.submitted += 1
-        reason = self.feasibility(ev.spec)
+        reason, keys = self._shape_of(spec)
         if reason is not None:
             self.rejected += 1
             out.append(Reject(aid, reason))
-            return
-        spec = ev.spec
+            return None
         st = self._kinds.get(spec.kind)
         if st is None:
             if len(self._kinds) >= _MAX_KINDS:
@@ -355,21 +384,29 @@ class Scheduler:
         st.observe_arrival(now, self.alpha)
         st.spec = spec
         self._seq += 1
-        keys = self._keys.get(spec)
-        if keys is None:
-            if len(self._keys) > 4096:
-                self._keys.clear()
-            keys = self._keys[spec] = _resource_keys(spec)
         a = self._live[aid] = _Action(aid, spec, self._seq, now, st, keys)
+        if direct and not self._nqueued and a.eres is None:
+            self.rounds += 1
+            self.next_wakeup = None
+            if self._decide_single(a, now):
+                out.append(self._grant(a, 0, now, queued=False))
+                return a
+            self._enqueue(a, keys)
+            return a
         if not (self.skip_rounds and not self._need_round and keys and keys <= self._blocked_last
                 and (not self._time_sensitive or now == self._round_now)
                 and self._not_ahead(spec.priority)):
             self._need_round = True
+        self._enqueue(a, keys)
+        return a
+
+    def _enqueue(self, a: _Action, keys: frozenset[str]) -> None:
+        spec = a.spec
         q = self._queues.get(spec.priority)
         if q is None:
             q = self._queues[spec.priority] = OrderedDict()
             self._prios = sorted(self._queues, reverse=True)
-        q[aid] = a
+        q[a.id] = a
         self._nqueued += 1
         self._newest = a  # the only one when the queue was empty: the uncontended round needs no scan
         kc = self._sig_count
@@ -623,6 +660,13 @@ class Scheduler:
     def _round_single(self, a: _Action, now: float) -> list[Decision]:
         """The uncontended case — one queued action, not elastic — decided straight on the ledger
         with exactly the rules of the full round, minus its bookkeeping."""
+        if self._decide_single(a, now):
+            return [self._grant(a, 0, now)]
+        return []
+
+    def _decide_single(self, a: _Action, now: float) -> bool:
+        """Does the lone action ``a`` fit now? Sets its placement, or (when it does not) the
+        blocked state that round skipping relies on."""
         L = self.ledger
         if L.tokens:
             L.refill(now)
@@ -635,9 +679,9 @@ class Scheduler:
             self._blocked_last = set(lack)
             self._time_sensitive = self.next_wakeup is not None or bool(a.spec.service)
             self._need_round = False
-            return []
+            return False
         a.node, a.cell, a.span = node, cell, span
-        return [self._grant(a, 0, now)]
+        return True
 
     def _pick_node(self, a: _Action, node_free: list[int]) -> int:
         """Elastic CPU actions go where there is most room to grow (worst fit); fixed-size ones pack
@@ -1013,7 +1057,7 @@ class Scheduler:
         return cost + estimate_waits(now, free, releases, extra_rel, waiters, pow2=res == "gpu", policy=policy)
 
     # -- placement ------------------------------------------------------------------------------
-    def _grant(self, a: _Action, units: int, now: float) -> Grant:
+    def _grant(self, a: _Action, units: int, now: float, *, queued: bool = True) -> Grant:
         L = self.ledger
         spec = a.spec
         ncpu = units if a.eres == "cpu" else a.cpu_min
@@ -1045,7 +1089,8 @@ class Scheduler:
                 self._gpu_holder[p] = a
         g = Grant(a.id, cpus, gpus, units if a.eres else 0, spec.memory, spec.quotas, restore)
         L.take(g)
-        self._dequeue(a)
+        if queued:
+            self._dequeue(a)
         a.grant = g
         a.started = now
         est = self._dur_min(a)
