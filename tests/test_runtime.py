@@ -192,8 +192,8 @@ async def test_scheduler_death_reaches_every_waiter():
             def boom(*a, **k):
                 raise RuntimeError("injected core failure")
 
-            t.scheduler.handle_many = boom  # type: ignore[method-assign]
-            t.scheduler.handle = boom  # type: ignore[method-assign]
+            for entry in ("handle", "handle_many", "submit", "release"):  # every way into the core
+                setattr(t.scheduler, entry, boom)
         done, pending = await asyncio.wait(waiters, timeout=1.0)
         assert not pending
         for w in done:

@@ -206,9 +206,19 @@ class Tangram:
         handled right after it, in order. The scheduler task only serves timers (rate-limit
         tokens) and wake-ups, so every decision is still made on the event loop's thread.
         """
+        self._feed(ev, 0, None, False, now)
+
+    def _feed(self, ev: Event | None, aid: int, spec: ActionSpec | None, failed: bool,
+              now: float | None) -> None:
+        """``_post(ev)``; with ``ev=None`` it means ``Submitted(aid, spec)`` (spec given) or
+        ``Released(aid, failed)``, and the event object is only built when someone needs it (an
+        observer, or the re-entrant queue): the hot path calls the core's methods directly."""
         if self._state != "open" or self._broken is not None:
             return
+        if ev is None and (self._handling or self.observers):
+            ev = Submitted(aid, spec) if spec is not None else Released(aid, failed=failed)
         if self._handling:
+            assert ev is not None
             self._pending.append(ev)
             return
         self._handling = True
@@ -217,7 +227,12 @@ class Tangram:
                 assert self._loop is not None
                 now = self._loop.time()
             core = self._core
-            self._dispatch((ev,), now, core.handle(ev, now))
+            if ev is not None:
+                self._dispatch((ev,), now, core.handle(ev, now))
+            elif spec is not None:
+                self._dispatch((), now, core.submit(aid, spec, now))
+            else:
+                self._dispatch((), now, core.release(aid, now, failed=failed))
             if self._pending:
                 self._drain()
             elif core.next_wakeup != self._timer_at:
@@ -336,7 +351,7 @@ class Tangram:
         # Register a placeholder first: if the core grants inline, _dispatch parks the grant in
         # _immediate and no future is ever created (the uncontended fast path).
         self._waiters[aid] = None
-        self._post(Submitted(aid, spec), now)
+        self._feed(None, aid, spec, False, now)
         done = self._immediate.pop(aid, None)
         if done is not None:
             self._waiters.pop(aid, None)
@@ -353,7 +368,10 @@ class Tangram:
     def _leave(self, aid: int, *, failed: bool, granted: bool) -> None:
         """The waiter is done with ``aid`` (released, cancelled, or failed to apply)."""
         self._waiters.pop(aid, None)
-        self._post(Released(aid, failed=failed) if granted else Cancelled(aid))
+        if granted:
+            self._feed(None, aid, None, failed, None)
+        else:
+            self._post(Cancelled(aid))
 
 
 class _Acquire:

@@ -326,6 +326,7 @@ class Scheduler:
         free_c = set().union(*L.node_free) if L.node_free else set()
         assert not (free_c & used_c), "a granted core is also free"
         assert free_c | used_c == set(self.pool.cpus), "cores lost"
+        assert L.node_count == [len(x) for x in L.node_free], "node counts out of step"
         free_g = {L.gpu_ids[i] for i in range(len(L.gpu_ids)) if L.gpu_free >> i & 1}
         assert not (free_g & used_g) and free_g | used_g == set(self.pool.gpus), "GPUs lost"
         assert q_used == L.q_used, f"quota accounting {q_used} != {L.q_used}"
@@ -542,7 +543,7 @@ class Scheduler:
         L = self.ledger
         if L.tokens:
             L.refill(now)
-        node_free = [len(s) for s in L.node_free]
+        node_free = L.node_count.copy()
         gfree = L.gpu_free
         mem = L.mem_free
         q_used = dict(L.q_used) if L.q_used else L.q_used
@@ -670,7 +671,7 @@ class Scheduler:
         L = self.ledger
         if L.tokens:
             L.refill(now)
-        lack, node, cell, span = self._fits(a, [len(s) for s in L.node_free], L.gpu_free, L.mem_free,
+        lack, node, cell, span = self._fits(a, L.node_count, L.gpu_free, L.mem_free,
                                            L.q_used, L.tokens, now)
         self._round_now = now
         if not lack and cell >= 0 and a.spec.service and self._should_wait_for_resident(a, cell, now):

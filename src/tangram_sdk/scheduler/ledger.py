@@ -11,13 +11,15 @@ __all__ = ["Ledger"]
 
 
 class Ledger:
-    __slots__ = ("pool", "node_free", "node_of", "node_size", "gpu_ids", "gpu_pos", "gpu_free",
+    __slots__ = ("pool", "node_free", "node_count", "node_of", "node_size", "gpu_ids", "gpu_pos", "gpu_free",
                  "mem_free", "q_conc", "q_rate", "q_bucket", "q_used", "tokens", "refilled_at")
 
     def __init__(self, pool: Pool, now: float = 0.0) -> None:
         self.pool = pool
         nodes = pool.numa_nodes
         self.node_free: list[set[int]] = [set(n) for n in nodes]
+        # free cores per node, kept in step with node_free: a round copies it instead of counting
+        self.node_count: list[int] = [len(n) for n in nodes]
         self.node_size: list[int] = [len(n) for n in nodes]
         self.node_of: dict[int, int] = {c: i for i, n in enumerate(nodes) for c in n}
         self.gpu_ids: tuple[int, ...] = pool.gpus
@@ -53,7 +55,7 @@ class Ledger:
     # -- accounting ------------------------------------------------------------------------------
     @property
     def free_cpus(self) -> int:
-        return sum(len(s) for s in self.node_free)
+        return sum(self.node_count)
 
     @property
     def free_gpus(self) -> int:
@@ -61,7 +63,9 @@ class Ledger:
 
     def take(self, g: Grant) -> None:
         for c in g.cpus:
-            self.node_free[self.node_of[c]].remove(c)  # KeyError here means a double grant: loud
+            n = self.node_of[c]
+            self.node_free[n].remove(c)  # KeyError here means a double grant: loud
+            self.node_count[n] -= 1
         for gid in g.gpus:
             bit = 1 << self.gpu_pos[gid]
             if not self.gpu_free & bit:
@@ -76,10 +80,12 @@ class Ledger:
 
     def give(self, g: Grant) -> None:
         for c in g.cpus:
-            s = self.node_free[self.node_of[c]]
+            n = self.node_of[c]
+            s = self.node_free[n]
             if c in s:
                 raise AssertionError(f"core {c} released twice")
             s.add(c)
+            self.node_count[n] += 1
         for gid in g.gpus:
             self.gpu_free |= 1 << self.gpu_pos[gid]
         if self.mem_free is not None:
