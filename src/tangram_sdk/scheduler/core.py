@@ -51,22 +51,12 @@ class _Action:
                  "emax", "node", "cell", "grant", "started", "est_end", "stats", "span")
 
     def __init__(self, aid: int, spec: ActionSpec, seq: int, now: float, stats: KindStats,
-                 keys: frozenset[str]) -> None:
+                 shape: _Shape) -> None:
         self.id = aid
         self.spec = spec
         self.seq = seq
         self.submitted = now
-        self.cpu_min = spec.cpus
-        self.gpu_min = spec.gpus
-        el = spec.elastic
-        if el is None:
-            self.eres: str | None = None
-            self.emin = self.emax = 0
-        else:
-            self.eres = el.resource
-            self.emin = spec.cpus if el.resource == "cpu" else spec.gpus
-            self.emax = el.max_units
-        self.keys = keys
+        _reason, self.keys, self.cpu_min, self.gpu_min, self.eres, self.emin, self.emax = shape
         self.node = -1
         self.cell = -1
         self.span = False
@@ -74,6 +64,11 @@ class _Action:
         self.started = 0.0
         self.est_end = 0.0
         self.stats = stats
+
+
+# What the core derives once per distinct spec: why it can never fit (None: it can), the resources
+# it contends for, its minimum cores and GPUs, and its elastic resource with the unit range.
+_Shape = tuple[str | None, frozenset[str], int, int, str | None, int, int]
 
 
 def _resource_keys(spec: ActionSpec) -> frozenset[str]:
@@ -152,8 +147,7 @@ class Scheduler:
         self._resident = Residency(ng)
         self._restore_s: dict[str, float] = {}
         self.next_wakeup: float | None = None
-        # per distinct spec: why it can never fit (None: it can), and the resources it contends for
-        self._shape: dict[ActionSpec, tuple[str | None, frozenset[str]]] = {}
+        self._shape: dict[ActionSpec, _Shape] = {}  # per distinct spec, see _Shape
         self._max_node = max(self.ledger.node_size) if self.ledger.node_size else 0
         self._sig_count: dict[frozenset[str], int] = {}  # queued actions per resource-key set
         self._cold_memo: dict[tuple[str, int], float] = {}
@@ -181,7 +175,7 @@ class Scheduler:
         submit the same few specs millions of times)."""
         return self._shape_of(spec)[0]
 
-    def _shape_of(self, spec: ActionSpec) -> tuple[str | None, frozenset[str]]:
+    def _shape_of(self, spec: ActionSpec) -> _Shape:
         cache = self._shape
         try:
             return cache[spec]
@@ -189,7 +183,13 @@ class Scheduler:
             pass
         if len(cache) > 4096:
             cache.clear()
-        shape = cache[spec] = (self._feasibility(spec), _resource_keys(spec))
+        el = spec.elastic
+        if el is None:
+            eres, emin, emax = None, 0, 0
+        else:
+            eres, emin, emax = el.resource, (spec.cpus if el.resource == "cpu" else spec.gpus), el.max_units
+        shape = cache[spec] = (self._feasibility(spec), _resource_keys(spec), spec.cpus, spec.gpus,
+                               eres, emin, emax)
         return shape
 
     def _feasibility(self, spec: ActionSpec) -> str | None:
@@ -372,7 +372,8 @@ class Scheduler:
         if aid in self._live:
             raise ValueError(f"action id {aid} submitted twice")
         self.submitted += 1
-        reason, keys = self._shape_of(spec)
+        shape = self._shape_of(spec)
+        reason = shape[0]
         if reason is not None:
             self.rejected += 1
             out.append(Reject(aid, reason))
@@ -385,7 +386,8 @@ class Scheduler:
         st.observe_arrival(now, self.alpha)
         st.spec = spec
         self._seq += 1
-        a = self._live[aid] = _Action(aid, spec, self._seq, now, st, keys)
+        a = self._live[aid] = _Action(aid, spec, self._seq, now, st, shape)
+        keys = a.keys
         if direct and not self._nqueued and a.eres is None:
             self.rounds += 1
             self.next_wakeup = None
@@ -396,7 +398,8 @@ class Scheduler:
             return a
         if not (self.skip_rounds and not self._need_round and keys and keys <= self._blocked_last
                 and (not self._time_sensitive or now == self._round_now)
-                and self._not_ahead(spec.priority)):
+                and (len(self._prios) == 1 and spec.priority == self._prios[0]
+                     or self._not_ahead(spec.priority))):
             self._need_round = True
         self._enqueue(a, keys)
         return a
@@ -566,7 +569,11 @@ class Scheduler:
             lack, node, cell, span = self._fits(a, node_free, gfree, mem, q_used, tokens, now)
             if lack:
                 blocked.update(lack)
-                exhausted = all(not sig.isdisjoint(blocked) for sig in sigs)
+                exhausted = True
+                for sig in sigs:
+                    if sig.isdisjoint(blocked):
+                        exhausted = False
+                        break
                 continue
             if cell >= 0 and a.spec.service and self._should_wait_for_resident(a, cell, now):
                 # later actions of the same service would make the same choice: skip them cheaply
@@ -688,6 +695,8 @@ class Scheduler:
         """Elastic CPU actions go where there is most room to grow (worst fit); fixed-size ones pack
         into the fullest node that fits (best fit), keeping whole nodes free for big grants."""
         need = a.cpu_min
+        if len(node_free) == 1:
+            return 0 if node_free[0] >= need else -1
         best = -1
         best_free = -1 if a.eres == "cpu" else 1 << 30
         for i, f in enumerate(node_free):
@@ -1094,7 +1103,12 @@ class Scheduler:
             self._dequeue(a)
         a.grant = g
         a.started = now
-        est = self._dur_min(a)
+        if spec.duration is not None:
+            est = spec.duration
+        elif a.eres is None:
+            est = a.stats.t1
+        else:
+            est = a.stats.t1 / spec.speedup(a.emin)
         if a.eres is not None:
             est *= spec.relative_duration(units)
         if restore:
