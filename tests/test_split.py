@@ -6,7 +6,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tangram_sdk import Amdahl
-from tangram_sdk.scheduler.split import best_split, brute_force_split, dp_split, greedy_split, is_convex
+from tangram_sdk.scheduler.split import (
+    best_split,
+    brute_force_split,
+    dp_split,
+    greedy_split,
+    is_convex,
+    single_split,
+)
 
 costs = st.floats(min_value=0.0, max_value=100.0, allow_nan=False)
 
@@ -57,3 +64,17 @@ def test_dp_handles_non_convex_cell_sizes():
     opts = [[(0, 10.0), (1, 9.0), (3, 2.0)], [(0, 10.0), (1, 9.0), (3, 2.0)]]
     picks, cost = dp_split(opts, 3)
     assert cost == 12.0 and sorted(picks) == [0, 3]
+
+
+@settings(max_examples=300, deadline=None)
+@given(option_sets(), st.integers(-1, 12), st.lists(st.sampled_from([math.inf, math.nan, 1.0]), max_size=3))
+def test_single_candidate_shortcut_equals_the_dp(options, cap, odd):
+    """Most rounds plan one candidate: the shortcut must pick exactly what the DP picks, ties,
+    infinite costs (a size that could only displace caches) and NaN included."""
+    opts = list(options[0])
+    for i, c in enumerate(odd):
+        if i < len(opts):
+            opts[i] = (opts[i][0], c)
+    assert single_split(opts, cap) == dp_split([opts], cap) or (
+        math.isnan(single_split(opts, cap)[1]) and math.isnan(dp_split([opts], cap)[1]))
+    assert best_split([opts], cap)[0] == dp_split([opts], cap)[0] or is_convex(opts)

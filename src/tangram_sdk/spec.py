@@ -294,6 +294,10 @@ class ActionSpec:
 
     def relative_duration(self, m: int) -> float:
         """``T(m) / T(min)``: how much of the minimum-units duration remains at ``m`` units."""
-        if self.elastic is None:
+        el = self.elastic
+        if el is None:
             return 1.0
-        return self.speedup(self.min_units) / self.speedup(m)
+        # hot in planning (every size of every plan): speedup(min)/speedup(m) without the wrappers
+        lo = self.cpus if el.resource == "cpu" else self.gpus
+        sp = el.efficiency.speedup
+        return (sp(lo) if lo > 0 else 1.0) / (sp(m) if m > 0 else 1.0)

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
+from operator import itemgetter
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -42,13 +43,14 @@ from .split import best_split
 
 __all__ = ["Scheduler", "SchedulerStats"]
 
+_by_time = itemgetter(0)
 _DEFAULT_MU_GRID = (0.0, 0.05, 0.15, 0.5, 1.5, 5.0, math.inf)
 _MAX_KINDS = 4096  # learned per-kind state kept (least recently seen forgotten beyond it)
 
 
 class _Action:
     __slots__ = ("id", "spec", "seq", "submitted", "keys", "cpu_min", "gpu_min", "eres", "emin",
-                 "emax", "node", "cell", "grant", "started", "est_end", "stats", "span")
+                 "emax", "sp_min", "node", "cell", "grant", "started", "est_end", "stats", "span")
 
     def __init__(self, aid: int, spec: ActionSpec, seq: int, now: float, stats: KindStats,
                  shape: _Shape) -> None:
@@ -56,7 +58,8 @@ class _Action:
         self.spec = spec
         self.seq = seq
         self.submitted = now
-        _reason, self.keys, self.cpu_min, self.gpu_min, self.eres, self.emin, self.emax = shape
+        (_reason, self.keys, self.cpu_min, self.gpu_min, self.eres, self.emin, self.emax,
+         self.sp_min) = shape
         self.node = -1
         self.cell = -1
         self.span = False
@@ -67,8 +70,9 @@ class _Action:
 
 
 # What the core derives once per distinct spec: why it can never fit (None: it can), the resources
-# it contends for, its minimum cores and GPUs, and its elastic resource with the unit range.
-_Shape = tuple[str | None, frozenset[str], int, int, str | None, int, int]
+# it contends for, its minimum cores and GPUs, its elastic resource with the unit range, and the
+# speedup at the minimum (durations are learned per unit and planned from the minimum).
+_Shape = tuple[str | None, frozenset[str], int, int, str | None, int, int, float]
 
 
 def _resource_keys(spec: ActionSpec) -> frozenset[str]:
@@ -85,6 +89,27 @@ def _resource_keys(spec: ActionSpec) -> frozenset[str]:
     if spec.service is not None:
         keys.add(f"svc:{spec.service}:{spec.gpus}")
     return frozenset(keys)
+
+
+def _priced(durations: list[tuple[int, float]], emin: int, mu: float) -> list[tuple[int, float]]:
+    """Split options ``(extra units, cost)`` at price ``mu`` per unit-second: ``T(m) + mu*m*T(m)``;
+    ``mu = inf`` means "minimum only". A size whose cost is infinite (it could only displace busy
+    services' caches) is dropped, except the minimum, which admission has already granted."""
+    opts = []
+    inf_mu = math.isinf(mu)
+    for m, t in durations:
+        if inf_mu:
+            if m > emin:
+                break
+            cost = t
+        else:
+            cost = t + mu * m * t
+        if math.isinf(cost):
+            if m > emin:
+                continue
+            cost = 1e12
+        opts.append((m - emin, cost))
+    return opts
 
 
 class SchedulerStats(dict[str, Any]):
@@ -151,6 +176,9 @@ class Scheduler:
         self._max_node = max(self.ledger.node_size) if self.ledger.node_size else 0
         self._sig_count: dict[frozenset[str], int] = {}  # queued actions per resource-key set
         self._cold_memo: dict[tuple[str, int], float] = {}
+        self._warm_memo: dict[tuple[str | None, int], tuple[float, int]] = {}  # per round, see below
+        # _pick_cold_cell answers per (size, free mask): valid until residency changes
+        self._cell_memo: dict[tuple[int, int], int] = {}
         self._newest: _Action | None = None
         self._rel_memo: dict[tuple[int, int], float] = {}  # (action, units) -> T(m)/T(min), per round
         self._rates_memo: dict[str, float] | None = None
@@ -189,7 +217,7 @@ class Scheduler:
         else:
             eres, emin, emax = el.resource, (spec.cpus if el.resource == "cpu" else spec.gpus), el.max_units
         shape = cache[spec] = (self._feasibility(spec), _resource_keys(spec), spec.cpus, spec.gpus,
-                               eres, emin, emax)
+                               eres, emin, emax, spec.speedup(emin) if eres else 1.0)
         return shape
 
     def _feasibility(self, spec: ActionSpec) -> str | None:
@@ -500,6 +528,7 @@ class Scheduler:
             self._resident.add(key, now)
         else:
             self._resident.remove(key)
+        self._cell_memo.clear()
         if ev.restore_s is not None and ev.restore_s >= 0:
             old = self._restore_s.get(ev.service)
             self._restore_s[ev.service] = (
@@ -516,7 +545,7 @@ class Scheduler:
         if spec.duration is not None:
             return spec.duration
         t1 = a.stats.t1
-        return t1 / spec.speedup(a.emin) if a.eres else t1
+        return t1 / a.sp_min if a.eres else t1
 
     def _restore_cost(self, service: str | None) -> float:
         if service is None:
@@ -540,6 +569,8 @@ class Scheduler:
         self._now = now
         if self._cold_memo:
             self._cold_memo.clear()
+        if self._warm_memo:
+            self._warm_memo.clear()
         if self._rel_memo:
             self._rel_memo.clear()
         self._rates_memo = None
@@ -675,6 +706,8 @@ class Scheduler:
     def _decide_single(self, a: _Action, now: float) -> bool:
         """Does the lone action ``a`` fit now? Sets its placement, or (when it does not) the
         blocked state that round skipping relies on."""
+        if self._warm_memo:
+            self._warm_memo.clear()
         L = self.ledger
         if L.tokens:
             L.refill(now)
@@ -706,41 +739,63 @@ class Scheduler:
                 best, best_free = i, f
         return best
 
-    def _cell_options(self, size: int, mask: int) -> list[int]:
+    def _pick_cell(self, size: int, service: str | None, mask: int) -> int:
+        """Aligned free cell of ``size`` GPUs: one where the service is resident first (tightest
+        buddy block, then lowest offset), else one disturbing the fewest resident copies, then the
+        tightest, then the lowest (hot path: called for every GPU action scanned and every price
+        of a plan; the service-independent part is memoised until residency changes)."""
+        if service is not None:
+            warm_cells = self._resident.by_service.get(service)
+            if warm_cells:
+                full = (1 << size) - 1
+                best, best_t = -1, 0
+                for pos in warm_cells:
+                    if len(pos) != size:
+                        continue
+                    o = pos[0]
+                    if (mask >> o) & full != full:
+                        continue
+                    t = self._tightness(size, o, mask)
+                    if best < 0 or t < best_t or (t == best_t and o < best):
+                        best, best_t = o, t
+                if best >= 0:
+                    return best
+        memo = self._cell_memo
+        key = (size, mask)
+        hit = memo.get(key)
+        if hit is None:
+            if len(memo) > 4096:
+                memo.clear()
+            hit = memo[key] = self._pick_cold_cell(size, mask)
+        return hit
+
+    def _tightness(self, size: int, o: int, mask: int) -> int:
+        """Free GPUs in the buddy (parent) block of cell ``o``: lower keeps big blocks whole."""
+        parent = size * 2
+        ng = len(self._gpu_holder)
+        return (mask & ((((1 << parent) - 1) << (o // parent * parent)) & ((1 << ng) - 1))).bit_count()
+
+    def _pick_cold_cell(self, size: int, mask: int) -> int:
         full = (1 << size) - 1
         ng = len(self._gpu_holder)
-        return [o for o in range(0, ng - size + 1, size) if (mask >> o) & full == full]
-
-    def _pick_cell(self, size: int, service: str | None, mask: int) -> int:
-        """Aligned free cell of ``size`` GPUs: one where the service is resident first, then one
-        disturbing the fewest other resident services, then the tightest buddy block (hot path:
-        called for every GPU action scanned, so it avoids building tuples per candidate cell)."""
-        opts = self._cell_options(size, mask)
+        opts = [o for o in range(0, ng - size + 1, size) if (mask >> o) & full == full]
         if not opts:
             return -1
-        res = self._resident
-        if len(opts) == 1 or not res:
-            if len(opts) == 1 or size >= len(self._gpu_holder):
-                return opts[0]
-        ng = len(self._gpu_holder)
+        if len(opts) == 1 or size >= ng:
+            return opts[0]
         full_all = (1 << ng) - 1
         parent = size * 2
         pfull = (1 << parent) - 1
-
-        def tight(o: int) -> int:
-            po = (o // parent) * parent
-            return (mask & ((pfull << po) & full_all)).bit_count()
-
-        warm_cells = res.cells_of(service)
-        if warm_cells:
-            free = set(opts)
-            warm = [pos[0] for pos in warm_cells if len(pos) == size and pos[0] in free]
-            if warm:
-                return min(warm, key=lambda o: (tight(o), o))
-        per_pos = res.per_pos
-        if size == 1:
-            return min(opts, key=lambda o: (per_pos[o], tight(o), o))
-        return min(opts, key=lambda o: (sum(per_pos[o:o + size]), tight(o), o))
+        per_pos = self._resident.per_pos
+        best, best_p, best_t = -1, 0, 0
+        for o in opts:
+            p = per_pos[o] if size == 1 else sum(per_pos[o:o + size])
+            if best >= 0 and p > best_p:
+                continue
+            t = (mask & ((pfull << (o // parent * parent)) & full_all)).bit_count()
+            if best < 0 or p < best_p or t < best_t:
+                best, best_p, best_t = o, p, t
+        return best
 
     def _should_wait_for_resident(self, a: _Action, cell: int, now: float) -> bool:
         """Waiting for a busy GPU that already holds the service can beat restoring it elsewhere."""
@@ -750,22 +805,32 @@ class Scheduler:
         if not cells or tuple(range(cell, cell + size)) in cells:
             return False
         restore = self._restore_cost(svc)
-        best_wait = math.inf
-        for pos in cells:
-            if len(pos) != size:
-                continue
-            wait = 0.0
-            for p in pos:
-                h = self._gpu_holder[p]
-                if h is not None:
-                    rem = h.est_end - now
-                    if rem <= 0:  # overran its estimate: assume it is half done
-                        rem = 0.5 * (now - h.started)
-                    wait = max(wait, rem)
-            best_wait = min(best_wait, wait)
+        # the soonest warm copy and how many there are: the same for every action of the service
+        # scanned in this round (holders change only when the round grants), so computed once
+        memo_key = (svc, size)
+        hit = self._warm_memo.get(memo_key)
+        if hit is None:
+            best_wait = math.inf
+            n_warm = 0
+            for pos in cells:
+                if len(pos) != size:
+                    continue
+                n_warm += 1
+                wait = 0.0
+                for p in pos:
+                    h = self._gpu_holder[p]
+                    if h is not None:
+                        rem = h.est_end - now
+                        if rem <= 0:  # overran its estimate: assume it is half done
+                            rem = 0.5 * (now - h.started)
+                        if rem > wait:
+                            wait = rem
+                if wait < best_wait:
+                    best_wait = wait
+            hit = self._warm_memo[memo_key] = (best_wait, n_warm or 1)
+        best_wait, n_warm = hit
         # everyone queued behind ``a`` for this service waits on the same warm copies: compare the
         # backlog's drain time with one restore, or a hot service never scales out (issue 5 finding)
-        n_warm = sum(1 for pos in cells if len(pos) == size) or 1
         backlog = (self._sig_count.get(a.keys, 1) - 1) * self._dur_min(a) / n_warm
         wait = best_wait + backlog
         # Restoring here may displace other services' warm copies; each one that is called again
@@ -876,7 +941,7 @@ class Scheduler:
             maxu = spec.max_units if spec.elastic_resource == res else need
             for j in range(k):
                 out.append((now + (j + 0.5) * step, need, d, maxu, spec))
-        out.sort(key=lambda w: w[0])
+        out.sort(key=_by_time)
         return out
 
     def _split_cpu(self, cands: list[_Action], node_free: list[int], now: float,
@@ -943,13 +1008,15 @@ class Scheduler:
             units[a.id] = a.emin
             evicted.discard(a.id)
 
-    def _options(self, a: _Action, spare: int, mu: float, steps: tuple[int, ...] | None
-                 ) -> list[tuple[int, float]]:
+    def _durations(self, a: _Action, spare: int, steps: tuple[int, ...] | None) -> list[tuple[int, float]]:
+        """``(units, expected seconds)`` for every size ``a`` may get out of ``spare``, a cold
+        start's restore and displacement included. Independent of the price, so each plan builds
+        it once per candidate and prices it for every ``mu`` (:func:`_priced`)."""
         d0 = self._dur_min(a)
         spec = a.spec
         hi = min(a.emax, a.emin + spare)
         sizes = range(a.emin, hi + 1) if steps is None else [s for s in steps if a.emin <= s <= hi]
-        opts = []
+        out = []
         warm_sizes = ({len(pos) for pos in self._resident.cells_of(spec.service)}
                       if steps is not None and spec.service is not None else None)
         rel = self._rel_memo
@@ -962,18 +1029,8 @@ class Scheduler:
             if warm_sizes is not None and m not in warm_sizes:
                 assert spec.service is not None
                 t += self._cold_cost(spec.service, m, d0, self._now)
-            if math.isinf(mu):
-                if m > a.emin:
-                    break
-                cost = t
-            else:
-                cost = t + mu * m * t
-            if math.isinf(cost):
-                if m > a.emin:
-                    continue  # a size that could only displace busy services' caches
-                cost = 1e12  # admitted at its minimum already: keep it, at any price
-            opts.append((m - a.emin, cost))
-        return opts
+            out.append((m, t))
+        return out
 
     def _plan_group(self, group: list[_Action], bins: list[int], spare: dict[int, int], free_total: int,
                     fixed_rel: list[tuple[float, int]], res: str, now: float, units: dict[int, int],
@@ -989,14 +1046,16 @@ class Scheduler:
             sp = dict(spare)
             for a in out_:
                 sp[binkey(a)] += a.emin
+            per_bin = []
+            for b in bins:
+                members = [a for a in active if binkey(a) == b]
+                if members:
+                    per_bin.append((sp[b], members, [self._durations(a, sp[b], step_units) for a in members]))
             for mu in self.mu_grid:
                 chosen: dict[int, int] = {}
-                for b in bins:
-                    members = [a for a in active if binkey(a) == b]
-                    if not members:
-                        continue
-                    opts = [self._options(a, sp[b], mu, step_units) for a in members]
-                    picks, _ = best_split(opts, sp[b])
+                for cap, members, durs in per_bin:
+                    opts = [_priced(d, a.emin, mu) for a, d in zip(members, durs)]
+                    picks, _ = best_split(opts, cap)
                     for a, k in zip(members, picks):
                         chosen[a.id] = a.emin + k
                 sig = tuple(chosen[a.id] for a in active)
@@ -1094,6 +1153,8 @@ class Scheduler:
             if spec.service is not None:
                 key = (spec.service, pos)
                 restore = key not in self._resident
+                if restore:
+                    self._cell_memo.clear()
                 self._resident.add(key, now)
             for p in pos:
                 self._gpu_holder[p] = a
@@ -1108,7 +1169,7 @@ class Scheduler:
         elif a.eres is None:
             est = a.stats.t1
         else:
-            est = a.stats.t1 / spec.speedup(a.emin)
+            est = a.stats.t1 / a.sp_min
         if a.eres is not None:
             est *= spec.relative_duration(units)
         if restore:

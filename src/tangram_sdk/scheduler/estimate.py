@@ -49,6 +49,7 @@ def estimate_waits(
     t = now
     total = 0.0
     arrivals = [w[0] for w in waiters]  # sorted: queued actions (now) first, then expected arrivals
+    rel: dict[tuple[int, int], float] = {}  # (id(spec), units) -> T(m)/T(min): few specs, many waiters
     for i, (arrival, need, dur, maxu, spec) in enumerate(waiters):
         if arrival > t:
             t = arrival
@@ -78,11 +79,21 @@ def estimate_waits(
                 # share what is free with everyone already waiting at t
                 waiting = bisect_right(arrivals, t, lo=i + 1) - i
                 target = free // waiting
-            take = max(need, min(maxu, target, free))
-            if pow2:
-                take = max(need, 1 << (take.bit_length() - 1))
+            take = maxu if maxu < target else target  # min(maxu, target, free), at least need
+            if free < take:
+                take = free
+            if take < need:
+                take = need
+            if pow2 and take > need:
+                take = 1 << (take.bit_length() - 1)
+                if take < need:
+                    take = need
             if take > need:
-                dur = dur * spec.relative_duration(take)
+                key = (id(spec), take)
+                r = rel.get(key)
+                if r is None:
+                    r = rel[key] = spec.relative_duration(take)
+                dur = dur * r
         total += t - arrival + dur
         free -= take
         heapq.heappush(heap, (t + dur, take))

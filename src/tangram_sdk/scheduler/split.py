@@ -13,7 +13,7 @@ import itertools
 import math
 from collections.abc import Sequence
 
-__all__ = ["Options", "brute_force_split", "dp_split", "greedy_split", "is_convex"]
+__all__ = ["Options", "brute_force_split", "dp_split", "greedy_split", "is_convex", "single_split"]
 
 # options[i] = [(extra_units, cost), ...] sorted by extra_units, starting with (0, cost0)
 Options = Sequence[Sequence[tuple[int, float]]]
@@ -101,9 +101,26 @@ def greedy_split(options: Options, capacity: int) -> tuple[list[int], float]:
 
 def best_split(options: Options, capacity: int) -> tuple[list[int], float]:
     """Greedy when every candidate's options are convex, else the exact DP."""
+    if len(options) == 1 and not is_convex(options[0]):
+        return single_split(options[0], capacity)
     if all(is_convex(o) for o in options):
         return greedy_split(options, capacity)
     return dp_split(options, capacity)
+
+
+def single_split(opts: Sequence[tuple[int, float]], capacity: int) -> tuple[list[int], float]:
+    """``dp_split([opts], capacity)`` without the table: the cheapest option that fits (fewest
+    extra units on a tie; option 0 when none is finite). Most rounds plan one candidate."""
+    cap = max(0, capacity)
+    best_k, best_c = 0, math.inf
+    for k, c in opts:
+        if k > cap:
+            break
+        if c < best_c:
+            best_k, best_c = k, c
+    if best_c == math.inf:
+        return [0], opts[0][1]
+    return [best_k], best_c
 
 
 def brute_force_split(options: Options, capacity: int) -> tuple[list[int], float]:
