@@ -177,6 +177,7 @@ class Scheduler:
         self._sig_count: dict[frozenset[str], int] = {}  # queued actions per resource-key set
         self._cold_memo: dict[tuple[str, int], float] = {}
         self._warm_memo: dict[tuple[str | None, int], tuple[float, int]] = {}  # per round, see below
+        self._spec_rel: dict[tuple[int, int], tuple[Any, float]] = {}  # estimator's T(m)/T(min) cache
         # _pick_cold_cell answers per (size, free mask): valid until residency changes
         self._cell_memo: dict[tuple[int, int], int] = {}
         self._newest: _Action | None = None
@@ -1123,7 +1124,11 @@ class Scheduler:
             waiters.append((now, a.emin, d, a.emax, a.spec))
         waiters.extend(queued)
         waiters.extend(arrivals)
-        return cost + estimate_waits(now, free, releases, extra_rel, waiters, pow2=res == "gpu", policy=policy)
+        memo = self._spec_rel
+        if len(memo) > 4096:
+            memo.clear()
+        return cost + estimate_waits(now, free, releases, extra_rel, waiters, pow2=res == "gpu", policy=policy,
+                                     rel_memo=memo)
 
     # -- placement ------------------------------------------------------------------------------
     def _grant(self, a: _Action, units: int, now: float, *, queued: bool = True) -> Grant:

@@ -29,6 +29,7 @@ def estimate_waits(
     waiters: Sequence[Waiter],
     pow2: bool = False,
     policy: Mapping[str, int] | None = None,
+    rel_memo: dict[tuple[int, int], tuple[Any, float]] | None = None,
 ) -> float:
     """Sum of completion - arrival (wait + execution) over ``waiters`` served FCFS.
 
@@ -41,6 +42,9 @@ def estimate_waits(
     implies: "actions like this one get m units"); otherwise its share of what is free among
     everyone waiting by then. Always at least its minimum, at most its max and what is free (a
     power of two when ``pow2``, as GPU cells are).
+
+    ``rel_memo`` caches ``T(m)/T(min)`` by ``(id(spec), m)`` across calls (a round prices many
+    plans over the same few specs); each entry keeps its spec, so an id is never misread.
     """
     heap = list(extra_releases)
     heapq.heapify(heap)
@@ -49,7 +53,7 @@ def estimate_waits(
     t = now
     total = 0.0
     arrivals = [w[0] for w in waiters]  # sorted: queued actions (now) first, then expected arrivals
-    rel: dict[tuple[int, int], float] = {}  # (id(spec), units) -> T(m)/T(min): few specs, many waiters
+    rel = {} if rel_memo is None else rel_memo
     for i, (arrival, need, dur, maxu, spec) in enumerate(waiters):
         if arrival > t:
             t = arrival
@@ -90,10 +94,10 @@ def estimate_waits(
                     take = need
             if take > need:
                 key = (id(spec), take)
-                r = rel.get(key)
-                if r is None:
-                    r = rel[key] = spec.relative_duration(take)
-                dur = dur * r
+                hit = rel.get(key)
+                if hit is None or hit[0] is not spec:
+                    hit = rel[key] = (spec, spec.relative_duration(take))
+                dur = dur * hit[1]
         total += t - arrival + dur
         free -= take
         heapq.heappush(heap, (t + dur, take))
