@@ -122,6 +122,9 @@ class Scheduler:
     ``window``: most elastic candidates optimised jointly per round (the rest get their minimum).
     ``depth``: queued actions the estimator looks at. ``lookahead``: count expected arrivals.
     ``elastic=False`` grants everyone their minimum (an action-level FIFO baseline).
+    ``gpu_slots``: how many model copies one GPU's memory holds (a TP-k instance uses 1/k per GPU);
+    when given, restoring a service prices only the copies an LRU cache would really evict there,
+    instead of every copy on the cell.
     """
 
     def __init__(
@@ -140,9 +143,12 @@ class Scheduler:
         max_evictions: int = 4,
         lookahead_cap: int = 64,
         skip_rounds: bool = True,
+        gpu_slots: float | None = None,
     ) -> None:
         if window < 1 or depth < 0 or scan_limit < 1:
             raise ValueError("window and scan_limit must be >= 1, depth >= 0")
+        if gpu_slots is not None and not gpu_slots > 0:
+            raise ValueError(f"gpu_slots must be None or > 0, got {gpu_slots!r}")
         self.pool = pool
         self.window = window
         self.depth = depth
@@ -156,6 +162,7 @@ class Scheduler:
         self.max_evictions = max_evictions
         self.lookahead_cap = lookahead_cap
         self.skip_rounds = skip_rounds
+        self.gpu_slots = gpu_slots
         self.ledger = Ledger(pool)
         # FIFO per priority. OrderedDict, not dict: a dict drained from the front keeps its dead
         # slots until the next resize, and every round's scan would step over them first.
@@ -843,7 +850,10 @@ class Scheduler:
         """Expected restore seconds that putting ``svc`` on ``cell`` costs *other* services whose
         warm copies live there: each pays a restore if it is called within ``horizon``."""
         cost = 0.0
-        for other in self._resident.services_on(cell):
+        slots = self.gpu_slots
+        victims = (self._resident.services_on(cell) if slots is None  # capacity unknown: all go
+                   else self._resident.evicted_by(cell, slots))
+        for other in victims:
             if other == svc:
                 continue
             if self._svc_queued.get(other):

@@ -13,13 +13,14 @@ Key = tuple[str, tuple[int, ...]]  # (service, GPU positions of its cell)
 
 
 class Residency:
-    __slots__ = ("last_used", "by_service", "per_pos", "at_pos")
+    __slots__ = ("last_used", "by_service", "per_pos", "at_pos", "inst_at")
 
     def __init__(self, n_gpus: int) -> None:
         self.last_used: dict[Key, float] = {}
         self.by_service: dict[str, set[tuple[int, ...]]] = {}
         self.per_pos: list[int] = [0] * n_gpus
         self.at_pos: list[dict[str, int]] = [{} for _ in range(n_gpus)]  # service -> copies there
+        self.inst_at: list[set[Key]] = [set() for _ in range(n_gpus)]  # instances using each GPU
 
     def __contains__(self, key: Key) -> bool:
         return key in self.last_used
@@ -37,6 +38,7 @@ class Residency:
                 self.per_pos[p] += 1
                 at = self.at_pos[p]
                 at[key[0]] = at.get(key[0], 0) + 1
+                self.inst_at[p].add(key)
         self.last_used[key] = now
 
     def touch(self, key: Key, now: float) -> None:
@@ -52,6 +54,7 @@ class Residency:
             del self.by_service[key[0]]
         for p in key[1]:
             self.per_pos[p] -= 1
+            self.inst_at[p].discard(key)
             at = self.at_pos[p]
             n = at[key[0]] - 1
             if n:
@@ -69,6 +72,26 @@ class Residency:
         out: set[str] = set()
         for p in cell:
             out.update(self.at_pos[p])
+        return out
+
+    def evicted_by(self, cell: tuple[int, ...], slots: float) -> set[str]:
+        """Services whose copies an LRU cache would evict to fit a new instance on ``cell`` when
+        each GPU holds ``slots`` models' worth (a TP-k instance uses 1/k on each of its GPUs)."""
+        k = len(cell)
+        use = {p: sum(1.0 / len(key[1]) for key in self.inst_at[p]) for p in cell}
+        if all(u + 1.0 / k <= slots + 1e-9 for u in use.values()):
+            return set()
+        insts: set[Key] = set()
+        for p in cell:
+            insts.update(self.inst_at[p])
+        out: set[str] = set()
+        for key in sorted(insts, key=lambda key: (self.last_used[key], key)):
+            out.add(key[0])
+            for p in key[1]:
+                if p in use:
+                    use[p] -= 1.0 / len(key[1])
+            if all(u + 1.0 / k <= slots + 1e-9 for u in use.values()):
+                break
         return out
 
     def others_on(self, service: str | None, cell: tuple[int, ...]) -> int:

@@ -202,6 +202,8 @@ def run_policy(wl: Workload, name: str, *, progress: Any = None, iso_gpus: int |
         kw = dict(services=wl.services, service_share=wl.service_share, gpus_per_service=iso_gpus)
     if name == "static":
         kw = dict(sandbox_cpus=wl.params.get("sandbox_cpus", 3))
+    if name == "tangram" and "gpu_slots" not in sched_opts and wl.pool.gpus:
+        sched_opts = {**sched_opts, "gpu_slots": wl.gpu_slots}  # the core knows device capacity
     pol = make_policy(name, wl.pool, **kw, **sched_opts)
     prewarm = isolated_prewarm(wl, pol) if name == "isolated" else []
     return simulate(wl.trajectories, pol, workload=wl.name, restore_s=wl.restore_s, gpu_slots=wl.gpu_slots,
