@@ -264,3 +264,21 @@ async def test_lease_run_pins_the_subprocess_to_the_lease_cores():
             async with t.acquire(ActionSpec(kind="x", cpus=1)) as lease:
                 await lease.run("echo hi")  # type: ignore[arg-type]
     assert ncpu >= 1
+
+
+async def test_runtime_reads_the_loops_own_clock_when_it_is_not_plain_asyncio():
+    """The runtime skips ``loop.time()``'s Python wrapper on a plain asyncio loop, but a loop whose
+    clock is patched (virtual time in tests and the simulator's replay) must still be read."""
+    loop = asyncio.get_running_loop()
+    offset = 1000.0
+    real = loop.time
+    loop.time = lambda: real() + offset  # type: ignore[method-assign]
+    try:
+        async with Tangram(Pool(cpus=1)) as t:
+            async with t.acquire(ActionSpec(kind="x", cpus=1)) as lease:
+                assert lease.granted_at > real() + offset / 2
+    finally:
+        del loop.time  # type: ignore[attr-defined]
+    async with Tangram(Pool(cpus=1)) as t:
+        async with t.acquire(ActionSpec(kind="x", cpus=1)) as lease:
+            assert abs(lease.granted_at - loop.time()) < 1.0

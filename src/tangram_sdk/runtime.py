@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import time
 from collections.abc import Callable, Coroutine, Iterable, Sequence
 from types import TracebackType
 from typing import Any
@@ -85,6 +86,8 @@ class Tangram:
         self._timer_at: float | None = None
         self._task: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._clock: Callable[[], float] = time.monotonic  # the loop's clock, set on entry
+        self._checked: dict[int, ActionSpec] = {}  # specs already checked, by identity
         self._state = "new"  # new -> open -> closed
         self._broken: BaseException | None = None
         self._started_managers: list[Manager] = []
@@ -96,6 +99,11 @@ class Tangram:
         if self._state != "new":
             raise RuntimeClosedError("a Tangram can be entered once; create a new one")
         self._loop = asyncio.get_running_loop()
+        # asyncio's loop.time() is time.monotonic() behind a Python method; call the C function
+        # directly when that is what it is (other loops, e.g. uvloop or a virtual clock, keep theirs)
+        loop_time = self._loop.time  # looked up on the instance: a patched clock is honoured
+        plain = getattr(loop_time, "__func__", None) is asyncio.BaseEventLoop.time
+        self._clock = time.monotonic if plain else loop_time
         self._wake = asyncio.Event()
         ctx = ManagerContext(pool=self.pool, post=self._post)
         try:
@@ -185,6 +193,17 @@ class Tangram:
 
     # ------------------------------------------------------------------------------ internals
     def _check_spec(self, spec: ActionSpec) -> None:
+        checked = self._checked
+        if checked.get(id(spec)) is not spec:  # rollouts acquire the same few spec objects again
+            self._check_against_pool(spec)
+            if len(checked) > 1024:
+                checked.clear()
+            checked[id(spec)] = spec  # holds the spec, so its id cannot be reused while cached
+        for m in self.managers:  # not cached: a container or service can go away between acquires
+            m.check(spec)
+
+    def _check_against_pool(self, spec: ActionSpec) -> None:
+        """What the pool alone decides (fixed for a Tangram's life, so checked once per spec)."""
         if not isinstance(spec, ActionSpec):
             raise SpecError(f"acquire() needs an ActionSpec, got {type(spec).__name__}")
         if spec.quotas:
@@ -195,8 +214,6 @@ class Tangram:
         reason = self._core.feasibility(spec)
         if reason is not None:
             raise InfeasibleSpecError(f"{spec.kind}: {reason}")
-        for m in self.managers:
-            m.check(spec)
 
     def _post(self, ev: Event, now: float | None = None) -> None:
         """Feed an event to the core now, on the caller's stack (no await: decide, then act).
@@ -225,7 +242,7 @@ class Tangram:
         try:
             if now is None:
                 assert self._loop is not None
-                now = self._loop.time()
+                now = self._clock()
             core = self._core
             if ev is not None:
                 self._dispatch((ev,), now, core.handle(ev, now))
@@ -250,7 +267,7 @@ class Tangram:
         core = self._core
         while self._pending:
             events, self._pending = self._pending, []
-            now = loop.time()
+            now = self._clock()
             if self._batch:
                 self._dispatch(events, now, core.handle_many(events, now))
             else:
@@ -396,7 +413,7 @@ class _Acquire:
         if rt._state != "open" or rt._broken is not None:
             rt._ensure_open()
         assert loop is not None
-        t0 = loop.time()
+        t0 = rt._clock()
         aid, fut = rt._submit(self._spec, t0)
         self._aid = aid
         if isinstance(fut, Grant):  # granted inline, at t0: no wait, no second clock read
@@ -413,7 +430,7 @@ class _Acquire:
                 if isinstance(exc, asyncio.TimeoutError) and not isinstance(exc, TimeoutError):
                     raise TimeoutError(f"{self._spec.kind}: not granted within {self._timeout} s") from exc
                 raise
-            now = loop.time()
+            now = rt._clock()
         self._grant = grant
         lease = Lease(aid, self._spec, cpus=grant.cpus, gpus=grant.gpus, units=grant.units,
                       memory=grant.memory, quotas=grant.quotas, queued_s=now - t0, granted_at=now)
