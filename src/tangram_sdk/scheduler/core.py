@@ -190,6 +190,8 @@ class Scheduler:
         self._newest: _Action | None = None
         self._rel_memo: dict[tuple[int, int], float] = {}  # (action, units) -> T(m)/T(min), per round
         self._rates_memo: dict[str, float] | None = None
+        self._krates: list[tuple[KindStats, float]] | None = None
+        self._krates_at = -math.inf
         self._rates_at = -math.inf
         self._svc_queued: dict[str, int] = {}  # queued actions per GPU service
         self._now = 0.0
@@ -582,6 +584,7 @@ class Scheduler:
         if self._rel_memo:
             self._rel_memo.clear()
         self._rates_memo = None
+        self._krates = None
         L = self.ledger
         if L.tokens:
             L.refill(now)
@@ -880,12 +883,21 @@ class Scheduler:
         rates = self._rates_memo
         if rates is None or self._rates_at != now:
             rates = {}
-            for st in self._kinds.values():
+            for st, lam in self._kind_rates(now):
                 svc = st.spec.service if st.spec is not None else None
                 if svc is not None:
-                    rates[svc] = rates.get(svc, 0.0) + st.rate(now)
+                    rates[svc] = rates.get(svc, 0.0) + lam
             self._rates_memo, self._rates_at = rates, now
         return rates.get(service, 0.0)
+
+    def _kind_rates(self, now: float) -> list[tuple[KindStats, float]]:
+        """Every kind's learned arrival rate at ``now``, once per round (placement pricing and
+        the arrival lookahead both ask)."""
+        memo = self._krates
+        if memo is None or self._krates_at != now:
+            memo = self._krates = [(st, st.rate(now)) for st in self._kinds.values()]
+            self._krates_at = now
+        return memo
 
     # -- elastic split --------------------------------------------------------------------------
     def _releases(self, res: str, now: float) -> list[tuple[float, int]]:
@@ -927,11 +939,10 @@ class Scheduler:
             return []
         per_kind = []
         total = 0.0
-        for st in self._kinds.values():
+        for st, lam in self._kind_rates(now):
             spec = st.spec
             if spec is None or not (spec.cpus if res == "cpu" else spec.gpus):
                 continue
-            lam = st.rate(now)
             n = lam * horizon
             if n >= 0.5:
                 per_kind.append((lam, st, n))
@@ -947,7 +958,11 @@ class Scheduler:
             k = max(1, int(round(n * scale)))
             step = span / k
             spec = st.spec
-            d = self.estimated_duration(spec)
+            # estimated_duration(spec) at its minimum, from this kind's stats directly
+            if spec.duration is not None:
+                d = spec.duration
+            else:
+                d = st.t1 / spec.speedup(spec.min_units) if spec.elastic else st.t1
             need = spec.cpus if res == "cpu" else spec.gpus
             maxu = spec.max_units if spec.elastic_resource == res else need
             for j in range(k):
@@ -1062,6 +1077,18 @@ class Scheduler:
                 members = [a for a in active if binkey(a) == b]
                 if members:
                     per_bin.append((sp[b], members, [self._durations(a, sp[b], step_units) for a in members]))
+            if len(per_bin) == 1 and len(active) == 1:  # most rounds: one candidate, one bin
+                cap, (one,), (dur,) = per_bin[0]
+                for mu in self.mu_grid:
+                    m = one.emin + best_split([_priced(dur, one.emin, mu)], cap)[0][0]
+                    if (m,) in seen:
+                        continue
+                    seen.add((m,))
+                    chosen1 = {one.id: m}
+                    cost = plan_cost(active, out_, chosen1)
+                    if cost < best_cost - 1e-12:
+                        best_cost, best_units = cost, chosen1
+                return best_cost, best_units
             for mu in self.mu_grid:
                 chosen: dict[int, int] = {}
                 for cap, members, durs in per_bin:

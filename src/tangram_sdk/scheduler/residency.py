@@ -13,7 +13,7 @@ Key = tuple[str, tuple[int, ...]]  # (service, GPU positions of its cell)
 
 
 class Residency:
-    __slots__ = ("last_used", "by_service", "per_pos", "at_pos", "inst_at")
+    __slots__ = ("last_used", "by_service", "per_pos", "at_pos", "inst_at", "use_at")
 
     def __init__(self, n_gpus: int) -> None:
         self.last_used: dict[Key, float] = {}
@@ -21,6 +21,7 @@ class Residency:
         self.per_pos: list[int] = [0] * n_gpus
         self.at_pos: list[dict[str, int]] = [{} for _ in range(n_gpus)]  # service -> copies there
         self.inst_at: list[set[Key]] = [set() for _ in range(n_gpus)]  # instances using each GPU
+        self.use_at: list[float] = [0.0] * n_gpus  # models' worth of memory in use (TP-k: 1/k)
 
     def __contains__(self, key: Key) -> bool:
         return key in self.last_used
@@ -39,6 +40,7 @@ class Residency:
                 at = self.at_pos[p]
                 at[key[0]] = at.get(key[0], 0) + 1
                 self.inst_at[p].add(key)
+                self.use_at[p] += 1.0 / len(key[1])
         self.last_used[key] = now
 
     def touch(self, key: Key, now: float) -> None:
@@ -55,6 +57,7 @@ class Residency:
         for p in key[1]:
             self.per_pos[p] -= 1
             self.inst_at[p].discard(key)
+            self.use_at[p] -= 1.0 / len(key[1])
             at = self.at_pos[p]
             n = at[key[0]] - 1
             if n:
@@ -77,10 +80,15 @@ class Residency:
     def evicted_by(self, cell: tuple[int, ...], slots: float) -> set[str]:
         """Services whose copies an LRU cache would evict to fit a new instance on ``cell`` when
         each GPU holds ``slots`` models' worth (a TP-k instance uses 1/k on each of its GPUs)."""
+        need = 1.0 / len(cell) - 1e-9
+        use_at = self.use_at
+        for p in cell:
+            if use_at[p] + need > slots:
+                break
+        else:
+            return set()  # room on every GPU of the cell: nothing is evicted
         k = len(cell)
         use = {p: sum(1.0 / len(key[1]) for key in self.inst_at[p]) for p in cell}
-        if all(u + 1.0 / k <= slots + 1e-9 for u in use.values()):
-            return set()
         insts: set[Key] = set()
         for p in cell:
             insts.update(self.inst_at[p])
