@@ -759,6 +759,9 @@ class Scheduler:
             warm_cells = self._resident.by_service.get(service)
             if warm_cells:
                 full = (1 << size) - 1
+                parent = size * 2
+                pfull = (1 << parent) - 1
+                full_all = (1 << len(self._gpu_holder)) - 1
                 best, best_t = -1, 0
                 for pos in warm_cells:
                     if len(pos) != size:
@@ -766,7 +769,8 @@ class Scheduler:
                     o = pos[0]
                     if (mask >> o) & full != full:
                         continue
-                    t = self._tightness(size, o, mask)
+                    # tightness: free GPUs in its buddy (parent) block; lower keeps big blocks whole
+                    t = (mask & ((pfull << (o // parent * parent)) & full_all)).bit_count()
                     if best < 0 or t < best_t or (t == best_t and o < best):
                         best, best_t = o, t
                 if best >= 0:
@@ -779,12 +783,6 @@ class Scheduler:
                 memo.clear()
             hit = memo[key] = self._pick_cold_cell(size, mask)
         return hit
-
-    def _tightness(self, size: int, o: int, mask: int) -> int:
-        """Free GPUs in the buddy (parent) block of cell ``o``: lower keeps big blocks whole."""
-        parent = size * 2
-        ng = len(self._gpu_holder)
-        return (mask & ((((1 << parent) - 1) << (o // parent * parent)) & ((1 << ng) - 1))).bit_count()
 
     def _pick_cold_cell(self, size: int, mask: int) -> int:
         full = (1 << size) - 1
@@ -965,8 +963,7 @@ class Scheduler:
                 d = st.t1 / spec.speedup(spec.min_units) if spec.elastic else st.t1
             need = spec.cpus if res == "cpu" else spec.gpus
             maxu = spec.max_units if spec.elastic_resource == res else need
-            for j in range(k):
-                out.append((now + (j + 0.5) * step, need, d, maxu, spec))
+            out.extend([(now + (j + 0.5) * step, need, d, maxu, spec) for j in range(k)])
         out.sort(key=_by_time)
         return out
 

@@ -48,6 +48,7 @@ def estimate_waits(
     """
     heap = list(extra_releases)
     heapq.heapify(heap)
+    heappop, heappush = heapq.heappop, heapq.heappush  # hot loop: no module attribute lookups
     ri = 0
     nrel = len(releases)
     t = now
@@ -67,7 +68,7 @@ def estimate_waits(
             elif heap:
                 if heap[0][0] > t and free >= need:
                     break
-                rt, ru = heapq.heappop(heap)
+                rt, ru = heappop(heap)
             else:
                 break
             if rt > t:
@@ -100,5 +101,5 @@ def estimate_waits(
                 dur = dur * hit[1]
         total += t - arrival + dur
         free -= take
-        heapq.heappush(heap, (t + dur, take))
+        heappush(heap, (t + dur, take))
     return total

@@ -88,7 +88,7 @@ class Residency:
         else:
             return set()  # room on every GPU of the cell: nothing is evicted
         k = len(cell)
-        use = {p: sum(1.0 / len(key[1]) for key in self.inst_at[p]) for p in cell}
+        use = {p: use_at[p] for p in cell}
         insts: set[Key] = set()
         for p in cell:
             insts.update(self.inst_at[p])
