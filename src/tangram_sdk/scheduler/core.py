@@ -365,6 +365,11 @@ class Scheduler:
         assert not (free_c & used_c), "a granted core is also free"
         assert free_c | used_c == set(self.pool.cpus), "cores lost"
         assert L.node_count == [len(x) for x in L.node_free], "node counts out of step"
+        res = self._resident
+        for p in range(len(L.gpu_ids)):
+            on_p = {key for key in res.last_used if p in key[1]}
+            assert res.inst_at[p] == on_p, f"residency index out of step on GPU position {p}"
+            assert abs(res.use_at[p] - sum(1.0 / len(key[1]) for key in on_p)) < 1e-9, "GPU use out of step"
         free_g = {L.gpu_ids[i] for i in range(len(L.gpu_ids)) if L.gpu_free >> i & 1}
         assert not (free_g & used_g) and free_g | used_g == set(self.pool.gpus), "GPUs lost"
         assert q_used == L.q_used, f"quota accounting {q_used} != {L.q_used}"
