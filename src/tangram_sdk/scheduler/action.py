@@ -1,0 +1,55 @@
+"""The core's per-action record and what it derives once per distinct spec."""
+
+from __future__ import annotations
+
+from ..spec import ActionSpec
+from .decisions import Grant
+from .learn import KindStats
+
+__all__ = ["Action", "Shape", "resource_keys"]
+
+
+class Action:
+    """One submitted action as the core tracks it: static demands copied from its spec's
+    :data:`Shape`, then placement and timing as it is admitted and granted."""
+
+    __slots__ = ("id", "spec", "seq", "submitted", "keys", "cpu_min", "gpu_min", "eres", "emin",
+                 "emax", "sp_min", "node", "cell", "grant", "started", "est_end", "stats", "span")
+
+    def __init__(self, aid: int, spec: ActionSpec, seq: int, now: float, stats: KindStats,
+                 shape: Shape) -> None:
+        self.id = aid
+        self.spec = spec
+        self.seq = seq
+        self.submitted = now
+        (_reason, self.keys, self.cpu_min, self.gpu_min, self.eres, self.emin, self.emax,
+         self.sp_min) = shape
+        self.node = -1
+        self.cell = -1
+        self.span = False
+        self.grant: Grant | None = None
+        self.started = 0.0
+        self.est_end = 0.0
+        self.stats = stats
+
+
+# What the core derives once per distinct spec: why it can never fit (None: it can), the resources
+# it contends for, its minimum cores and GPUs, its elastic resource with the unit range, and the
+# speedup at the minimum (durations are learned per unit and planned from the minimum).
+Shape = tuple[str | None, frozenset[str], int, int, str | None, int, int, float]
+
+
+def resource_keys(spec: ActionSpec) -> frozenset[str]:
+    """The resources an action contends for: what a blocked action blocks for those behind it."""
+    keys = set()
+    if spec.cpus:
+        keys.add("cpu")
+    if spec.gpus:
+        keys.add("gpu")
+    if spec.memory:
+        keys.add("mem")
+    for name, _ in spec.quotas:
+        keys.add("q:" + name)
+    if spec.service is not None:
+        keys.add(f"svc:{spec.service}:{spec.gpus}")
+    return frozenset(keys)

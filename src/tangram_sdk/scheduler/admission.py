@@ -1,0 +1,266 @@
+"""One scheduling round: admit waiting actions FCFS at their minimum (an action that does not fit
+blocks only the resources it lacks), let :class:`.Planning` split the spare elastic units, then
+place and grant. Also the uncontended shortcut that decides a lone action without the round's
+bookkeeping, by the same fit rules."""
+
+from __future__ import annotations
+
+from .action import Action
+from .decisions import Decision, Grant
+from .planning import Planning
+
+__all__ = ["Admission"]
+
+
+class Admission(Planning):
+    _nqueued: int
+    _newest: Action | None
+    _need_round: bool
+    _blocked_last: set[str]
+    _round_now: float
+    _time_sensitive: bool
+    rounds: int
+    granted: int
+    _sum_queue: float
+
+    def _dequeue(self, a: Action) -> None:
+        del self._queues[a.spec.priority][a.id]
+        self._nqueued -= 1
+        kc = self._sig_count
+        n = kc[a.keys] - 1
+        if n:
+            kc[a.keys] = n
+        else:
+            del kc[a.keys]
+        svc = a.spec.service
+        if svc is not None:
+            self._svc_queued[svc] -= 1
+
+    # ------------------------------------------------------------------------------ the round
+    def _round(self, now: float) -> list[Decision]:
+        if not self._nqueued:
+            self.next_wakeup = None
+            return []
+        if not self._need_round:
+            return []
+        self.next_wakeup = None
+        self.rounds += 1
+        if self._nqueued == 1:
+            only = self._newest
+            if only is None or self._queues[only.spec.priority].get(only.id) is not only:
+                (only,) = (a for q in self._queues.values() for a in q.values())
+            if only.eres is None:
+                return self._round_single(only, now)
+        self._now = now
+        if self._cold_memo:
+            self._cold_memo.clear()
+        if self._warm_memo:
+            self._warm_memo.clear()
+        if self._rel_memo:
+            self._rel_memo.clear()
+        self._rates_memo = None
+        self._krates = None
+        L = self.ledger
+        if L.tokens:
+            L.refill(now)
+        node_free = L.node_count.copy()
+        gfree = L.gpu_free
+        mem = L.mem_free
+        q_used = dict(L.q_used) if L.q_used else L.q_used
+        tokens = dict(L.tokens) if L.tokens else L.tokens
+        blocked: set[str] = set()
+        sigs = self._sig_count
+        exhausted = False  # every queued action needs something already blocked: stop scanning
+        svc_blocked = False  # a service waits for its warm copy: the next round may differ in time
+        elastic_cands = False
+        cands: list[Action] = []
+        scanned = 0
+        scan_limit = self.scan_limit
+        queue = self._queues[self._prios[0]].values() if len(self._prios) == 1 else self._iter_queue()
+        for a in queue:
+            if scanned >= scan_limit or exhausted:
+                break
+            scanned += 1
+            if blocked and not a.keys.isdisjoint(blocked):
+                continue
+            lack, node, cell, span = self._fits(a, node_free, gfree, mem, q_used, tokens, now)
+            if lack:
+                blocked.update(lack)
+                exhausted = True
+                for sig in sigs:
+                    if sig.isdisjoint(blocked):
+                        exhausted = False
+                        break
+                continue
+            if cell >= 0 and a.spec.service and self._should_wait_for_resident(a, cell, now):
+                # later actions of the same service would make the same choice: skip them cheaply
+                blocked.add(f"svc:{a.spec.service}:{a.gpu_min}")
+                svc_blocked = True
+                exhausted = all(not sig.isdisjoint(blocked) for sig in sigs)
+                continue
+            # tentatively reserve the minimum
+            for name, q in a.spec.quotas:
+                q_used[name] += q
+                if name in tokens:
+                    tokens[name] -= q
+            if a.spec.memory and mem is not None:
+                mem -= a.spec.memory
+            if span:
+                need = a.cpu_min
+                for i in sorted(range(len(node_free)), key=lambda i: -node_free[i]):
+                    k = min(need, node_free[i])
+                    node_free[i] -= k
+                    need -= k
+            elif node >= 0:
+                node_free[node] -= a.cpu_min
+            if cell >= 0:
+                gfree &= ~(((1 << a.gpu_min) - 1) << cell)
+            a.node, a.cell, a.span = node, cell, span
+            if a.eres is not None:
+                elastic_cands = True
+            cands.append(a)
+        self._blocked_last = blocked
+        self._round_now = now
+        self._time_sensitive = self.next_wakeup is not None or svc_blocked
+        self._need_round = False
+        if not cands:
+            return []
+        if not elastic_cands:  # the common FIFO case: everyone gets exactly the minimum
+            return [self._grant(a, 0, now) for a in cands]
+        units = {a.id: a.emin for a in cands if a.eres is not None}
+        evicted: set[int] = set()
+        if self.elastic:
+            self._split_cpu(cands, node_free, now, units, evicted)
+            self._split_gpu(cands, gfree, now, units, evicted)
+        # The blocked set was computed with every candidate's minimum reserved; elastic extras only
+        # take more, so it stays valid. Evicted candidates are waiters the next round re-plans.
+        if evicted:
+            self._need_round = True
+        out: list[Decision] = []
+        for a in cands:
+            if a.id in evicted:
+                continue
+            out.append(self._grant(a, units.get(a.id, 0), now))
+        return out
+
+    # -- admission helpers ----------------------------------------------------------------------
+    def _fits(self, a: Action, node_free: list[int], gfree: int, mem: int | None, q_used: dict[str, int],
+              tokens: dict[str, float], now: float) -> tuple[list[str], int, int, bool]:
+        """Does ``a`` fit at its minimum in this (tentative) state? Returns the resources it lacks
+        (empty when it fits), its NUMA node, GPU cell offset, and whether it must span nodes. A
+        missing rate-limit token also moves ``next_wakeup`` to when it will be there."""
+        lack: list[str] = []
+        spec = a.spec
+        if spec.quotas:
+            L = self.ledger
+            for name, q in spec.quotas:
+                c = L.q_conc[name]
+                if c is not None and q_used[name] + q > c:
+                    lack.append("q:" + name)
+                elif name in tokens and tokens[name] + 1e-9 < q:
+                    lack.append("q:" + name)
+                    rate = L.q_rate[name]
+                    assert rate is not None
+                    t = now + (q - tokens[name]) / rate
+                    if self.next_wakeup is None or t < self.next_wakeup:
+                        self.next_wakeup = t
+        if spec.memory and mem is not None and spec.memory > mem:
+            lack.append("mem")
+        node = -1
+        span = False
+        if a.cpu_min:
+            node = self._pick_node(a, node_free)
+            if node < 0:
+                if a.cpu_min > self._max_node and sum(node_free) >= a.cpu_min:
+                    span = True
+                else:
+                    lack.append("cpu")
+        cell = -1
+        if a.gpu_min:
+            cell = self._pick_cell(a.gpu_min, spec.service, gfree)
+            if cell < 0:
+                lack.append("gpu")
+        return lack, node, cell, span
+
+    def _round_single(self, a: Action, now: float) -> list[Decision]:
+        """The uncontended case — one queued action, not elastic — decided straight on the ledger
+        with exactly the rules of the full round, minus its bookkeeping."""
+        if self._decide_single(a, now):
+            return [self._grant(a, 0, now)]
+        return []
+
+    def _decide_single(self, a: Action, now: float) -> bool:
+        """Does the lone action ``a`` fit now? Sets its placement, or (when it does not) the
+        blocked state that round skipping relies on."""
+        if self._warm_memo:
+            self._warm_memo.clear()
+        L = self.ledger
+        if L.tokens:
+            L.refill(now)
+        lack, node, cell, span = self._fits(a, L.node_count, L.gpu_free, L.mem_free,
+                                           L.q_used, L.tokens, now)
+        self._round_now = now
+        if not lack and cell >= 0 and a.spec.service and self._should_wait_for_resident(a, cell, now):
+            lack = [f"svc:{a.spec.service}:{a.gpu_min}"]
+        if lack:
+            self._blocked_last = set(lack)
+            self._time_sensitive = self.next_wakeup is not None or bool(a.spec.service)
+            self._need_round = False
+            return False
+        a.node, a.cell, a.span = node, cell, span
+        return True
+
+    # -- placement ------------------------------------------------------------------------------
+    def _grant(self, a: Action, units: int, now: float, *, queued: bool = True) -> Grant:
+        L = self.ledger
+        spec = a.spec
+        ncpu = units if a.eres == "cpu" else a.cpu_min
+        cpus: tuple[int, ...] = ()
+        if ncpu:
+            if a.span:
+                picked: list[int] = []
+                for i in sorted(range(len(L.node_free)), key=lambda i: -len(L.node_free[i])):
+                    take = sorted(L.node_free[i])[: ncpu - len(picked)]
+                    picked.extend(take)
+                    if len(picked) >= ncpu:
+                        break
+                cpus = tuple(sorted(picked))
+            elif ncpu == 1:
+                cpus = (min(L.node_free[a.node]),)
+            else:
+                cpus = tuple(sorted(L.node_free[a.node])[:ncpu])
+        gpus: tuple[int, ...] = ()
+        restore = False
+        if a.gpu_min:
+            size = units if a.eres == "gpu" else a.gpu_min
+            pos = tuple(range(a.cell, a.cell + size))
+            gpus = tuple(L.gpu_ids[p] for p in pos)
+            if spec.service is not None:
+                key = (spec.service, pos)
+                restore = key not in self._resident
+                if restore:
+                    self._cell_memo.clear()
+                self._resident.add(key, now)
+            for p in pos:
+                self._gpu_holder[p] = a
+        g = Grant(a.id, cpus, gpus, units if a.eres else 0, spec.memory, spec.quotas, restore)
+        L.take(g)
+        if queued:
+            self._dequeue(a)
+        a.grant = g
+        a.started = now
+        if spec.duration is not None:
+            est = spec.duration
+        elif a.eres is None:
+            est = a.stats.t1
+        else:
+            est = a.stats.t1 / a.sp_min
+        if a.eres is not None:
+            est *= spec.relative_duration(units)
+        if restore:
+            est += self._restore_cost(spec.service)
+        a.est_end = now + est
+        self._running[a.id] = a
+        self.granted += 1
+        self._sum_queue += now - a.submitted
+        return g

@@ -1,0 +1,177 @@
+"""Where an admitted action goes: a NUMA node for its cores, an aligned GPU cell, and what
+restoring a service there costs (its own restore plus the warm copies of other services it would
+displace, priced by their learned call rates)."""
+
+from __future__ import annotations
+
+import math
+
+from .action import Action
+from .learn import KindStats
+from .state import SchedulerState
+
+__all__ = ["Placement"]
+
+
+class Placement(SchedulerState):
+    def _pick_node(self, a: Action, node_free: list[int]) -> int:
+        """Elastic CPU actions go where there is most room to grow (worst fit); fixed-size ones pack
+        into the fullest node that fits (best fit), keeping whole nodes free for big grants."""
+        need = a.cpu_min
+        if len(node_free) == 1:
+            return 0 if node_free[0] >= need else -1
+        best = -1
+        best_free = -1 if a.eres == "cpu" else 1 << 30
+        for i, f in enumerate(node_free):
+            if f < need:
+                continue
+            if (a.eres == "cpu" and f > best_free) or (a.eres != "cpu" and f < best_free):
+                best, best_free = i, f
+        return best
+
+    def _pick_cell(self, size: int, service: str | None, mask: int) -> int:
+        """Aligned free cell of ``size`` GPUs: one where the service is resident first (tightest
+        buddy block, then lowest offset), else one disturbing the fewest resident copies, then the
+        tightest, then the lowest (hot path: called for every GPU action scanned and every price
+        of a plan; the service-independent part is memoised until residency changes)."""
+        if service is not None:
+            warm_cells = self._resident.by_service.get(service)
+            if warm_cells:
+                full = (1 << size) - 1
+                parent = size * 2
+                pfull = (1 << parent) - 1
+                full_all = (1 << len(self._gpu_holder)) - 1
+                best, best_t = -1, 0
+                for pos in warm_cells:
+                    if len(pos) != size:
+                        continue
+                    o = pos[0]
+                    if (mask >> o) & full != full:
+                        continue
+                    # tightness: free GPUs in its buddy (parent) block; lower keeps big blocks whole
+                    t = (mask & ((pfull << (o // parent * parent)) & full_all)).bit_count()
+                    if best < 0 or t < best_t or (t == best_t and o < best):
+                        best, best_t = o, t
+                if best >= 0:
+                    return best
+        memo = self._cell_memo
+        key = (size, mask)
+        hit = memo.get(key)
+        if hit is None:
+            if len(memo) > 4096:
+                memo.clear()
+            hit = memo[key] = self._pick_cold_cell(size, mask)
+        return hit
+
+    def _pick_cold_cell(self, size: int, mask: int) -> int:
+        full = (1 << size) - 1
+        ng = len(self._gpu_holder)
+        opts = [o for o in range(0, ng - size + 1, size) if (mask >> o) & full == full]
+        if not opts:
+            return -1
+        if len(opts) == 1 or size >= ng:
+            return opts[0]
+        full_all = (1 << ng) - 1
+        parent = size * 2
+        pfull = (1 << parent) - 1
+        per_pos = self._resident.per_pos
+        best, best_p, best_t = -1, 0, 0
+        for o in opts:
+            p = per_pos[o] if size == 1 else sum(per_pos[o:o + size])
+            if best >= 0 and p > best_p:
+                continue
+            t = (mask & ((pfull << (o // parent * parent)) & full_all)).bit_count()
+            if best < 0 or p < best_p or t < best_t:
+                best, best_p, best_t = o, p, t
+        return best
+
+    def _should_wait_for_resident(self, a: Action, cell: int, now: float) -> bool:
+        """Waiting for a busy GPU that already holds the service can beat restoring it elsewhere."""
+        svc = a.spec.service
+        size = a.gpu_min
+        cells = self._resident.cells_of(svc)
+        if not cells or tuple(range(cell, cell + size)) in cells:
+            return False
+        restore = self._restore_cost(svc)
+        # the soonest warm copy and how many there are: the same for every action of the service
+        # scanned in this round (holders change only when the round grants), so computed once
+        memo_key = (svc, size)
+        hit = self._warm_memo.get(memo_key)
+        if hit is None:
+            best_wait = math.inf
+            n_warm = 0
+            for pos in cells:
+                if len(pos) != size:
+                    continue
+                n_warm += 1
+                wait = 0.0
+                for p in pos:
+                    h = self._gpu_holder[p]
+                    if h is not None:
+                        rem = h.est_end - now
+                        if rem <= 0:  # overran its estimate: assume it is half done
+                            rem = 0.5 * (now - h.started)
+                        if rem > wait:
+                            wait = rem
+                if wait < best_wait:
+                    best_wait = wait
+            hit = self._warm_memo[memo_key] = (best_wait, n_warm or 1)
+        best_wait, n_warm = hit
+        # everyone queued behind ``a`` for this service waits on the same warm copies: compare the
+        # backlog's drain time with one restore, or a hot service never scales out (issue 5 finding)
+        backlog = (self._sig_count.get(a.keys, 1) - 1) * self._dur_min(a) / n_warm
+        wait = best_wait + backlog
+        # Restoring here may displace other services' warm copies; each one that is called again
+        # within the wait pays a restore of its own. Without this price a hot service scaling out
+        # on a tight pool just moves the restore around (MOPD thrash when every GPU caches someone).
+        return wait < restore + self._displacement(svc, tuple(range(cell, cell + size)), wait, now)
+
+    def _displacement(self, svc: str | None, cell: tuple[int, ...], horizon: float, now: float) -> float:
+        """Expected restore seconds that putting ``svc`` on ``cell`` costs *other* services whose
+        warm copies live there: each pays a restore if it is called within ``horizon``."""
+        cost = 0.0
+        slots = self.gpu_slots
+        victims = (self._resident.services_on(cell) if slots is None  # capacity unknown: all go
+                   else self._resident.evicted_by(cell, slots))
+        for other in victims:
+            if other == svc:
+                continue
+            if self._svc_queued.get(other):
+                return math.inf  # its own waiters would use that warm copy: never take it from them
+            cost += self._restore_cost(other) * min(1.0, self._service_rate(other, now) * horizon)
+        return cost
+
+    def _cold_cost(self, svc: str, size: int, dur: float, now: float) -> float:
+        """Restore plus displacement for a new ``size``-GPU instance of ``svc``, on the free cell
+        where that is cheapest (memoised per round: the price grid asks many times)."""
+        key = (svc, size)
+        hit = self._cold_memo.get(key)
+        if hit is not None:
+            return hit
+        restore = self._restore_cost(svc)
+        o = self._pick_cell(size, svc, self.ledger.gpu_free)  # where placement would put it
+        best = self._displacement(svc, tuple(range(o, o + size)), dur, now) if o >= 0 else 0.0
+        self._cold_memo[key] = restore + best
+        return restore + best
+
+    def _service_rate(self, service: str, now: float) -> float:
+        """Calls per second of ``service`` (all kinds using it), from the learned arrival rates;
+        computed for every service at once, at most once per round."""
+        rates = self._rates_memo
+        if rates is None or self._rates_at != now:
+            rates = {}
+            for st, lam in self._kind_rates(now):
+                svc = st.spec.service if st.spec is not None else None
+                if svc is not None:
+                    rates[svc] = rates.get(svc, 0.0) + lam
+            self._rates_memo, self._rates_at = rates, now
+        return rates.get(service, 0.0)
+
+    def _kind_rates(self, now: float) -> list[tuple[KindStats, float]]:
+        """Every kind's learned arrival rate at ``now``, once per round (placement pricing and
+        the arrival lookahead both ask)."""
+        memo = self._krates
+        if memo is None or self._krates_at != now:
+            memo = self._krates = [(st, st.rate(now)) for st in self._kinds.values()]
+            self._krates_at = now
+        return memo

@@ -1,0 +1,308 @@
+"""How many elastic units each candidate gets: for each price on unit-seconds the split is exact
+(:mod:`.split`), and the completion-time estimate (:mod:`.estimate`) over running, queued and
+expected actions picks among the prices' plans, with greedy eviction on top."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from operator import itemgetter
+
+from .action import Action
+from .estimate import Waiter, estimate_waits
+from .placement import Placement
+from .split import best_split
+
+__all__ = ["Planning"]
+
+_by_time = itemgetter(0)
+
+
+def _priced(durations: list[tuple[int, float]], emin: int, mu: float) -> list[tuple[int, float]]:
+    """Split options ``(extra units, cost)`` at price ``mu`` per unit-second: ``T(m) + mu*m*T(m)``;
+    ``mu = inf`` means "minimum only". A size whose cost is infinite (it could only displace busy
+    services' caches) is dropped, except the minimum, which admission has already granted."""
+    opts = []
+    inf_mu = math.isinf(mu)
+    for m, t in durations:
+        if inf_mu:
+            if m > emin:
+                break
+            cost = t
+        else:
+            cost = t + mu * m * t
+        if math.isinf(cost):
+            if m > emin:
+                continue
+            cost = 1e12
+        opts.append((m - emin, cost))
+    return opts
+
+
+class Planning(Placement):
+    # -- elastic split --------------------------------------------------------------------------
+    def _releases(self, res: str, now: float) -> list[tuple[float, int]]:
+        rel = []
+        for r in self._running.values():
+            g = r.grant
+            assert g is not None
+            k = len(g.cpus) if res == "cpu" else len(g.gpus)
+            if k:
+                rel.append((max(r.est_end, now), k))
+        rel.sort()
+        return rel
+
+    def _may_evict(self, group: list[Action], res: str, evict: bool) -> bool:
+        """Evicting a candidate that fits only pays when nobody else waits for this resource: with
+        a queue, its units would go to the queue's head, not to the other candidates."""
+        if not evict:
+            return False
+        skip = {a.id for a in group}
+        for a in self._iter_queue():
+            if a.id not in skip and (a.cpu_min if res == "cpu" else a.gpu_min):
+                return False
+        return True
+
+    def _queued_waiters(self, res: str, now: float, skip: set[int]) -> list[Waiter]:
+        out: list[Waiter] = []
+        for a in self._iter_queue():
+            if len(out) >= self.depth:
+                break
+            if a.id in skip:
+                continue
+            need = a.cpu_min if res == "cpu" else a.gpu_min
+            if need:
+                out.append((now, need, self._dur_min(a), a.emax if a.eres == res else need, a.spec))
+        return out
+
+    def _arrivals(self, res: str, now: float, horizon: float) -> list[Waiter]:
+        if not self.lookahead or horizon <= 0:
+            return []
+        per_kind = []
+        total = 0.0
+        for st, lam in self._kind_rates(now):
+            spec = st.spec
+            if spec is None or not (spec.cpus if res == "cpu" else spec.gpus):
+                continue
+            n = lam * horizon
+            if n >= 0.5:
+                per_kind.append((lam, st, n))
+                total += n
+        if not per_kind:
+            return []
+        # Past the cap, look less far ahead rather than thin the stream: the first arrivals at
+        # their true rate are the ones a plan's spare units would have served.
+        scale = min(1.0, self.lookahead_cap / total)
+        span = horizon * scale
+        out: list[Waiter] = []
+        for _lam, st, n in per_kind:
+            k = max(1, int(round(n * scale)))
+            step = span / k
+            spec = st.spec
+            # estimated_duration(spec) at its minimum, from this kind's stats directly
+            if spec.duration is not None:
+                d = spec.duration
+            else:
+                d = st.t1 / spec.speedup(spec.min_units) if spec.elastic else st.t1
+            need = spec.cpus if res == "cpu" else spec.gpus
+            maxu = spec.max_units if spec.elastic_resource == res else need
+            out.extend([(now + (j + 0.5) * step, need, d, maxu, spec) for j in range(k)])
+        out.sort(key=_by_time)
+        return out
+
+    def _split_cpu(self, cands: list[Action], node_free: list[int], now: float,
+                   units: dict[int, int], evicted: set[int]) -> None:
+        group = [a for a in cands if a.eres == "cpu" and not a.span]
+        if not group:
+            return
+        evict = len(group) <= self.window
+        if not evict:  # only the oldest `window` candidates are optimised; the rest keep minimum
+            group = group[: self.window]
+        if sum(node_free[a.node] for a in group) == 0 and len(group) < 2:
+            return
+        bins = sorted({a.node for a in group})
+        spare = {b: node_free[b] for b in bins}
+        free_total = sum(node_free)
+        fixed_rel = [(now + self._dur_min(a), a.cpu_min) for a in cands
+                     if a.cpu_min and (a.eres != "cpu" or a.span)]
+        self._plan_group(group, bins, spare, free_total, fixed_rel, "cpu", now, units, evicted,
+                         step_units=None, evict=evict)
+        for a in group:
+            if a.id not in evicted:
+                node_free[a.node] -= units[a.id] - a.emin
+
+    def _split_gpu(self, cands: list[Action], gfree: int, now: float,
+                   units: dict[int, int], evicted: set[int]) -> None:
+        group = [a for a in cands if a.eres == "gpu"]
+        if not group:
+            return
+        evict = len(group) <= self.window
+        if not evict:
+            group = group[: self.window]
+        mask = gfree
+        for a in group:  # give the tentative minimum cells back: the plan re-places them
+            mask |= ((1 << a.gpu_min) - 1) << a.cell
+        spare_total = mask.bit_count() - sum(a.emin for a in group)
+        if spare_total <= 0 and len(group) < 2:  # nothing to split or evict: keep admission's cell
+            return
+        fixed_rel = [(now + self._dur_min(a), a.gpu_min) for a in cands if a.gpu_min and a.eres != "gpu"]
+        self._plan_group(group, [0], {0: spare_total}, gfree.bit_count(), fixed_rel, "gpu", now, units,
+                         evicted, step_units=self._cells, evict=evict)
+        # place largest first into aligned cells; shrink what does not fit
+        live = sorted((a for a in group if a.id not in evicted), key=lambda a: (-units[a.id], a.seq))
+        for _attempt in range(len(live) * 4 + 1):
+            m = mask
+            placed: dict[int, int] = {}
+            failed: Action | None = None
+            for a in live:
+                o = self._pick_cell(units[a.id], a.spec.service, m)
+                if o < 0:
+                    failed = a
+                    break
+                placed[a.id] = o
+                m &= ~(((1 << units[a.id]) - 1) << o)
+            if failed is None:
+                for a in live:
+                    a.cell = placed[a.id]
+                return
+            smaller = [c for c in self._cells if failed.emin <= c < units[failed.id]]
+            if not smaller:
+                break
+            units[failed.id] = smaller[-1]
+            live.sort(key=lambda a: (-units[a.id], a.seq))
+        for a in group:  # fall back: everyone at minimum in the cells admission chose
+            units[a.id] = a.emin
+            evicted.discard(a.id)
+
+    def _durations(self, a: Action, spare: int, steps: tuple[int, ...] | None) -> list[tuple[int, float]]:
+        """``(units, expected seconds)`` for every size ``a`` may get out of ``spare``, a cold
+        start's restore and displacement included. Independent of the price, so each plan builds
+        it once per candidate and prices it for every ``mu`` (:func:`_priced`)."""
+        d0 = self._dur_min(a)
+        spec = a.spec
+        hi = min(a.emax, a.emin + spare)
+        sizes = range(a.emin, hi + 1) if steps is None else [s for s in steps if a.emin <= s <= hi]
+        out = []
+        warm_sizes = ({len(pos) for pos in self._resident.cells_of(spec.service)}
+                      if steps is not None and spec.service is not None else None)
+        rel = self._rel_memo
+        for m in sizes:
+            key = (a.id, m)
+            r = rel.get(key)
+            if r is None:
+                r = rel[key] = spec.relative_duration(m)
+            t = d0 * r
+            if warm_sizes is not None and m not in warm_sizes:
+                assert spec.service is not None
+                t += self._cold_cost(spec.service, m, d0, self._now)
+            out.append((m, t))
+        return out
+
+    def _plan_group(self, group: list[Action], bins: list[int], spare: dict[int, int], free_total: int,
+                    fixed_rel: list[tuple[float, int]], res: str, now: float, units: dict[int, int],
+                    evicted: set[int], step_units: tuple[int, ...] | None, evict: bool) -> None:
+        plan_cost = self._plan_context(group, fixed_rel, free_total, res, now)
+        evict = self._may_evict(group, res, evict)
+        binkey = (lambda a: a.node) if res == "cpu" else (lambda a: 0)
+
+        def plan(active: list[Action], out_: list[Action]) -> tuple[float, dict[int, int]]:
+            best_cost = math.inf
+            best_units: dict[int, int] = {}
+            seen: set[tuple[int, ...]] = set()
+            sp = dict(spare)
+            for a in out_:
+                sp[binkey(a)] += a.emin
+            per_bin = []
+            for b in bins:
+                members = [a for a in active if binkey(a) == b]
+                if members:
+                    per_bin.append((sp[b], members, [self._durations(a, sp[b], step_units) for a in members]))
+            if len(per_bin) == 1 and len(active) == 1:  # most rounds: one candidate, one bin
+                cap, (one,), (dur,) = per_bin[0]
+                for mu in self.mu_grid:
+                    m = one.emin + best_split([_priced(dur, one.emin, mu)], cap)[0][0]
+                    if (m,) in seen:
+                        continue
+                    seen.add((m,))
+                    chosen1 = {one.id: m}
+                    cost = plan_cost(active, out_, chosen1)
+                    if cost < best_cost - 1e-12:
+                        best_cost, best_units = cost, chosen1
+                return best_cost, best_units
+            for mu in self.mu_grid:
+                chosen: dict[int, int] = {}
+                for cap, members, durs in per_bin:
+                    opts = [_priced(d, a.emin, mu) for a, d in zip(members, durs)]
+                    picks, _ = best_split(opts, cap)
+                    for a, k in zip(members, picks):
+                        chosen[a.id] = a.emin + k
+                sig = tuple(chosen[a.id] for a in active)
+                if sig in seen:
+                    continue
+                seen.add(sig)
+                cost = plan_cost(active, out_, chosen)
+                if cost < best_cost - 1e-12:
+                    best_cost, best_units = cost, chosen
+            return best_cost, best_units
+
+        active = list(group)
+        out_: list[Action] = []
+        best_cost, best_units = plan(active, out_)
+        n_ev = 0
+        while evict and len(active) > 1 and n_ev < self.max_evictions:
+            trial_out = [active[-1]] + out_
+            trial_active = active[:-1]
+            cost, u = plan(trial_active, trial_out)
+            if cost < best_cost - 1e-9:
+                active, out_, best_cost, best_units = trial_active, trial_out, cost, u
+                n_ev += 1
+            else:
+                break
+        for a in active:
+            units[a.id] = best_units.get(a.id, a.emin)
+        for a in out_:
+            evicted.add(a.id)
+            self.evictions += 1
+
+    def _plan_context(self, group: list[Action], fixed_rel: list[tuple[float, int]], free_total: int,
+                      res: str, now: float) -> Callable[[list[Action], list[Action], dict[int, int]], float]:
+        """Everything a plan's cost depends on besides the plan itself, gathered once per round;
+        returns ``cost(admitted, evicted, units)`` (also used by the exhaustive reference search)."""
+        releases = self._releases(res, now)
+        queued = self._queued_waiters(res, now, {a.id for a in group})
+        horizon = max(self._dur_min(a) for a in group)
+        arrivals = self._arrivals(res, now, horizon)
+
+        def cost(active: list[Action], out_: list[Action], chosen: dict[int, int]) -> float:
+            return self._plan_cost(active, out_, chosen, releases, fixed_rel, queued, arrivals, free_total,
+                                   now, res)
+
+        return cost
+
+    def _plan_cost(self, active: list[Action], out_: list[Action], chosen: dict[int, int],
+                   releases: list[tuple[float, int]], fixed_rel: list[tuple[float, int]],
+                   queued: list[Waiter], arrivals: list[Waiter], free_total: int, now: float,
+                   res: str) -> float:
+        cost = 0.0
+        extra_rel = list(fixed_rel)
+        free = free_total
+        policy: dict[str, int] = {}
+        for a in active:
+            m = chosen.get(a.id, a.emin)
+            t = self._dur_min(a) * a.spec.relative_duration(m)
+            cost += t
+            extra_rel.append((now + t, m))
+            free -= m - a.emin
+            policy[a.spec.kind] = m
+        waiters: list[Waiter] = []
+        for a in out_:
+            d = self._dur_min(a)
+            free += a.emin
+            waiters.append((now, a.emin, d, a.emax, a.spec))
+        waiters.extend(queued)
+        waiters.extend(arrivals)
+        memo = self._spec_rel
+        if len(memo) > 4096:
+            memo.clear()
+        return cost + estimate_waits(now, free, releases, extra_rel, waiters, pow2=res == "gpu", policy=policy,
+                                     rel_memo=memo)

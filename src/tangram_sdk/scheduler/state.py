@@ -1,0 +1,81 @@
+"""The scheduler's state, declared once for the modules that share it.
+
+``Scheduler`` (core: events and rounds), ``Placement`` (which cores and GPU cells, and what a
+restore costs) and ``Planning`` (how many elastic units, judged by the completion-time estimate)
+are one object split by job: ``Scheduler(Planning(Placement(SchedulerState)))``. The attributes
+are set by ``Scheduler.__init__``; this class only names their types and holds the small helpers
+all three use.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterator
+from typing import Any
+
+from ..pool import Pool
+from ..spec import ActionSpec
+from .action import Action, Shape
+from .learn import KindStats
+from .ledger import Ledger
+from .residency import Residency
+
+__all__ = ["SchedulerState"]
+
+
+class SchedulerState:
+    pool: Pool
+    window: int
+    depth: int
+    scan_limit: int
+    elastic: bool
+    lookahead: bool
+    default_duration: float
+    default_restore_s: float
+    alpha: float
+    mu_grid: tuple[float, ...]
+    max_evictions: int
+    lookahead_cap: int
+    skip_rounds: bool
+    gpu_slots: float | None
+    ledger: Ledger
+    next_wakeup: float | None
+    evictions: int
+    _queues: dict[int, OrderedDict[int, Action]]
+    _prios: list[int]
+    _running: dict[int, Action]
+    _kinds: dict[str, KindStats]
+    _cells: tuple[int, ...]
+    _gpu_holder: list[Action | None]
+    _resident: Residency
+    _restore_s: dict[str, float]
+    _shape: dict[ActionSpec, Shape]
+    _max_node: int
+    _sig_count: dict[frozenset[str], int]
+    _cold_memo: dict[tuple[str, int], float]
+    _warm_memo: dict[tuple[str | None, int], tuple[float, int]]
+    _spec_rel: dict[tuple[int, int], tuple[Any, float]]
+    _cell_memo: dict[tuple[int, int], int]
+    _rel_memo: dict[tuple[int, int], float]
+    _rates_memo: dict[str, float] | None
+    _rates_at: float
+    _krates: list[tuple[KindStats, float]] | None
+    _krates_at: float
+    _svc_queued: dict[str, int]
+    _now: float
+
+    def _iter_queue(self) -> Iterator[Action]:
+        for p in self._prios:
+            yield from self._queues[p].values()
+
+    def _dur_min(self, a: Action) -> float:
+        spec = a.spec
+        if spec.duration is not None:
+            return spec.duration
+        t1 = a.stats.t1
+        return t1 / a.sp_min if a.eres else t1
+
+    def _restore_cost(self, service: str | None) -> float:
+        if service is None:
+            return 0.0
+        return self._restore_s.get(service, self.default_restore_s)
