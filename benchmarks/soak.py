@@ -345,14 +345,16 @@ class Soak:
             if st[key] != 0:
                 out.append(f"{key} = {st[key]}")
         core = t.scheduler
-        known = len(getattr(core, "_known", ()))
+        # internal names on purpose, and no getattr default: a rename must break this check loudly,
+        # not turn it into one that cannot fail
+        known = len(core._live)
         if known:
             out.append(f"core still knows {known} action ids")
-        for cache in ("_feasible", "_keys"):
-            n = len(getattr(core, cache, {}))
+        for name, cache in (("core per-spec shapes", core._shape), ("runtime spec checks", t._checked)):
+            n = len(cache)
             self.max_cache = max(self.max_cache, n)
             if n > _CACHE_BOUND:
-                out.append(f"core cache {cache} has {n} entries (> {_CACHE_BOUND})")
+                out.append(f"{name}: {n} cached entries (> {_CACHE_BOUND})")
         if self.probe.applies != self.probe.releases or self.probe.held:
             out.append(f"probe applies {self.probe.applies} != releases {self.probe.releases} "
                        f"(held {len(self.probe.held)})")
