@@ -1,9 +1,10 @@
-"""The live runtime: an asyncio task that feeds events to the pure scheduler and hands out leases.
+"""The live runtime: feeds the pure scheduler on the event loop and hands out leases.
 
-Data flow: ``acquire`` posts *Submitted* and awaits a future -> the scheduler task drains every
-pending event, runs one round of the core, and resolves futures with grants -> the waiter applies
-the grant through the managers (in its own task, so a slow Docker call delays only that action)
--> the action runs -> leaving the context parks/evicts (shielded) and posts *Released*.
+Data flow: ``acquire`` submits to the core on the caller's stack; a grant made at once is used
+directly, otherwise the waiter awaits a future that a later round (another action's release, or
+the timer task for rate-limit tokens) resolves -> the waiter applies the grant through the
+managers (in its own task, so a slow Docker call delays only that action) -> the action runs ->
+leaving the context parks/evicts (shielded) and releases its units to the core.
 
 Cancellation is safe at every ``await``: a waiter that leaves for any reason posts *Cancelled*,
 which the core treats as "drop from the queue" or "release the grant", whichever is true by then.
@@ -241,7 +242,6 @@ class Tangram:
         self._handling = True
         try:
             if now is None:
-                assert self._loop is not None
                 now = self._clock()
             core = self._core
             if ev is not None:
@@ -262,8 +262,6 @@ class Tangram:
             self._handling = False
 
     def _drain(self) -> None:
-        loop = self._loop
-        assert loop is not None
         core = self._core
         while self._pending:
             events, self._pending = self._pending, []
@@ -409,10 +407,8 @@ class _Acquire:
 
     async def __aenter__(self) -> Lease:
         rt = self._rt
-        loop = rt._loop
         if rt._state != "open" or rt._broken is not None:
             rt._ensure_open()
-        assert loop is not None
         t0 = rt._clock()
         aid, fut = rt._submit(self._spec, t0)
         self._aid = aid
