@@ -22,6 +22,7 @@ from typing import Any
 
 import anyio
 
+from ._deadline import check_timeout, wait_future
 from ._shield import finish
 from .errors import (
     InfeasibleSpecError,
@@ -216,6 +217,31 @@ class Tangram:
         if reason is not None:
             raise InfeasibleSpecError(f"{spec.kind}: {reason}")
 
+    def _shortage(self, spec: ActionSpec) -> str:
+        """``waited for 2 cpus + api x1 (cpus 0/4 free, api 1/1 used, 3 queued)``."""
+        need: list[str] = []
+        have: list[str] = []
+        L = self._core.ledger
+        if spec.cpus:
+            need.append(f"{spec.cpus} cpu{'s' if spec.cpus != 1 else ''}")
+            have.append(f"cpus {L.free_cpus}/{len(self.pool.cpus)} free")
+        if spec.gpus:
+            need.append(f"{spec.gpus} gpu{'s' if spec.gpus != 1 else ''}")
+            have.append(f"gpus {L.free_gpus}/{len(self.pool.gpus)} free")
+        if spec.memory:
+            need.append(f"{spec.memory} B memory")
+            if L.mem_free is not None:
+                have.append(f"memory {L.mem_free} B free")
+        for name, units in spec.quotas:
+            need.append(f"quota {name} x{units}")
+            conc = L.q_conc.get(name)
+            used = L.q_used.get(name, 0)
+            have.append(f"{name} {used}/{conc} used" if conc is not None else f"{name} rate-limited")
+        if spec.service is not None:
+            need.append(f"service {spec.service!r}")
+        what = " + ".join(need) or "nothing (an empty spec)"
+        return f"waited for {what} ({', '.join([*have, f'{self._core.queued} queued'])})"
+
     def _post(self, ev: Event, now: float | None = None) -> None:
         """Feed an event to the core now, on the caller's stack (no await: decide, then act).
 
@@ -395,11 +421,9 @@ class _Acquire:
     __slots__ = ("_rt", "_spec", "_timeout", "_aid", "_grant", "_lease", "_applied")
 
     def __init__(self, rt: Tangram, spec: ActionSpec, timeout: float | None) -> None:
-        if timeout is not None and not (timeout >= 0):
-            raise SpecError(f"timeout must be None or seconds >= 0, got {timeout!r}")
         self._rt = rt
         self._spec = spec
-        self._timeout = timeout
+        self._timeout = check_timeout(timeout) if timeout is not None else None
         self._aid = 0
         self._grant: Grant | None = None
         self._lease: Lease | None = None
@@ -417,14 +441,13 @@ class _Acquire:
             now = t0
         else:
             try:
-                if self._timeout is None:
-                    grant = await fut
-                else:
-                    grant = await asyncio.wait_for(fut, self._timeout)
-            except BaseException as exc:
+                # never asyncio.wait_for here: it can return the grant and drop a cancel that
+                # lands in the same iteration (3.10/3.11); see _deadline
+                grant = await wait_future(fut, self._timeout, self._timed_out)
+            except BaseException:
+                # a grant that landed with the cancel/timeout is given back: the core treats
+                # Cancelled as "drop from the queue" or "release the grant", whichever is true
                 rt._leave(aid, failed=True, granted=False)
-                if isinstance(exc, asyncio.TimeoutError) and not isinstance(exc, TimeoutError):
-                    raise TimeoutError(f"{self._spec.kind}: not granted within {self._timeout} s") from exc
                 raise
             now = rt._clock()
         self._grant = grant
@@ -444,6 +467,11 @@ class _Acquire:
                     raise ManagerError(f"{self._spec.kind}: applying the grant failed: {exc!r}") from exc
                 raise
         return lease
+
+    def _timed_out(self) -> str:
+        """The TimeoutError message: the action kind, the wait, what it waited for and how full
+        the pool was when the time ran out (so a log line alone says what was short)."""
+        return f"{self._spec.kind}: not granted within {self._timeout:g} s; {self._rt._shortage(self._spec)}"
 
     async def _unapply(self) -> None:
         grant, lease = self._grant, self._lease
