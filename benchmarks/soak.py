@@ -17,6 +17,9 @@ What one run does (defaults = the long mode's shape):
   while a manager applies the grant (a probe manager yields there; GPU restores run in a thread),
   while held, or while a manager releases it; ``--raise`` (5%) raise inside the ``async with``; ``--timeout-p`` (15%) carry a
   random ``timeout=`` (0 .. 50 ms).
+* Every cancel delivered to an unfinished task must end that task with ``CancelledError`` and
+  no body may start after its cancel (a swallowed cancel, e.g. ``asyncio.wait_for`` returning a
+  grant that landed in the same iteration, is counted and fails the run).
 * After every epoch and at the end: ``check_invariants()``; all cores/GPUs free; every quota's
   ``used == 0``; ``granted == released + running``; ``running == queued == waiters == 0``; every
   probe apply released; every GPU instance idle (refs 0, no restore/evict in flight); the core's
@@ -69,12 +72,14 @@ class InjectedFault(Exception):
 
 
 class _Phase:
-    """Where one action is, as the canceller sees it."""
+    """Where one action is, as the canceller sees it; ``cancelled`` is set just before the
+    canceller's ``task.cancel()``, so a body that starts after it ran after the cancel."""
 
-    __slots__ = ("name",)
+    __slots__ = ("cancelled", "name")
 
     def __init__(self) -> None:
         self.name = "new"
+        self.cancelled = False
 
 
 _CURRENT: contextvars.ContextVar[_Phase | None] = contextvars.ContextVar("soak_phase", default=None)
@@ -167,6 +172,9 @@ class Soak:
         self.kinds: Counter[str] = Counter()
         self.cancel_phase: Counter[str] = Counter()
         self.unexpected: list[str] = []
+        self.cancel_lost: list[str] = []  # cancelled tasks that did not end CancelledError
+        self.ran_after_cancel = 0  # cancelled tasks whose body started after the cancel
+        self.cancels_delivered = 0  # task.cancel() on a task that had not finished
         self.max_cache = 0
         n_gpus = 4 if gpu else 0
         self.pool = Pool(
@@ -212,6 +220,8 @@ class Soak:
         _CURRENT.set(ph)
         ph.name = "queued"
         async with t.acquire(spec, timeout=timeout) as lease:
+            if ph.cancelled:  # granted to a task already cancelled: the cancel was swallowed
+                self.ran_after_cancel += 1
             ph.name = "held"
             if spec.service is not None:
                 y = await lease.call(self.x)
@@ -257,21 +267,31 @@ class Soak:
             if spec.service is not None and target in ("applying", "random"):
                 target = "held"  # known bug: a cancel during a GPU eviction leaves it 'evicting' forever
         steps = self.rng.randrange(0, 8)
+        at = "new"
         task = asyncio.get_running_loop().create_task(self._body(t, spec, timeout, fail, ph))
         for i in range(200):
             if task.done():
                 break
             if ph.name == target or (target == "random" and i >= steps):
                 self.cancel_phase[ph.name] += 1
+                at = ph.name
+                ph.cancelled = True
                 task.cancel()
                 break
             await asyncio.sleep(0)
         else:
             self.cancel_phase["gave_up:" + target] += 1
+            at = ph.name
+            ph.cancelled = not task.done()
             task.cancel()
+        self.cancels_delivered += ph.cancelled
         await asyncio.wait([task])
         if task.cancelled():
             return "cancelled"
+        if ph.cancelled:  # a cancel delivered to a running task must end it CancelledError
+            exc = task.exception()
+            self.cancel_lost.append(f"{spec.kind} cancelled while {at!r} ended "
+                                    f"{'ok' if exc is None else repr(exc)}")
         exc = task.exception()
         if exc is not None:
             raise exc
@@ -425,6 +445,10 @@ class Soak:
         gc.collect()
         self.rss["end"] = rss_mb()
         total = self.trajectories * self.actions * self.epochs
+        if self.cancel_lost:
+            leaks.append(f"{len(self.cancel_lost)} cancelled tasks did not end CancelledError: {self.cancel_lost[:5]}")
+        if self.ran_after_cancel:
+            leaks.append(f"{self.ran_after_cancel} cancelled tasks ran their body after the cancel")
         if sum(self.outcomes.values()) != total:
             leaks.append(f"outcomes {sum(self.outcomes.values())} != actions {total}")
         return {
@@ -432,6 +456,8 @@ class Soak:
             "actions": total, "seconds": round(elapsed, 2), "actions_per_s": round(total / elapsed),
             "cpu_seconds": round(cpu_s, 2), "actions_per_cpu_s": round(total / cpu_s),
             "outcomes": dict(self.outcomes), "kinds": dict(self.kinds), "cancel_phase": dict(self.cancel_phase),
+            "cancels_delivered": self.cancels_delivered, "cancels_not_ending_cancelled": len(self.cancel_lost),
+            "ran_after_cancel": self.ran_after_cancel,
             "rss_mb": {k: round(v, 1) for k, v in self.rss.items()},
             "queued": {"mean": round(sum(self.queue_samples) / max(1, len(self.queue_samples)), 1),
                        "max": max(self.queue_samples, default=0)},

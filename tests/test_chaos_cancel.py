@@ -13,6 +13,8 @@ and against the timeout primitive directly.
 from __future__ import annotations
 
 import asyncio
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -308,3 +310,18 @@ async def test_bad_timeouts_are_spec_errors_naming_the_argument(bad: Any) -> Non
         async with t.acquire(ActionSpec(kind="x", cpus=1), timeout=float("inf")):  # inf: no limit
             pass
         whole(t)
+
+
+async def test_soak_cancel_storm_every_cancel_ends_cancelled() -> None:
+    """benchmarks/soak.py with 30% of 6,144 actions cancelled and every acquire carrying a
+    ``timeout=``: each cancel delivered ends its task CancelledError and no body starts after it.
+    On the old runtime (``wait_for``) such runs found 20-21 swallowed cancels per 10,240 actions."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    from soak import Soak
+
+    soak = Soak(trajectories=2048, actions=3, epochs=1, seed=1, cancel_p=0.3, raise_p=0.05, timeout_p=1.0,
+                gpu=False, think_ms=0.0, stall_s=20.0)
+    rep = await soak.run()
+    assert rep["leaks"] == [] and rep["unexpected"] == [], rep["leaks"]
+    assert rep["cancels_delivered"] > 500, rep["cancel_phase"]
+    assert rep["cancels_not_ending_cancelled"] == 0 and rep["ran_after_cancel"] == 0
