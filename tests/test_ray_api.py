@@ -41,6 +41,15 @@ def test_acquire_checks_its_arguments_before_any_io() -> None:
         rt.acquire("not a spec")  # type: ignore[arg-type]
     with pytest.raises(SpecError):
         rt.acquire(ActionSpec(kind="x", cpus=1), timeout=-1)
+    # built-in exceptions used to escape here (TypeError, OverflowError, unhashable list)
+    for bad in ("5", 10**400, float("nan"), True):
+        with pytest.raises(SpecError, match="timeout"):
+            rt.acquire(ActionSpec(kind="x", cpus=1), timeout=bad)  # type: ignore[arg-type]
+    for node in (["a"], 5, ""):
+        with pytest.raises(SpecError, match="node"):
+            rt.acquire(ActionSpec(kind="x", cpus=1), node=node)  # type: ignore[arg-type]
+    with pytest.raises(SpecError, match="connect_timeout"):
+        RemoteTangram("t", connect_timeout="10")  # type: ignore[arg-type]
     assert "idle" in repr(rt)
 
 

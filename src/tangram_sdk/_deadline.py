@@ -101,11 +101,12 @@ async def within(aw: Awaitable[T], timeout: float | None, describe: Callable[[],
         handle.cancel()
         task.remove_done_callback(ended)
     if not in_time and not task.done():
-        task.cancel(describe())
+        message = describe()  # read the state that ran out before the child's cleanup changes it
+        task.cancel(message)
         if await settle(task):  # the caller was cancelled while the child cleaned up: the cancel wins
             raise asyncio.CancelledError
         if task.cancelled():
-            raise TimeoutError(describe())
+            raise TimeoutError(message)
     return task.result()
 
 

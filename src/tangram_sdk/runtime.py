@@ -77,7 +77,10 @@ class Tangram:
         self.managers: tuple[Manager, ...] = tuple(managers)
         self.observers: list[Observer] = list(observers)
         self._batch = batch
-        self._core = Scheduler(pool, **scheduler_options)
+        try:
+            self._core = Scheduler(pool, **scheduler_options)
+        except (TypeError, ValueError) as exc:  # an unknown option, or a bad value for one
+            raise SpecError(f"scheduler options {sorted(scheduler_options)} rejected: {exc}") from exc
         self._ids = itertools.count(1)
         self._waiters: dict[int, asyncio.Future[Grant] | None] = {}
         self._immediate: dict[int, Grant] = {}
@@ -418,7 +421,7 @@ class Tangram:
 class _Acquire:
     """The async context manager returned by :meth:`Tangram.acquire`."""
 
-    __slots__ = ("_rt", "_spec", "_timeout", "_aid", "_grant", "_lease", "_applied")
+    __slots__ = ("_rt", "_spec", "_timeout", "_aid", "_grant", "_lease", "_applied", "_left")
 
     def __init__(self, rt: Tangram, spec: ActionSpec, timeout: float | None) -> None:
         self._rt = rt
@@ -428,6 +431,7 @@ class _Acquire:
         self._grant: Grant | None = None
         self._lease: Lease | None = None
         self._applied: list[Manager] = []
+        self._left = False
 
     async def __aenter__(self) -> Lease:
         rt = self._rt
@@ -488,8 +492,21 @@ class _Acquire:
     ) -> None:
         if self._applied:
             await self._finish(failed=exc_type is not None)
-        else:  # no manager to undo: just return the units (the common, fast case)
+        elif not self._left:  # no manager to undo: just return the units (the common, fast case)
+            self._left = True
             self._rt._leave(self._aid, failed=exc_type is not None, granted=True)
+
+    def leave_now(self, *, failed: bool = False) -> bool:
+        """Leave a granted context without awaiting, when no manager has anything to undo: the
+        units go back before this returns True (and a later ``__aexit__`` is a no-op). False, with
+        nothing done, when a manager must run first (await ``__aexit__`` instead). The Ray actor
+        releases this way, so a release and the next frame are handled in one loop iteration."""
+        if self._applied or self._grant is None:
+            return False
+        if not self._left:
+            self._left = True
+            self._rt._leave(self._aid, failed=failed, granted=True)
+        return True
 
     async def _finish(self, *, failed: bool) -> None:
         """Undo the managers' work, then return the units — in that order, so cores go back to the

@@ -7,10 +7,14 @@ killed process closes it at once). Ray still places the actor and hands out the 
 secret token; the first frame of every connection must be that token, checked before anything is
 unpickled.
 
-Client -> actor: ``("acq", key, spec, timeout, node, caller_node)``, ``("rel", key, failed)``,
+Client -> actor: ``("acq", key, kind, spec_bytes, timeout, node, caller_node)``, ``("rel", key, failed)``,
 ``("cancel", key)``, ``("hb",)``, ``("stats", key)``.
 Actor -> client: ``("welcome", config)``, ``("grant", key, fields)``, ``("err", key, exc)``,
 ``("lost", key, exc)``, ``("reply", key, value)``, ``("hb",)``.
+
+The spec travels pickled *inside* the envelope (``spec_bytes``): the envelope holds only builtins
+and always decodes, so a spec the actor cannot unpickle (a model class it cannot import, a
+``__reduce__`` that raises) fails that one request with SpecError instead of the connection.
 """
 
 from __future__ import annotations
@@ -35,6 +39,20 @@ def dumps(msg: Any) -> bytes:
 
         data: bytes = require("ray.cloudpickle").dumps(msg)
         return data
+
+
+def encode_spec(spec: Any) -> bytes:
+    """The spec as bytes for an ``acq`` envelope; SpecError when it cannot be pickled at all (an
+    efficiency callable holding a lock, a socket, a generator...)."""
+    from ..errors import SpecError
+
+    try:
+        return dumps(spec)
+    except Exception as exc:  # noqa: BLE001 - pickle/cloudpickle raise TypeError, PicklingError, ...
+        kind = getattr(spec, "kind", "?")
+        raise SpecError(f"{kind}: the spec cannot be pickled for the scheduler actor "
+                        f"({type(exc).__name__}: {exc}); efficiency callables must be picklable "
+                        f"(cloudpickle ships lambdas and local functions, not locks or sockets)") from exc
 
 
 def frame(payload: bytes) -> bytes:

@@ -28,14 +28,15 @@ from typing import Any
 import anyio
 import attrs
 
-from ..errors import InfeasibleSpecError, RuntimeClosedError, SpecError, TangramError
+from .._deadline import check_timeout, within
+from ..errors import InfeasibleSpecError, ManagerError, RuntimeClosedError, SpecError, TangramError
 from ..lease import Lease
 from ..managers.base import Manager, ManagerContext
 from ..pool import Pool, Quota
 from ..runtime import Tangram
 from ..scheduler.decisions import Decision, Grant
 from ..scheduler.events import Event
-from ..spec import ActionSpec
+from ..spec import ActionSpec, Amdahl, Custom, Elasticity, Table
 from . import _wire
 from ._errors import LeaseLostError, NodeLostError
 from ._ray import require
@@ -46,12 +47,15 @@ log = logging.getLogger("tangram_sdk.ray")
 
 
 class _AgentManager:
-    """The node runtime's one manager: forwards apply/release to the node agent (a Ray call)."""
+    """The node runtime's one manager: forwards apply/release to the node agent (a Ray call),
+    each bounded by ``timeout`` seconds (a frozen agent must not hold a grant forever)."""
 
     name = "ray-agent"
 
-    def __init__(self, agent: Any) -> None:
+    def __init__(self, agent: Any, label: str = "?", timeout: float | None = 120.0) -> None:
         self.agent = agent
+        self.label = label
+        self.timeout = timeout
 
     async def start(self, ctx: ManagerContext) -> None:
         return None
@@ -59,15 +63,77 @@ class _AgentManager:
     def check(self, spec: ActionSpec) -> None:
         return None
 
+    def _late(self, what: str, action_id: int) -> str:
+        return (f"the agent of node {self.label!r} did not answer {what} of action {action_id} "
+                f"within {self.timeout:g} s")
+
     async def apply(self, grant: Grant, lease: Lease) -> None:
-        keys = await self.agent.apply.remote(lease.action_id, grant, lease.spec)
+        aid = lease.action_id
+        try:
+            keys = await within(self.agent.apply.remote(aid, grant, lease.spec), self.timeout,
+                                lambda: self._late("apply", aid))
+        except TimeoutError as exc:
+            raise ManagerError(str(exc), resource=f"agent:{self.label}") from None
         lease.attach("agent_keys", keys)
 
     async def release(self, grant: Grant, lease: Lease) -> None:
-        await self.agent.release.remote(lease.action_id)
+        aid = lease.action_id
+        try:
+            await within(self.agent.release.remote(aid), self.timeout, lambda: self._late("release", aid))
+        except TimeoutError as exc:
+            raise ManagerError(str(exc), resource=f"agent:{self.label}") from None
 
     async def aclose(self) -> None:
         return None
+
+
+_FROZEN_MAX_UNITS = 4096  # efficiency values kept per spec; beyond, the speedup is held flat
+_SPEC_CACHE = 1024  # decoded specs kept by their bytes (rollouts send the same few specs again)
+
+
+@attrs.frozen
+class _Frozen:
+    """A user efficiency model's values ``E(1..n)``, taken once at submit: the scheduler actor's
+    planning then only indexes a tuple (no user code can raise inside the shared core)."""
+
+    values: tuple[float, ...]
+
+    def __call__(self, m: int) -> float:
+        v = self.values
+        n = len(v)
+        if 1 <= m <= n:
+            return v[int(m) - 1]
+        return v[-1] * n / m if m > n else v[0]
+
+
+def _freeze(spec: ActionSpec) -> ActionSpec:
+    """Re-validate a spec that arrived pickled (unpickling skips the attrs validators) and replace a
+    user efficiency callable by the table of its values. A model that raises or leaves (0, 1] here
+    fails this spec only, with SpecError to its caller."""
+    el = spec.elastic
+    eff = None if el is None else el.efficiency
+    try:
+        if el is not None and type(eff) not in (Amdahl, Table) and not (
+                isinstance(eff, Custom) and isinstance(eff.fn, _Frozen)):
+            values = []
+            for m in range(1, min(el.max_units, _FROZEN_MAX_UNITS) + 1):
+                try:
+                    e = float(el.efficiency.efficiency(m))
+                except Exception as exc:  # noqa: BLE001 - user code: anything may come out
+                    raise SpecError(
+                        f"{spec.kind}: the efficiency model raised at m={m} inside the scheduler actor "
+                        f"({type(exc).__name__}: {exc}); this spec was refused, nothing else was affected"
+                    ) from None
+                if not (0.0 < e <= 1.0 + 1e-9):
+                    raise SpecError(f"{spec.kind}: the efficiency model gave E({m}) = {e!r} inside the "
+                                    f"scheduler actor; it must be in (0, 1]")
+                values.append(min(e, 1.0))
+            el = Elasticity(el.resource, el.max_units, _Frozen(tuple(values)))
+        return attrs.evolve(spec, elastic=el)  # runs every validator again
+    except SpecError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - a tampered or half-built spec
+        raise SpecError(f"{getattr(spec, 'kind', '?')}: invalid spec ({type(exc).__name__}: {exc})") from None
 
 
 class _Node:
@@ -108,12 +174,13 @@ class _Node:
 class _Held:
     """What one client acquire holds inside the actor: a quota part and/or a node part."""
 
-    __slots__ = ("gid", "granted", "ncm", "nlease", "node", "qcm", "qlease")
+    __slots__ = ("gid", "granted", "ncm", "nlease", "node", "qcm", "qlease", "route")
 
     def __init__(self, gid: int) -> None:
         self.gid = gid
         self.granted = False  # handed to the client (counts in granted/released)
         self.node: _Node | None = None
+        self.route: _Node | None = None  # the node chosen for the node part (before it is held)
         self.qcm: Any = None
         self.ncm: Any = None
         self.nlease: Lease | None = None
@@ -153,7 +220,15 @@ class _Conn:
             self.actor._conns[self.id] = self
             self.send(("welcome", self.actor._config()))
             return
-        msg = pickle.loads(payload)
+        try:
+            msg = pickle.loads(payload)  # the envelope: builtins only (specs travel as bytes inside)
+            if not isinstance(msg, tuple) or not msg:
+                raise ValueError(f"not a message tuple: {type(msg).__name__}")
+        except Exception as exc:  # noqa: BLE001 - a broken or foreign client: nothing to answer to
+            log.error("client %s sent an undecodable frame (%r); dropping its connection", self.id, exc)
+            assert self.proto.transport is not None
+            self.proto.transport.abort()
+            return
         self.actor._on_message(self, msg)
 
     def _on_lost(self, exc: Exception | None) -> None:
@@ -176,8 +251,11 @@ class SchedulerActor:
         heartbeat: float = 2.0,
         check_invariants: bool = False,
         fingerprint: str = "",
+        agent_timeout: float | None = 120.0,
     ) -> None:
         self.name = name
+        self.agent_timeout = agent_timeout
+        self._specs: dict[bytes, ActionSpec] = {}
         self.namespace = namespace
         self._quotas = dict(quotas or {})
         self._options = dict(options or {})
@@ -292,7 +370,7 @@ class SchedulerActor:
             ray.kill(agent)
             raise
         holder: dict[str, _Node] = {}
-        rt = Tangram(info["pool"], managers=[_AgentManager(agent)] if info["has_managers"] else [],
+        rt = Tangram(info["pool"], managers=[_AgentManager(agent, label, self.agent_timeout)] if info["has_managers"] else [],
                      observers=[lambda ev, now, ds: self._observe_node(holder["n"], ds)], **self._options)
         await rt.__aenter__()
         node = _Node(label, info["ray_node_id"], agent, agent_name, rt, info)
@@ -353,7 +431,7 @@ class SchedulerActor:
             node.watch.cancel()
         if close_agent:
             try:
-                await asyncio.wait_for(node.agent.aclose.remote(), 10)
+                await within(node.agent.aclose.remote(), 10.0, lambda: f"node {node.label!r}: agent close took > 10 s")
             except Exception as exc:  # noqa: BLE001 - best effort: the agent is killed next anyway
                 log.warning("node %s: agent did not close cleanly: %r", node.label, exc)
             require().kill(node.agent)
@@ -392,12 +470,12 @@ class SchedulerActor:
     def _on_message(self, conn: _Conn, msg: tuple[Any, ...]) -> None:
         op = msg[0]
         if op == "acq":
-            _, key, spec, timeout, hint, caller = msg
-            conn.pending[key] = self._spawn(self._acquire(conn, key, spec, timeout, hint, caller))
+            _, key, kind, blob, timeout, hint, caller = msg
+            conn.pending[key] = self._spawn(self._acquire(conn, key, kind, blob, timeout, hint, caller))
         elif op == "rel":
             held = conn.held.pop(msg[1], None)
             if held is not None:
-                self._spawn(self._undo(held, failed=bool(msg[2])), "undo")
+                self._release(held, failed=bool(msg[2]))
         elif op == "cancel":
             key = msg[1]
             task = conn.pending.pop(key, None)
@@ -405,7 +483,7 @@ class SchedulerActor:
                 task.cancel()
             held = conn.held.pop(key, None)
             if held is not None:
-                self._spawn(self._undo(held, failed=True), "undo")
+                self._release(held, failed=True)
         elif op == "hb":
             conn.send(("hb",))
         elif op == "stats":
@@ -421,7 +499,7 @@ class SchedulerActor:
             task.cancel()
         conn.pending.clear()
         for held in conn.held.values():
-            self._spawn(self._undo(held, failed=True), "undo")
+            self._release(held, failed=True)
         if conn.held:
             log.warning("client %s (%s) went away holding %d lease(s); released", conn.id,
                         conn.info.get("pid"), len(conn.held))
@@ -505,27 +583,59 @@ class SchedulerActor:
                 return mine[0]
         return max(ok, key=room)
 
-    async def _acquire(self, conn: _Conn, key: int, spec: ActionSpec, timeout: float | None,
+    def _decode(self, kind: str, blob: bytes) -> ActionSpec:
+        """The request's spec, unpickled, re-validated and with its efficiency model frozen; any
+        failure is a SpecError for this request only (the connection and its leases stay)."""
+        hit = self._specs.get(blob)
+        if hit is not None:
+            return hit
+        try:
+            spec = pickle.loads(blob)
+        except Exception as exc:  # noqa: BLE001 - a class the actor cannot import, a raising __reduce__...
+            raise SpecError(
+                f"{kind}: the spec could not be unpickled by the scheduler actor ({type(exc).__name__}: {exc}); "
+                f"the classes and callables in it must be importable there or picklable by value") from None
+        if not isinstance(spec, ActionSpec):
+            raise SpecError(f"{kind}: acquire() needs an ActionSpec, got {type(spec).__name__}")
+        spec = _freeze(spec)
+        if len(self._specs) >= _SPEC_CACHE:
+            self._specs.clear()
+        self._specs[blob] = spec
+        return spec
+
+    def _timed_out(self, spec: ActionSpec, timeout: float, held: _Held) -> str:
+        """What the acquire waited for when its time ran out: quota units, or a node's resources."""
+        qspec, nspec = self._split(spec)
+        head = f"{spec.kind}: not granted within {timeout:g} s by the scheduler actor {self.name!r}"
+        if qspec is not None and held.qlease is None and self._quota_rt is not None:
+            return f"{head}; {self._quota_rt._shortage(qspec)} in the job-wide quotas"
+        node = held.route
+        if nspec is not None and node is not None and node.alive:
+            return f"{head}; {node.rt._shortage(nspec)} on node {node.label!r}"
+        return head
+
+    async def _acquire(self, conn: _Conn, key: int, kind: str, blob: bytes, timeout: float | None,
                        hint: str | None, caller: str | None) -> None:
         held = _Held(next(self._gids))
         loop = asyncio.get_running_loop()
         t0 = loop.time()
         try:
-            if timeout is None:
-                await self._phases(held, spec, hint, caller)
-            else:
-                await asyncio.wait_for(self._phases(held, spec, hint, caller), timeout)
+            spec = self._decode(kind, blob)
+            if hint is not None and not isinstance(hint, str):
+                raise SpecError(f"node must be None or a node label (str), got {hint!r}")
+            limit = check_timeout(timeout)
+            # never asyncio.wait_for: it can return the phases' grant and drop the cancel that the
+            # client's "cancel" delivered in the same iteration (3.10/3.11); `within` lets it win
+            await within(self._phases(held, spec, hint, caller), limit,
+                         lambda: self._timed_out(spec, limit or 0.0, held))
         except asyncio.CancelledError:
             conn.pending.pop(key, None)
-            # wait_for may drop a result that landed while it was being cancelled: give it back
             await self._undo(held, failed=True)
             raise
         except BaseException as exc:
             conn.pending.pop(key, None)
             await self._undo(held, failed=True)
             self.failed_acquires += 1
-            if isinstance(exc, (asyncio.TimeoutError, TimeoutError)):
-                exc = TimeoutError(f"{spec.kind}: not granted within {timeout} s")
             conn.send(("err", key, _wire.portable_error(exc)))
             if not isinstance(exc, Exception):
                 raise
@@ -558,6 +668,7 @@ class SchedulerActor:
     async def _phases(self, held: _Held, spec: ActionSpec, hint: str | None, caller: str | None) -> None:
         qspec, nspec = self._split(spec)
         node = self._route(nspec, hint, caller) if nspec is not None else None  # fail fast, before quotas
+        held.route = node
         try:
             if qspec is not None:
                 assert self._quota_rt is not None
@@ -581,6 +692,24 @@ class SchedulerActor:
             with anyio.CancelScope(shield=True):
                 await self._undo(held, failed=True)
             raise
+
+    def _release(self, held: _Held, *, failed: bool) -> None:
+        """Release a lease now when no manager must run (no await: the units are back before the
+        next frame is read), else in an ``undo`` task."""
+        if not self._undo_now(held, failed=failed):
+            self._spawn(self._undo(held, failed=failed), "undo")
+
+    def _undo_now(self, held: _Held, *, failed: bool) -> bool:
+        ncm, qcm = held.ncm, held.qcm
+        if ncm is not None and held.node is not None and held.node.alive and not ncm.leave_now(failed=failed):
+            return False  # the node's agent must undo its managers' work first: _undo does both
+        held.ncm = None
+        if qcm is not None and not qcm.leave_now(failed=failed):
+            return False  # _undo releases the quota part (the node part is done)
+        held.qcm = None
+        if held.granted and (ncm is not None or qcm is not None):
+            self.released += 1
+        return True
 
     async def _undo(self, held: _Held, *, failed: bool) -> None:
         """Release both parts of a lease, node part first (the reverse of acquisition)."""
@@ -617,6 +746,7 @@ class SchedulerActor:
             q["peak_used"] = self._peak_quota.get(n, 0)
         return {
             "name": self.name,
+            "pid": os.getpid(),
             "scheduler_node": self._ray_node_id,
             "nodes": {k: self._node_stats(n) for k, n in self._nodes.items()},
             "quotas": quotas,

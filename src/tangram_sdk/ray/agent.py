@@ -17,6 +17,7 @@ import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from ..errors import ManagerError, SpecError, TangramError
 from ..lease import Lease
 from ..managers.base import Manager, ManagerContext
 from ..pool import Pool
@@ -84,18 +85,37 @@ class NodeAgent:
         self._forever = asyncio.Event()
 
     async def start(self) -> dict[str, Any]:
+        """Evaluate the pool and build/start the managers here, on the node. User code runs in
+        both; what it raises becomes SpecError naming ``pool``/``managers`` (a manager's own
+        TangramError, e.g. DockerError for an unreachable daemon, passes unchanged)."""
         src = self._pool_src
-        pool = src() if callable(src) else (src if src is not None else default_node_pool())
+        try:
+            pool = src() if callable(src) else (src if src is not None else default_node_pool())
+        except Exception as exc:  # noqa: BLE001 - user code
+            raise SpecError(f"node {self.node!r}: the pool callable raised {type(exc).__name__}: {exc}") from None
         if not isinstance(pool, Pool):
-            raise TypeError(f"node {self.node!r}: pool must be a Pool, got {pool!r}")
+            raise SpecError(f"node {self.node!r}: pool must be a Pool (or a callable returning one), got {pool!r}")
         if pool.quotas:
-            raise ValueError(f"node {self.node!r}: quotas are global; pass them to deploy(quotas=...)")
+            raise SpecError(f"node {self.node!r}: pool quotas are global; pass them to deploy(quotas=...)")
         self.pool = pool
-        made = list(self._managers_src()) if self._managers_src is not None else []
+        try:
+            made = list(self._managers_src()) if self._managers_src is not None else []
+        except Exception as exc:  # noqa: BLE001 - user code
+            raise SpecError(f"node {self.node!r}: the managers factory raised {type(exc).__name__}: {exc}") from None
         ctx = ManagerContext(pool=pool, post=self._post)
-        for m in made:
-            await m.start(ctx)
-            self.managers.append(m)
+        try:
+            for m in made:
+                try:
+                    await m.start(ctx)
+                except TangramError:
+                    raise
+                except Exception as exc:  # noqa: BLE001 - a foreign manager's failure
+                    raise ManagerError(f"node {self.node!r}: manager {getattr(m, 'name', m)!r} failed to start: "
+                                       f"{type(exc).__name__}: {exc}") from exc
+                self.managers.append(m)
+        except BaseException:
+            await self.aclose()  # close the ones already started (the agent is killed next)
+            raise
         containers = list(self._containers)
         services: list[str] | None = None
         for m in self.managers:

@@ -16,7 +16,8 @@ from typing import Any
 
 from typing_extensions import Self
 
-from ..errors import SchedulerBrokenError, SpecError, TangramError
+from .._deadline import check_timeout, wait_future, within
+from ..errors import RuntimeClosedError, SchedulerBrokenError, SpecError, TangramError
 from ..lease import Lease
 from ..managers.base import Manager
 from ..pool import Pool, Quota
@@ -37,6 +38,37 @@ def _fingerprint(quotas: Mapping[str, Quota], options: Mapping[str, Any], ttl: f
                  float(ttl), float(hb)))
 
 
+def _seconds(name: str, value: Any, *, positive: bool = True) -> float:
+    """A finite number of seconds (> 0) or SpecError naming the argument."""
+    out = check_timeout(value, name)
+    if out is None or (positive and out <= 0):
+        raise SpecError(f"{name} must be a finite number of seconds > 0, got {value!r}")
+    return out
+
+
+def _ray_get(ref: Any, timeout: float, what: str) -> Any:
+    """``ray.get(ref)`` bounded by ``timeout``; Ray's errors become project errors: a timeout or a
+    dead actor -> SchedulerBrokenError naming ``what``; an error raised inside the actor/agent ->
+    that error when it is a TangramError (SpecError for a bad pool...), else SchedulerBrokenError."""
+    ray = require()
+    exc_mod = require("ray.exceptions")
+    try:
+        return ray.get(ref, timeout=timeout)
+    except exc_mod.GetTimeoutError:
+        raise SchedulerBrokenError(f"{what}: no answer within {timeout:g} s (the actor is frozen, "
+                                   f"overloaded or its node is unreachable)") from None
+    except exc_mod.RayTaskError as exc:
+        cause = getattr(exc, "cause", None)
+        while isinstance(cause, exc_mod.RayTaskError) and getattr(cause, "cause", None) is not None:
+            cause = cause.cause  # an agent's error, re-raised by the actor: report the original
+        if isinstance(cause, TangramError):
+            raise cause from None
+        raise SchedulerBrokenError(f"{what} failed: {type(cause or exc).__name__}: {cause or exc}") from None
+    except exc_mod.RayError as exc:  # actor died, object lost, ...
+        first = str(exc).splitlines()[0] if str(exc) else ""
+        raise SchedulerBrokenError(f"{what}: {type(exc).__name__}: {first}") from None
+
+
 def _ensure_ray(namespace: str) -> Any:
     ray = require()
     if not ray.is_initialized():
@@ -45,54 +77,66 @@ def _ensure_ray(namespace: str) -> Any:
 
 
 class TangramCluster:
-    """A handle on a deployed scheduler actor (sync methods: call them from driver code)."""
+    """A handle on a deployed scheduler actor (sync methods: call them from driver code).
 
-    def __init__(self, actor: Any, name: str, namespace: str) -> None:
+    Every call waits at most ``timeout`` seconds for the actor and raises SchedulerBrokenError
+    (naming the actor) when it does not answer or has died."""
+
+    def __init__(self, actor: Any, name: str, namespace: str, *, timeout: float = 30.0) -> None:
         self.actor = actor
         self.name = name
         self.namespace = namespace
+        self.timeout = _seconds("timeout", timeout)
 
     @classmethod
-    def get(cls, name: str = "tangram", *, namespace: str = "tangram") -> TangramCluster:
+    def get(cls, name: str = "tangram", *, namespace: str = "tangram", timeout: float = 30.0) -> TangramCluster:
         ray = _ensure_ray(namespace)
         try:
             actor = ray.get_actor(name, namespace=namespace)
         except ValueError:
             raise TangramError(f"no Tangram named {name!r} in namespace {namespace!r}; call deploy() first") from None
-        return cls(actor, name, namespace)
+        return cls(actor, name, namespace, timeout=timeout)
+
+    def _call(self, method: str, *args: Any) -> Any:
+        ref = getattr(self.actor, method).remote(*args)
+        return _ray_get(ref, self.timeout, f"the Tangram scheduler actor {self.namespace}/{self.name} ({method})")
 
     def statistics(self) -> dict[str, Any]:
-        ray = require()
-        out: dict[str, Any] = ray.get(self.actor.statistics.remote())
+        out: dict[str, Any] = self._call("statistics")
         return out
 
     def check_invariants(self) -> list[str]:
-        ray = require()
-        out: list[str] = ray.get(self.actor.check_invariants.remote())
+        out: list[str] = self._call("check_invariants")
         return out
 
     def add_node(self, label: str, ray_node_id: str | None = None, *, pool: PoolSource = None,
                  managers: Callable[[], Sequence[Manager]] | None = None,
                  containers: Sequence[str] = ()) -> dict[str, Any]:
         """Add (or re-add after loss) a node; ``ray_node_id`` defaults to ``label``."""
-        ray = require()
-        out: dict[str, Any] = ray.get(self.actor.add_node.remote(
-            label, ray_node_id or label, pool, managers, list(containers)))
+        _check_pool_source("pool", pool)
+        _check_managers(managers)
+        out: dict[str, Any] = self._call("add_node", label, ray_node_id or label, pool, managers, list(containers))
         return out
 
     def remove_node(self, label: str, reason: str = "removed by the operator") -> None:
-        require().get(self.actor.remove_node.remote(label, reason))
+        self._call("remove_node", label, reason)
 
     def register_containers(self, label: str, names: Sequence[str]) -> None:
-        require().get(self.actor.register_containers.remote(label, list(names)))
+        self._call("register_containers", label, list(names))
 
     def shutdown(self) -> None:
-        """Stop the scheduler: waiters fail, clients are dropped, agents close their managers."""
+        """Stop the scheduler: waiters fail, clients are dropped, agents close their managers.
+
+        The actor is killed in any case; when it did not finish its shutdown within ``timeout``
+        (frozen, or an agent hung closing its managers) this raises SchedulerBrokenError after the
+        kill, saying so: containers or GPU copies may then not have been parked/evicted."""
         ray = require()
         try:
-            ray.get(self.actor.shutdown.remote(), timeout=30)
-        finally:
+            self._call("shutdown")
+        except SchedulerBrokenError as exc:
             ray.kill(self.actor)
+            raise SchedulerBrokenError(f"{exc}; killed it (agents may not have closed their managers)") from None
+        ray.kill(self.actor)
 
     def __repr__(self) -> str:
         return f"<TangramCluster {self.namespace}/{self.name}>"
@@ -111,6 +155,8 @@ def deploy(
     heartbeat: float = 2.0,
     check_invariants: bool = False,
     scheduler_node: str | None = None,
+    timeout: float = 60.0,
+    agent_timeout: float | None = 120.0,
     **scheduler_options: Any,
 ) -> TangramCluster:
     """Get or create the job's scheduler actor ``namespace/name`` (named, detached) and one agent per
@@ -125,22 +171,53 @@ def deploy(
     after which its leases are released; clients heartbeat every ``heartbeat`` seconds.
     ``scheduler_node``: the Ray node id the scheduler actor is pinned to (default: the caller's;
     the head node is a good choice: the actor lives as long as its node). Scheduler options
-    (``window``, ``elastic``...) pass to every runtime inside the actor.
+    (``window``, ``elastic``...) pass to every runtime inside the actor. ``timeout``: seconds to
+    wait for the actor and for each node's agent to start (SchedulerBrokenError after that; the
+    returned cluster's calls use it too). ``agent_timeout``: seconds the actor waits for an agent's
+    apply/release (a grant's cpuset write or GPU restore) before failing that action with
+    ManagerError. Bad arguments are SpecError naming the argument, raised before anything starts;
+    a first deploy that fails (a pool callable that raises on an agent...) leaves no actor behind.
 
     Deploying again with the same configuration returns the running actor (adding missing nodes);
     a different configuration raises TangramError (``shutdown()`` it first).
     """
+    for arg, value in (("name", name), ("namespace", namespace)):
+        if not isinstance(value, str) or not value:
+            raise SpecError(f"{arg} must be a non-empty str, got {value!r}")
+    ttl = _seconds("ttl", ttl)
+    heartbeat = _seconds("heartbeat", heartbeat)
+    timeout = _seconds("timeout", timeout)
+    if agent_timeout is not None:
+        agent_timeout = _seconds("agent_timeout", agent_timeout)
+    if heartbeat >= ttl:
+        raise SpecError(f"need 0 < heartbeat < ttl, got heartbeat={heartbeat!r} ttl={ttl!r}")
+    if quotas is not None and not isinstance(quotas, Mapping):
+        raise SpecError(f"quotas must be a {{name: Quota(...)}} mapping, got {quotas!r}")
+    quotas = dict(quotas or {})
+    for qn, q in quotas.items():
+        if not isinstance(q, Quota):
+            raise SpecError(f"quota {qn!r} must be a Quota(...), got {q!r}")
+    labels_given = _check_nodes(nodes)
+    if isinstance(pool, Mapping):
+        for label, p in pool.items():
+            _check_pool_source(f"pool[{label!r}]", p)
+    else:
+        _check_pool_source("pool", pool)
+    _check_managers(managers)
+    if containers is not None and not isinstance(containers, Mapping):
+        raise SpecError(f"containers must be a {{node label: [container names]}} mapping, got {containers!r}")
+    _check_scheduler_options(quotas, scheduler_options)
+
     ray = _ensure_ray(namespace)
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     from .actor import SchedulerActor
 
-    if not (ttl > 0 and heartbeat > 0 and heartbeat < ttl):
-        raise SpecError(f"need 0 < heartbeat < ttl, got heartbeat={heartbeat!r} ttl={ttl!r}")
-    quotas = dict(quotas or {})
-    for qn, q in quotas.items():
-        if not isinstance(q, Quota):
-            raise SpecError(f"quota {qn!r} must be a Quota(...), got {q!r}")
+    try:
+        ray.get_actor(name, namespace=namespace)
+        created = False
+    except ValueError:
+        created = True  # this call creates it: a failure below must not leave it registered
     fp = _fingerprint(quotas, scheduler_options, ttl, heartbeat)
     here = scheduler_node or ray.get_runtime_context().get_node_id()
     actor = ray.remote(SchedulerActor).options(
@@ -148,25 +225,87 @@ def deploy(
         max_concurrency=100_000, max_restarts=0,
         # hard: a soft affinity was seen to land on another node now and then
         scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=here, soft=False),
-    ).remote(name, namespace, quotas, scheduler_options, ttl, heartbeat, check_invariants, fp)
-    ep = ray.get(actor.endpoint.remote())
-    if ep["fingerprint"] != fp:
-        raise TangramError(
-            f"a Tangram named {name!r} already runs in namespace {namespace!r} with another configuration; "
-            f"shut it down first (TangramCluster.get(...).shutdown())")
-    cluster = TangramCluster(actor, name, namespace)
-    if nodes is None:
-        labels = {n["NodeID"]: n["NodeID"] for n in ray.nodes() if n.get("Alive")}
-    elif isinstance(nodes, Mapping):
-        labels = dict(nodes)
-    else:
-        labels = {n: n for n in nodes}
-    refs = []
-    for label, rid in labels.items():
-        p = pool.get(label) if isinstance(pool, Mapping) else pool
-        refs.append(actor.add_node.remote(label, rid, p, managers, list((containers or {}).get(label, ()))))
-    ray.get(refs)
+    ).remote(name, namespace, quotas, scheduler_options, ttl, heartbeat, check_invariants, fp, agent_timeout)
+    what = f"the Tangram scheduler actor {namespace}/{name}"
+    try:
+        ep = _ray_get(actor.endpoint.remote(), timeout, what)
+        if ep["fingerprint"] != fp:
+            created = False  # someone else's actor: never kill it
+            raise TangramError(
+                f"a Tangram named {name!r} already runs in namespace {namespace!r} with another configuration; "
+                f"shut it down first (TangramCluster.get(...).shutdown())")
+        cluster = TangramCluster(actor, name, namespace, timeout=timeout)
+        if labels_given is None:
+            labels = {n["NodeID"]: n["NodeID"] for n in ray.nodes() if n.get("Alive")}
+        else:
+            labels = labels_given
+        refs = []
+        for label, rid in labels.items():
+            p = pool.get(label) if isinstance(pool, Mapping) else pool
+            try:
+                refs.append(actor.add_node.remote(label, rid, p, managers, list((containers or {}).get(label, ()))))
+            except Exception as exc:  # noqa: BLE001 - Ray could not serialise the pool/managers
+                raise SpecError(f"pool/managers for node {label!r} cannot be sent to the agent "
+                                f"({type(exc).__name__}: {exc})") from None
+        for ref in refs:
+            _ray_get(ref, timeout, f"{what}: adding a node")
+    except BaseException:
+        if created:
+            ray.kill(actor)
+        raise
     return cluster
+
+
+def _check_nodes(nodes: Any) -> dict[str, str] | None:
+    if nodes is None:
+        return None
+    if isinstance(nodes, Mapping):
+        out = dict(nodes)
+    elif isinstance(nodes, (list, tuple)):
+        out = {n: n for n in nodes}
+    else:
+        raise SpecError(f"nodes must be None, a list of Ray node ids or {{label: node id}}, got {nodes!r}")
+    for k, v in out.items():
+        if not isinstance(k, str) or not k or not isinstance(v, str) or not v:
+            raise SpecError(f"nodes must map non-empty str labels to Ray node ids, got {k!r}: {v!r}")
+    return out
+
+
+def _check_pool_source(arg: str, pool: Any) -> None:
+    if pool is not None and not isinstance(pool, Pool) and not callable(pool):
+        raise SpecError(f"{arg} must be a Pool, a zero-argument callable returning one, or None; got {pool!r}")
+
+
+def _check_managers(managers: Any) -> None:
+    if managers is not None and not callable(managers):
+        raise SpecError(f"managers must be a zero-argument factory (lambda: [DockerCpuManager()]), got {managers!r}")
+
+
+def _check_scheduler_options(quotas: Mapping[str, Quota], options: Mapping[str, Any]) -> None:
+    """Build one scheduler here so a bad option fails deploy() with SpecError, not the actor."""
+    import inspect
+
+    from ..scheduler.core import Scheduler
+
+    known = set(inspect.signature(Scheduler.__init__).parameters) - {"self", "pool"}
+    unknown = sorted(set(options) - known)
+    if unknown:
+        raise SpecError(f"unknown scheduler option(s) {unknown}; known: {sorted(known)}")
+    try:
+        Scheduler(Pool(quotas=dict(quotas)), **options)
+    except Exception as exc:  # noqa: BLE001 - any rejection of the values
+        raise SpecError(f"scheduler options {dict(options)!r} rejected: {type(exc).__name__}: {exc}") from None
+
+
+def _retrieve(task: asyncio.Task[Any]) -> None:
+    """Mark a shared attempt's failure as seen (its callers may all have been cancelled)."""
+    if not task.cancelled():
+        task.exception()
+
+
+async def _awaitable(ref: Any) -> Any:
+    """A coroutine over a Ray ObjectRef (``within`` runs it as a task)."""
+    return await ref
 
 
 class _Held:
@@ -197,8 +336,13 @@ class _Link:
 
     def _on_frame(self, payload: bytes) -> None:
         self.last_recv = time.monotonic()
-        msg = pickle.loads(payload)
-        op = msg[0]
+        try:
+            msg = pickle.loads(payload)
+            op = msg[0]
+        except Exception as exc:  # noqa: BLE001 - cannot tell whose answer it was: drop the link
+            log.error("undecodable frame from the Tangram scheduler actor (%r); dropping the link", exc)
+            self.abort()
+            return
         if op in ("grant", "reply"):
             fut = self.waiters.pop(msg[1], None)
             if fut is not None and not fut.done():
@@ -268,21 +412,23 @@ class RemoteTangram:
     :class:`LeaseLostError` (their units were released); the next ``acquire`` reconnects.
     """
 
-    def __init__(self, name: str = "tangram", *, namespace: str = "tangram") -> None:
+    def __init__(self, name: str = "tangram", *, namespace: str = "tangram", connect_timeout: float = 10.0) -> None:
         self.name = name
         self.namespace = namespace
+        self.connect_timeout = _seconds("connect_timeout", connect_timeout)
         self._actor: Any = None
         self._link: _Link | None = None
-        self._connecting: asyncio.Lock | None = None
+        self._connecting: asyncio.Task[_Link] | None = None
         self._keys = itertools.count(1)
         self._caller: str | None = None
         self._closing = False
         self._agents: dict[str, Any] = {}
 
     @classmethod
-    async def connect(cls, name: str = "tangram", *, namespace: str = "tangram") -> RemoteTangram:
+    async def connect(cls, name: str = "tangram", *, namespace: str = "tangram",
+                      connect_timeout: float = 10.0) -> RemoteTangram:
         """``await RemoteTangram.connect(...)``: a connected instance (close it with ``aclose()``)."""
-        self = cls(name, namespace=namespace)
+        self = cls(name, namespace=namespace, connect_timeout=connect_timeout)
         await self._ready()
         return self
 
@@ -305,41 +451,64 @@ class RemoteTangram:
                 link.proto.transport.close()
 
     async def _ready(self) -> _Link:
+        """The live link, connecting first if needed. Concurrent callers share one attempt, bounded
+        by ``connect_timeout``: against a frozen actor they all get SchedulerBrokenError after one
+        bound, not one bound each behind a lock."""
         link = self._link
         if link is not None and not link.closed:
             return link
         if self._closing:
-            from ..errors import RuntimeClosedError
-
             raise RuntimeClosedError("this RemoteTangram has been closed")
-        if self._connecting is None:
-            self._connecting = asyncio.Lock()
-        async with self._connecting:
-            link = self._link
-            if link is not None and not link.closed:
-                return link
-            ray = _ensure_ray(self.namespace)
-            if self._caller is None:
-                self._caller = ray.get_runtime_context().get_node_id()
-            try:
-                actor = ray.get_actor(self.name, namespace=self.namespace)
-            except ValueError:
-                raise TangramError(f"no Tangram named {self.name!r} in namespace {self.namespace!r}; "
-                                   f"call tangram_sdk.ray.deploy() first") from None
-            try:
-                ep = await actor.endpoint.remote()
-            except Exception as exc:
-                raise SchedulerBrokenError(f"the Tangram scheduler actor {self.name!r} is gone: {exc!r}") from exc
-            self._actor = actor
-            loop = asyncio.get_running_loop()
-            link = _Link(self)
-            await loop.create_connection(lambda: link.proto, ep["host"], ep["port"])
+        task = self._connecting
+        if task is None or task.done():
+            task = self._connecting = asyncio.get_running_loop().create_task(self._connect())
+            task.add_done_callback(_retrieve)
+        # shield: a cancelled caller leaves the shared attempt to the others; the plain await of
+        # the shield's own future still delivers the cancel to this caller
+        return await asyncio.shield(task)
+
+    async def _connect(self) -> _Link:
+        ray = _ensure_ray(self.namespace)
+        if self._caller is None:
+            self._caller = ray.get_runtime_context().get_node_id()
+        try:
+            actor = ray.get_actor(self.name, namespace=self.namespace)
+        except ValueError:
+            raise TangramError(f"no Tangram named {self.name!r} in namespace {self.namespace!r}; "
+                               f"call tangram_sdk.ray.deploy() first") from None
+        what = f"the Tangram scheduler actor {self.namespace}/{self.name}"
+        bound = self.connect_timeout
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + bound
+
+        def late(step: str) -> str:
+            return f"{what} did not answer {step} within {bound:g} s (frozen, overloaded, or its node is unreachable)"
+
+        try:
+            ep = await within(_awaitable(actor.endpoint.remote()), bound, lambda: late("the endpoint request"))
+        except TimeoutError as exc:
+            raise SchedulerBrokenError(str(exc)) from None
+        except Exception as exc:  # noqa: BLE001 - ActorDiedError and the like
+            raise SchedulerBrokenError(f"{what} is gone: {exc!r}") from exc
+        self._actor = actor
+        link = _Link(self)
+        try:
+            await within(loop.create_connection(lambda: link.proto, ep["host"], ep["port"]),
+                         max(0.0, deadline - loop.time()), lambda: late("the TCP connection"))
             link.proto.transport.write(_wire.frame(ep["token"]))  # type: ignore[union-attr]
             link.send(("hello", {"pid": os.getpid(), "node": self._caller}))
-            link.config = await asyncio.wait_for(link.welcome, 30)
-            link.hb = loop.create_task(link.heartbeat(float(ep["heartbeat"]), float(ep["ttl"])))
-            self._link = link
-            return link
+            link.config = await wait_future(link.welcome, max(0.0, deadline - loop.time()),
+                                            lambda: late("the welcome"))
+        except BaseException as exc:
+            link.abort()
+            if isinstance(exc, TimeoutError):
+                raise SchedulerBrokenError(str(exc)) from None
+            if isinstance(exc, OSError):
+                raise SchedulerBrokenError(f"cannot connect to {what} at {ep['host']}:{ep['port']}: {exc}") from exc
+            raise
+        link.hb = loop.create_task(link.heartbeat(float(ep["heartbeat"]), float(ep["ttl"])))
+        self._link = link
+        return link
 
     def acquire(self, spec: ActionSpec, *, timeout: float | None = None, node: str | None = None) -> _RemoteAcquire:
         """Wait for ``spec``'s resources anywhere in the job; an async context manager yielding a
@@ -349,18 +518,28 @@ class RemoteTangram:
         ``lease.attachment("node")`` says where it landed."""
         if not isinstance(spec, ActionSpec):
             raise SpecError(f"acquire() needs an ActionSpec, got {type(spec).__name__}")
-        if timeout is not None and not (timeout >= 0):
-            raise SpecError(f"timeout must be None or seconds >= 0, got {timeout!r}")
-        return _RemoteAcquire(self, spec, timeout, node)
+        limit = check_timeout(timeout)
+        if node is not None and (not isinstance(node, str) or not node):
+            raise SpecError(f"node must be None or a node label (a non-empty str), got {node!r}")
+        return _RemoteAcquire(self, spec, limit, node)
 
     async def statistics(self) -> dict[str, Any]:
-        """The scheduler actor's snapshot: per node, per quota, clients, peaks, invariant errors."""
+        """The scheduler actor's snapshot: per node, per quota, clients, peaks, invariant errors.
+        SchedulerBrokenError when the actor does not answer within ``connect_timeout``."""
         link = await self._ready()
         key = next(self._keys)
         fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         link.waiters[key] = fut
         link.send(("stats", key))
-        out: dict[str, Any] = await fut
+        try:
+            out: dict[str, Any] = await wait_future(
+                fut, self.connect_timeout,
+                lambda: f"the Tangram scheduler actor {self.namespace}/{self.name} did not answer statistics "
+                        f"within {self.connect_timeout:g} s")
+        except TimeoutError as exc:
+            raise SchedulerBrokenError(str(exc)) from None
+        finally:
+            link.waiters.pop(key, None)
         return out
 
     def _agent(self, name: str) -> Any:
@@ -390,6 +569,7 @@ class _RemoteAcquire:
 
     async def __aenter__(self) -> Lease:
         rt = self._rt
+        blob = _wire.encode_spec(self._spec)  # SpecError before anything is registered or sent
         link = await rt._ready()
         loop = asyncio.get_running_loop()
         key = self._key = next(rt._keys)
@@ -399,9 +579,14 @@ class _RemoteAcquire:
         fut: asyncio.Future[dict[str, Any]] = loop.create_future()
         link.waiters[key] = fut
         t0 = loop.time()
-        link.send(("acq", key, self._spec, self._timeout, self._node, rt._caller))
+        link.send(("acq", key, self._spec.kind, blob, self._timeout, self._node, rt._caller))
+        # the actor enforces `timeout`; this side waits a heartbeat longer for its answer, so a
+        # frozen actor still yields TimeoutError on time (without a timeout, the link's silence
+        # limit, ttl - heartbeat, ends the wait with LeaseLostError)
+        grace = None if self._timeout is None else self._timeout + float(link.config.get("heartbeat", 2.0))
         try:
-            f = await fut
+            # never asyncio.wait_for: a grant landing with a cancel must not swallow the cancel
+            f = await wait_future(fut, grace, self._late)
         except BaseException:
             link.waiters.pop(key, None)
             link.send(("cancel", key))  # whatever the actor has for this key goes back (no-op if nothing)
@@ -427,6 +612,11 @@ class _RemoteAcquire:
 
                 lease.attach("call", _call)
         return lease
+
+    def _late(self) -> str:
+        rt = self._rt
+        return (f"{self._spec.kind}: not granted within {self._timeout:g} s: the scheduler actor "
+                f"{rt.namespace}/{rt.name} did not answer in time")
 
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                         tb: TracebackType | None) -> None:
