@@ -129,7 +129,8 @@ async def test_restore_fault_mid_run_fails_only_that_service_and_recovers() -> N
             assert e.resource.startswith("rm_a@cpu:"), e.resource  # service@device(s)
             assert "rm_a" in str(e) and "cpu:" in str(e) and "injected" in str(e)
             assert isinstance(e.__cause__, RuntimeError)
-        assert any(",".join(d) == "cpu:0,cpu:1" for _, d in fault.hits)  # the 2-device restore was tried
+        # a 2-device grant restores one shared copy per device (issue 18, M5): both were tried
+        assert {d for _, d in fault.hits} == {("cpu:0",), ("cpu:1",)}
         whole(t)
         gpu_idle(mgr)
         # phase 3: fault removed: rm_a works again everywhere, including the 2-device instance
@@ -138,7 +139,9 @@ async def test_restore_fault_mid_run_fails_only_that_service_and_recovers() -> N
         assert res == ["ok"] * 5
         whole(t)
         gpu_idle(mgr)
-        assert mgr.statistics()["failures"] == len(failed)
+        # failures count failed copy restores: a 2-device action may have failed on both of its copies
+        wide = sum(1 for (r, e) in a[20:] if r == "device_error")
+        assert len(failed) <= mgr.statistics()["failures"] <= len(failed) + wide
     await no_stray_tasks()
 
 
@@ -151,10 +154,11 @@ async def test_transient_oom_is_retried_and_persistent_oom_is_a_device_error() -
         assert await score(t, "rm_a") == "ok"  # evict idle, retry once, succeed
         assert mgr.statistics()["retries"] == 1
         fault.service, fault.times = "rm_a", -1
-        # rm_a is resident now (warm hits do not restore): make it cold on a fresh 2-device instance
+        # rm_a is resident on one device now (warm hits do not restore): a 2-device grant must restore
+        # its copy on the other device (copies are per device, shared by widths), which fails
         r, e = await outcome(score(t, "rm_a", gpus=2))
         assert r == "device_error" and isinstance(e, DeviceError), (r, e)
-        assert "retrying once" in str(e) and e.resource == "rm_a@cpu:0,cpu:1"
+        assert "retrying once" in str(e) and e.resource in ("rm_a@cpu:0", "rm_a@cpu:1")
         assert await score(t, "rm_b") == "ok"
         fault.service = None
         assert await score(t, "rm_a", gpus=2) == "ok"

@@ -39,7 +39,8 @@ class Scorer(torch.nn.Module):
         return self.l2(torch.tanh(self.l1(x))).squeeze(-1)
 
 
-FP = 8960  # footprint of Scorer(d=32): 8192 + 3 * 256 (each tensor aligned to 256 bytes)
+PACKED = 8960  # Scorer(d=32) packed: 8192 + 3 * 256 (each tensor aligned to 256 bytes)
+FP = 9216  # what one copy is charged: the 8960-byte device buffer in the allocator's 512-byte blocks
 X = torch.randn(6, 32, generator=torch.Generator().manual_seed(7))
 
 
@@ -90,9 +91,10 @@ def used(mgr: TorchGpuManager, g: int = 0) -> int:
 
 
 # -- registration and check --------------------------------------------------------------------
-def test_footprint_is_measured() -> None:
+def test_footprint_is_the_allocator_charge_of_the_packed_buffer() -> None:
     mgr = manager()
     assert mgr.footprint("a") == FP
+    assert mgr.statistics()["host_bytes"] == 3 * PACKED  # host copies are the exact packed size
 
 
 def test_factory_called_once_and_factory_error_registers_nothing() -> None:
@@ -142,7 +144,7 @@ async def test_check_unknown_and_infeasible(events: list[Any]) -> None:
     mgr.check(ActionSpec(kind="plain", cpus=1))  # not ours: ignored
     with pytest.raises(SpecError, match="unknown GPU service 'zzz'.*registered: a, b, c"):
         mgr.check(ActionSpec(kind="s", gpus=1, service="zzz"))
-    with pytest.raises(InfeasibleSpecError, match="'a' needs 8960 bytes.*largest device budget is 8959"):
+    with pytest.raises(InfeasibleSpecError, match=f"'a' needs {FP} bytes.*largest device budget is {FP - 1}"):
         mgr.check(ActionSpec(kind="s", gpus=1, service="a"))
     ok = await started(manager(budget={0: FP, 1: 1}), events)
     ok.check(ActionSpec(kind="s", gpus=1, service="a"))
@@ -308,7 +310,7 @@ async def test_restores_run_off_the_event_loop(events: list[Any]) -> None:
     assert ticks >= 10
 
 
-async def test_multi_gpu_instance_is_separate_and_data_parallel(events: list[Any]) -> None:
+async def test_multi_gpu_grant_is_data_parallel_over_shared_copies(events: list[Any]) -> None:
     mgr = await started(manager(budget=4 * FP, n=4), events, n=4)
     one = await use(mgr, "a", (0,))
     two_grant, two = lease_for("a", (0, 1))
@@ -317,7 +319,7 @@ async def test_multi_gpu_instance_is_separate_and_data_parallel(events: list[Any
     out = await two.call(X)
     assert torch.allclose(out, one, atol=1e-6)
     await mgr.release(two_grant, two)
-    assert used(mgr, 0) == 2 * FP and used(mgr, 1) == FP
+    assert used(mgr, 0) == FP and used(mgr, 1) == FP  # the 1-GPU copy on GPU 0 serves the 2-GPU grant too
     assert mgr.statistics()["restores"] == 2
     # four GPUs, a batch of 6 rows: 4 chunks
     assert torch.allclose(await use(mgr, "a", (0, 1, 2, 3)), one, atol=1e-6)
@@ -387,7 +389,7 @@ async def test_budget_that_cannot_fit_raises_device_error(events: list[Any]) -> 
     mgr = await started(manager(budget={0: 10 * FP, 1: FP // 2}), events)
     mgr.check(ActionSpec(kind="s", gpus=1, service="a"))  # feasible somewhere
     grant, lease = lease_for("a", (1,))
-    with pytest.raises(DeviceError, match="'a' needs 8960 bytes but cpu \\(pool GPU 1\\)") as ei:
+    with pytest.raises(DeviceError, match=f"'a' needs {FP} bytes but cpu \\(pool GPU 1\\)") as ei:
         await mgr.apply(grant, lease)
     assert ei.value.resource == "a@cpu"
     assert used(mgr, 1) == 0
@@ -487,6 +489,13 @@ def http_server() -> Iterator[str]:
     srv.server_close()
 
 
+def test_server_adapters_live_in_services_and_stay_importable_from_gpu() -> None:
+    from tangram_sdk.managers import gpu, services
+
+    assert gpu.HttpSleepWake is services.HttpSleepWake
+    assert gpu.OffloadableService is services.OffloadableService
+
+
 async def test_http_sleep_wake_adapter(http_server: str) -> None:
     _Handler.seen.clear()
     adapter = HttpSleepWake(http_server, footprint=FP, level=2)
@@ -570,6 +579,7 @@ async def test_cuda_restore_evict_cycle(events: list[Any]) -> None:
     assert outs[0].device.type == "cuda"
     assert torch.equal(outs[0], outs[2]) and torch.equal(outs[1], outs[3])
     st = mgr.statistics()
-    assert st["devices"][0]["device"] == "cuda:0" and st["devices"][0]["used"] >= 2 * FP
+    assert st["devices"][0]["device"] == "cuda:0" and st["devices"][0]["used"] == 2 * FP
+    assert [i["bytes"] for i in st["instances"]] == [{0: FP}, {0: FP}]  # charged from the restored storage
     await mgr.aclose()
     assert mgr.statistics()["devices"][0]["used"] == 0

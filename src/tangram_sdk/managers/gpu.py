@@ -2,10 +2,14 @@
 only while actions need it, and idle copies are evicted least-recently-used first.
 
 Why: reward and teacher models sit on dedicated GPUs that are busy a few percent of the time. Here
-every registered service is materialised ONCE into a (pinned) host buffer; a grant restores it onto the
-granted GPUs with one bulk copy, and after the action it stays resident as a cache until another
-restore needs the memory. An *instance* is ``(service, gpus)``: 1, 2 or 4 GPUs are separate instances
-(data-parallel replicas, one per GPU; ``lease.call`` splits the batch across them).
+every registered service is materialised ONCE into an exact-size (page-locked where CUDA exists) host
+buffer; a grant restores it onto the granted GPUs with one bulk copy per GPU, and after the action it
+stays resident as a cache until another restore needs the memory.
+
+Instances: a torch service has at most one copy per GPU, shared by every elastic width. A grant of
+1, 2 or 4 GPUs holds the single-GPU instances ``(service, (g,))`` of its GPUs (data-parallel
+replicas; ``lease.call`` splits the batch across them), restoring only the ones that are cold, all at
+once. An offloadable server is one process: its instance is the whole grant, one awake at a time.
 
 Concurrency contract:
 
@@ -14,8 +18,12 @@ Concurrency contract:
 * ``refs`` counts actions holding an instance; an instance with ``refs > 0`` is never evicted. A
   restore that needs memory held by instances in use waits until they are released.
 * Concurrent applies of one instance restore it once: the second waits for the first's transition.
-* Out of memory during a restore (``torch.OutOfMemoryError``, ``MemoryError``, a measured footprint
-  over the budget): evict every idle instance on those GPUs, retry once, then :class:`DeviceError`.
+* Out of memory during a restore (``torch.OutOfMemoryError``, ``MemoryError``, a charge over the
+  budget): evict every idle instance on those GPUs, retry once, then :class:`DeviceError`. The same
+  for an OOM inside ``lease.call`` (activations are not in the ledger).
+* The ledger charges what a restore really holds (the restored storages, rounded as the CUDA caching
+  allocator rounds them); an eviction credits only memory really freed: a buffer user code still
+  references stays charged until it dies.
 
 Only :mod:`._torch_store` imports torch (lazily), so importing this module does not.
 """
@@ -23,26 +31,24 @@ Only :mod:`._torch_store` imports torch (lazily), so importing this module does 
 from __future__ import annotations
 
 import asyncio
-
-import json
+import functools
 import logging
 import time
-import urllib.parse
-import urllib.request
-from collections.abc import Callable, Mapping
-from typing import Any, Literal, Protocol, runtime_checkable
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, Literal, TypeVar
 
 import anyio
 import attrs
 
+from .._shield import finish
 from ..errors import DeviceError, InfeasibleSpecError, ManagerError, SpecError
 from ..lease import Lease
 from ..scheduler.decisions import Grant
-from .._shield import finish
 from ..scheduler.events import ServiceResidency
 from ..spec import _NAME_RE, ActionSpec
 from . import _torch_store as ts
 from .base import ManagerContext
+from .services import HttpSleepWake, OffloadableService
 
 __all__ = ["HttpSleepWake", "OffloadableService", "TorchGpuManager"]
 
@@ -50,34 +56,49 @@ log = logging.getLogger(__name__)
 
 RestoreHook = Callable[[str, tuple[str, ...]], None]
 State = Literal["cold", "restoring", "resident", "evicting"]
+OnOom = Callable[["_Instance"], Awaitable[int]]
+Held = list[tuple[int, ts.HeldBuffer]]  # (pool GPU, buffer still referenced after an eviction)
+T = TypeVar("T")
 
 
-@runtime_checkable
-class OffloadableService(Protocol):
-    """An external server that can release and re-acquire its GPU memory (vLLM sleep/wake style).
+async def _gather(fns: list[Callable[[], Awaitable[T]]]) -> list[T]:
+    """Run ``fns`` concurrently to their ends; raise the first failure itself (not an exception
+    group, so callers see the typed error), after every one has finished."""
+    if len(fns) == 1:
+        return [await fns[0]()]
+    outs: list[Any] = [None] * len(fns)
+    errors: list[Exception] = []
 
-    ``footprint``: bytes it occupies on each device while awake. ``wake(devices)`` must return only
-    once the server is ready to serve; ``sleep()`` only once the memory is free. A server is a single
-    process, so it has at most one awake instance at a time. If it defines ``async call(...)``, that
-    becomes ``lease.call``; ``lease.service`` is the adapter itself.
-    """
+    async def run(i: int) -> None:
+        try:
+            outs[i] = await fns[i]()
+        except Exception as exc:  # noqa: BLE001 - collected, the first is re-raised below
+            errors.append(exc)
 
-    footprint: int
+    async with anyio.create_task_group() as tg:
+        for i in range(len(fns)):
+            tg.start_soon(run, i)
+    for extra in errors[1:]:
+        log.debug("also failed: %r", extra)
+    if errors:
+        raise errors[0]
+    return outs
 
-    async def wake(self, devices: tuple[str, ...]) -> None: ...
 
-    async def sleep(self) -> None: ...
+def _drop_frames(exc: BaseException) -> None:
+    """Free what a failed forward's frames hold (activations) before retrying or re-raising."""
+    ts.clear_frames(exc.__traceback__)
 
 
 class _TorchService:
-    """A torch module kept in a HostStore; instances hold per-device replicas."""
+    """A torch module kept in a HostStore; its single-GPU instances hold one replica each."""
 
     exclusive = False
 
     def __init__(self, name: str, store: ts.HostStore) -> None:
         self.name = name
         self.store = store
-        self.estimate = store.footprint  # bytes per device; raised to the largest measured restore
+        self.estimate = store.charge  # bytes per device; follows the last measured restore
 
     async def restore(self, inst: _Instance, hook: RestoreHook | None) -> dict[int, int]:
         def work() -> dict[int, int]:
@@ -89,34 +110,49 @@ class _TorchService:
 
         return await anyio.to_thread.run_sync(work)
 
-    async def evict(self, inst: _Instance, empty_cache: bool) -> None:
+    async def evict(self, inst: _Instance) -> Held:
         reps = inst.replicas or []
-        await anyio.to_thread.run_sync(lambda: self.store.evict(reps, empty_cache=empty_cache))
 
-    def attach(self, lease: Lease, inst: _Instance) -> None:
-        reps = inst.replicas or []
+        def work() -> Held:
+            return [(g, h) for g, r in zip(inst.gpus, reps) for h in self.store.evict([r])]
+
+        return await anyio.to_thread.run_sync(work)
+
+    def attach(self, lease: Lease, parts: list[_Instance], on_oom: OnOom) -> None:
+        reps = [p.replicas[0] for p in parts if p.replicas]
+        devices = tuple(p.devices[0] for p in parts)
         lease.attach("service", reps[0].module)
         lease.attach("replicas", tuple(r.module for r in reps))
-        lease.attach("devices", inst.devices)
+        lease.attach("devices", devices)
+        name, inference = self.name, self.store.inference
+
+        async def run(part: _Instance, rep: ts.DeviceReplica, a: tuple[Any, ...], k: dict[str, Any]) -> Any:
+            try:
+                return await anyio.to_thread.run_sync(ts.run_replica, rep, inference, a, k)
+            except Exception as exc:
+                if not ts.is_oom(exc):
+                    raise
+                _drop_frames(exc)
+            evicted = await on_oom(part)
+            try:
+                return await anyio.to_thread.run_sync(ts.run_replica, rep, inference, a, k)
+            except Exception as exc:
+                if not ts.is_oom(exc):
+                    raise
+                _drop_frames(exc)
+                raise DeviceError(
+                    f"service {name!r} ran out of memory on {rep.device} in lease.call, after evicting "
+                    f"{evicted} idle services there and retrying once: {exc!r}",
+                    resource=f"{name}@{rep.device}") from exc
 
         async def call(*args: Any, **kwargs: Any) -> Any:
-            if inst.state != "resident":
-                raise ManagerError(f"service {self.name!r} on {inst.devices} is no longer resident "
-                                   "(lease.call used after the lease was released?)", resource=self.name)
+            if any(p.state != "resident" for p in parts):
+                raise ManagerError(f"service {name!r} on {devices} is no longer resident "
+                                   "(lease.call used after the lease was released?)", resource=name)
             chunks = ts.split_batch(len(reps), args, kwargs)
-            outs: list[Any] = [None] * len(chunks)
-
-            async def one(i: int) -> None:
-                a, k = chunks[i]
-                outs[i] = await anyio.to_thread.run_sync(ts.run_replica, reps[i], self.store.inference, a, k)
-
-            if len(chunks) == 1:
-                await one(0)
-                return outs[0]
-            async with anyio.create_task_group() as tg:
-                for i in range(len(chunks)):
-                    tg.start_soon(one, i)
-            return ts.gather(outs, reps[0].device)
+            outs = await _gather([functools.partial(run, parts[i], reps[i], *chunks[i])
+                                  for i in range(len(chunks))])
+            return outs[0] if len(outs) == 1 else ts.gather(outs, reps[0].device)
 
         lease.attach("call", call)
 
@@ -137,12 +173,13 @@ class _OffloadService:
         await self.adapter.wake(inst.devices)
         return {g: self.estimate for g in inst.gpus}
 
-    async def evict(self, inst: _Instance, empty_cache: bool) -> None:
+    async def evict(self, inst: _Instance) -> Held:
         await self.adapter.sleep()
+        return []
 
-    def attach(self, lease: Lease, inst: _Instance) -> None:
+    def attach(self, lease: Lease, parts: list[_Instance], on_oom: OnOom) -> None:
         lease.attach("service", self.adapter)
-        lease.attach("devices", inst.devices)
+        lease.attach("devices", parts[0].devices)
         fn = getattr(self.adapter, "call", None)
         if fn is not None:
             lease.attach("call", fn)
@@ -165,14 +202,23 @@ class _Instance:
     restore_s: float | None = None
 
 
+@attrs.define(eq=False)
+class _HeldCharge:
+    gpu: int
+    service: str
+    buffer: ts.HeldBuffer
+
+
 class TorchGpuManager:
     """Evict-on-execution manager for GPU services (torch modules and offloadable servers).
 
     ``devices``: pool GPU index -> torch device string (``{0: "cuda:0"}``, or ``{0: "cpu", 1: "cpu"}``
     to run the whole machinery on the CPU). Default: ``cuda:i`` when CUDA is available, else ``cpu``.
     ``memory_budget``: bytes per pool GPU (one int for all, or a mapping); default on CUDA
-    ``memory_fraction`` of the device's total memory, on CPU unlimited. ``empty_cache_on_evict``
-    returns freed blocks to the driver (useful when other processes share the GPU).
+    ``memory_fraction`` of the memory free on the device at ``start()`` (``torch.cuda.mem_get_info``
+    plus torch's cached free blocks), split evenly between pool GPUs mapped to one device; the rest is
+    left for activations. On CPU unlimited. ``empty_cache_on_evict`` returns freed blocks to the driver
+    after each batch of evictions (useful when other processes share the GPU).
     ``restore_hook(service, devices)`` runs before every restore attempt (in the worker thread for
     torch services); raising from it simulates a failure - for tests and failure drills.
     """
@@ -208,13 +254,16 @@ class TorchGpuManager:
         self._hook = restore_hook
         self._services: dict[str, _Service] = {}
         self._instances: dict[tuple[str, tuple[int, ...]], _Instance] = {}
-        self._held: dict[int, _Instance] = {}
+        self._held: dict[int, list[_Instance]] = {}
+        self._posted: set[tuple[str, tuple[int, ...]]] = set()  # multi-GPU grants believed resident
+        self._held_charges: list[_HeldCharge] = []
         self._devices: dict[int, str] = dict(devices or {})
         self._budget: dict[int, int | None] = {}
         self._ctx: ManagerContext | None = None
         self._tick = 0
         self._memory = anyio.Event()
-        self._stats = {"restores": 0, "evictions": 0, "hits": 0, "retries": 0, "failures": 0}
+        self._stats = {"restores": 0, "evictions": 0, "hits": 0, "retries": 0, "failures": 0,
+                       "call_retries": 0, "held_evictions": 0}
         self._restore_s_total = 0.0
 
     # -- registration ---------------------------------------------------------------------------
@@ -230,7 +279,8 @@ class TorchGpuManager:
         """Register a service once: ``factory()`` (called here, once) or ``module`` (a torch
         ``nn.Module``), or an ``offloadable`` server adapter. The module is packed into host memory
         now; ``inference=True`` puts it in eval mode and runs calls under ``torch.inference_mode``.
-        A failing factory raises ManagerError and registers nothing."""
+        A failing factory raises ManagerError, a module holding tensor subclasses (quantised weights,
+        DTensor) SpecError naming the tensor; either way nothing is registered."""
         if not isinstance(name, str) or not _NAME_RE.match(name):
             raise SpecError(f"service name must be a short identifier, got {name!r}")
         if name in self._services:
@@ -253,7 +303,7 @@ class TorchGpuManager:
                 raise ManagerError(f"factory for GPU service {name!r} raised {exc!r}; nothing was registered",
                                    resource=name) from exc
         try:
-            store = ts.HostStore(module, inference=inference)
+            store = ts.HostStore(module, inference=inference, name=name)
         except SpecError:
             raise
         except Exception as exc:
@@ -262,7 +312,7 @@ class TorchGpuManager:
         self._services[name] = _TorchService(name, store)
 
     def footprint(self, name: str) -> int:
-        """Bytes one instance of ``name`` occupies on each of its devices (as measured so far)."""
+        """Bytes one copy of ``name`` is charged on each of its devices (as last measured)."""
         return self._service(name).estimate
 
     # -- Manager protocol ----------------------------------------------------------------------
@@ -280,11 +330,13 @@ class TorchGpuManager:
             if missing:
                 raise SpecError(f"devices has no entry for pool GPUs {missing}")
             self._devices = {g: self._devices_arg[g] for g in gpus}
-        self._budget = {g: self._default_budget(g) for g in gpus}
         if any(i.state != "cold" for i in self._instances.values()):
             raise ManagerError("TorchGpuManager.start() while services are still resident; aclose() first")
+        free: dict[str, int] = {}
+        self._budget = {g: self._default_budget(g, free) for g in gpus}
         self._instances.clear()
         self._held.clear()
+        self._posted.clear()
         self._memory = anyio.Event()
         self._ctx = ctx
 
@@ -307,41 +359,64 @@ class TorchGpuManager:
         if not grant.gpus:
             raise DeviceError(f"service {name!r} was granted no GPUs", resource=name)
         svc = self._service(name)
-        inst = self._instance(svc, tuple(grant.gpus))
-        inst.refs += 1
+        gpus = tuple(grant.gpus)
+        if isinstance(svc, _TorchService) and len(gpus) > 1:
+            parts = [self._instance(svc, (g,)) for g in gpus]  # one shared copy per GPU
+        else:
+            parts = [self._instance(svc, gpus)]
+        for p in parts:
+            p.refs += 1
+        t0 = time.perf_counter()
         try:
-            hit = await self._ensure_resident(inst)
+            hits = await _gather([functools.partial(self._ensure_resident, p) for p in parts])
         except BaseException:
-            inst.refs -= 1
+            for p in parts:
+                p.refs -= 1
             self._notify()
+            if len(parts) > 1:  # the scheduler marked the grant resident when it granted
+                self._posted.discard((name, gpus))
+                self._post(ServiceResidency(name, gpus, False, None))
             raise
-        if hit and grant.restore:  # the scheduler thought it cold: correct its belief
-            self._post(ServiceResidency(name, inst.gpus, True, None))
-        self._touch(inst)
-        self._held[grant.action_id] = inst
-        svc.attach(lease, inst)
+        if len(parts) == 1:
+            if hits[0] and grant.restore:  # the scheduler thought it cold: correct its belief
+                self._post(ServiceResidency(name, gpus, True, None))
+        else:
+            restored = not all(hits)
+            if restored or grant.restore:
+                self._post(ServiceResidency(name, gpus, True, time.perf_counter() - t0 if restored else None))
+            self._posted.add((name, gpus))
+        for p in parts:
+            self._touch(p)
+        self._held[grant.action_id] = parts
+        svc.attach(lease, parts, self._on_call_oom)
 
     async def release(self, grant: Grant, lease: Lease) -> None:
-        inst = self._held.pop(grant.action_id, None)
-        if inst is None:  # apply failed or the spec had no service
+        parts = self._held.pop(grant.action_id, None)
+        if parts is None:  # apply failed or the spec had no service
             return
-        inst.refs -= 1
-        self._touch(inst)
+        for p in parts:
+            p.refs -= 1
+            self._touch(p)
         self._notify()
 
     async def aclose(self) -> None:
         """Evict every resident instance (sleep offloadable servers); registrations are kept."""
+        evicted: list[str] = []
         for inst in list(self._instances.values()):
             if inst.state != "resident":
                 continue
             inst.state = "evicting"
             try:
                 with anyio.CancelScope(shield=True):
-                    await inst.service.evict(inst, self._empty_cache)
+                    self._keep_held(inst, await inst.service.evict(inst))
+                evicted.extend(inst.devices)
             except Exception:
                 log.exception("evicting %s on %s at close failed", inst.service.name, inst.devices)
             inst.state, inst.charge = "cold", {}
             inst.changed.set()
+        if self._empty_cache and evicted:
+            await anyio.to_thread.run_sync(ts.release_cached, evicted)
+        self._posted.clear()
         self._ctx = None
 
     # -- restore / evict -----------------------------------------------------------------------
@@ -385,13 +460,15 @@ class TorchGpuManager:
                 raise
             if failure is None:
                 inst.charge = dict(measured)
-                svc.estimate = max(svc.estimate, *measured.values())
+                if measured:
+                    svc.estimate = max(measured.values())
                 over = [g for g in inst.gpus if self._over_budget(g)]
                 if not over:
                     break
-                with anyio.CancelScope(shield=True):
-                    await svc.evict(inst, self._empty_cache)
-                failure = MemoryError(f"measured footprint {max(measured.values())} bytes exceeds the budget "
+                if await self._discard(inst):
+                    inst.charge = {}
+                    raise asyncio.CancelledError
+                failure = MemoryError(f"measured charge {max(measured.values())} bytes exceeds the budget "
                                       f"on {[self._devices[g] for g in over]}")
             inst.charge = {}
             if not ts.is_oom(failure) or retried:
@@ -413,10 +490,13 @@ class TorchGpuManager:
         """Free whatever a failed or cancelled restore left behind (idempotent, errors logged), and
         tell the scheduler the copy is not there (it marked it resident when it granted). Returns
         whether the caller was cancelled meanwhile (it must re-raise once its state is settled)."""
-        task, cancelled = await finish(inst.service.evict(inst, self._empty_cache))
-        if task.exception() is not None:
+        task, cancelled = await finish(inst.service.evict(inst))
+        exc = task.exception()
+        if exc is not None:
             log.warning("cleaning up a failed restore of %s on %s failed", inst.service.name, inst.devices,
-                        exc_info=task.exception())
+                        exc_info=exc)
+        else:
+            self._keep_held(inst, task.result())
         self._post(ServiceResidency(inst.service.name, inst.gpus, False, None))
         return cancelled
 
@@ -428,9 +508,19 @@ class TorchGpuManager:
             need = svc.estimate
             for g in inst.gpus:
                 b = self._budget.get(g)
-                if b is not None and need > b:
+                if b is None:
+                    continue
+                where = f"{svc.name}@{self._devices[g]}"
+                if need > b:
                     raise DeviceError(f"service {svc.name!r} needs {need} bytes but {self._devices[g]} "
-                                      f"(pool GPU {g}) has a budget of {b}", resource=f"{svc.name}@{self._devices[g]}")
+                                      f"(pool GPU {g}) has a budget of {b}", resource=where)
+                held = self._held_bytes(g)
+                if held and need + held > b:  # waiting cannot help: only user code can free it
+                    owners = sorted({h.service for h in self._held_charges if h.gpu == g})
+                    raise DeviceError(
+                        f"service {svc.name!r} needs {need} bytes on {self._devices[g]} (pool GPU {g}) but "
+                        f"{held} of its budget of {b} are held by user code: tensors of evicted copies of "
+                        f"{', '.join(map(repr, owners))} are still referenced after their lease", resource=where)
             victims = self._plan(inst, need)
             if victims is not None:
                 break
@@ -467,19 +557,20 @@ class TorchGpuManager:
             b = self._budget.get(g)
             if b is None:
                 continue
+            used = self._used(g)
             for v in idle:
-                if self._used(g) - freed.get(g, 0) + need <= b:
+                if used - freed.get(g, 0) + need <= b:
                     break
                 if g in v.gpus and v not in chosen:
                     take(v)
-            if self._used(g) - freed.get(g, 0) + need > b:
+            if used - freed.get(g, 0) + need > b:
                 return None
         return chosen
 
     async def _evict(self, v: _Instance) -> None:
         """Evict ``v`` (already marked 'evicting') to the end even if the caller is cancelled — a
         half-evicted copy is unusable — and settle its state either way before anything propagates."""
-        task, cancelled = await finish(v.service.evict(v, self._empty_cache))
+        task, cancelled = await finish(v.service.evict(v))
         exc = task.exception()
         if exc is not None:
             v.state = "resident"
@@ -489,21 +580,41 @@ class TorchGpuManager:
                 raise asyncio.CancelledError
             raise DeviceError(f"evicting service {v.service.name!r} from {','.join(v.devices)} failed: {exc!r}",
                               resource=f"{v.service.name}@{','.join(v.devices)}") from exc
+        self._keep_held(v, task.result())
         v.state, v.charge = "cold", {}
         v.changed.set()
         self._stats["evictions"] += 1
         self._notify()
         self._post(ServiceResidency(v.service.name, v.gpus, False, None))
+        for key in [k for k in self._posted if k[0] == v.service.name and set(k[1]) & set(v.gpus)]:
+            self._posted.discard(key)  # a wider grant using this copy is not resident any more
+            self._post(ServiceResidency(key[0], key[1], False, None))
         if cancelled:
             raise asyncio.CancelledError
 
-    async def _evict_all_idle(self, inst: _Instance) -> None:
-        await self._evict_many([i for i in self._instances.values() if i is not inst and i.state == "resident"
-                                and i.refs == 0 and set(i.gpus) & set(inst.gpus)])
+    def _keep_held(self, v: _Instance, held: Held) -> None:
+        """Keep charging device buffers an eviction could not free (user code holds their tensors)."""
+        for g, buf in held:
+            self._stats["held_evictions"] += 1
+            self._held_charges.append(_HeldCharge(g, v.service.name, buf))
+            log.warning("evicted %s from %s, but user code still references its tensors: %d bytes stay "
+                        "charged there until they are dropped", v.service.name, buf.device, buf.nbytes)
+
+    async def _evict_all_idle(self, inst: _Instance) -> int:
+        victims = [i for i in self._instances.values() if i is not inst and i.state == "resident"
+                   and i.refs == 0 and set(i.gpus) & set(inst.gpus)]
+        await self._evict_many(victims)
+        return len(victims)
+
+    async def _on_call_oom(self, inst: _Instance) -> int:
+        """``lease.call`` ran out of device memory on ``inst``'s GPU: evict the idle services there."""
+        self._stats["call_retries"] += 1
+        return await self._evict_all_idle(inst)
 
     async def _evict_many(self, victims: list[_Instance]) -> None:
         """Mark all victims at once (so no other planner picks them), then evict them in turn; if one
-        fails, the ones not yet evicted go back to 'resident' untouched."""
+        fails, the ones not yet evicted go back to 'resident' untouched. With ``empty_cache_on_evict``
+        the freed blocks go back to the driver once per batch (the call synchronises every GPU)."""
         for v in victims:
             v.state, v.changed = "evicting", anyio.Event()
         for k, v in enumerate(victims):
@@ -515,6 +626,13 @@ class TorchGpuManager:
                     rest.changed.set()
                 self._notify()
                 raise
+        if self._empty_cache and victims:
+            devices = [d for v in victims for d in v.devices]
+            task, cancelled = await finish(anyio.to_thread.run_sync(ts.release_cached, devices))
+            if task.exception() is not None:
+                log.warning("empty_cache after eviction failed", exc_info=task.exception())
+            if cancelled:
+                raise asyncio.CancelledError
 
     # -- bookkeeping ---------------------------------------------------------------------------
     def _service(self, name: str) -> _Service:
@@ -536,7 +654,7 @@ class TorchGpuManager:
             self._instances[key] = inst
         return inst
 
-    def _default_budget(self, g: int) -> int | None:
+    def _default_budget(self, g: int, free: dict[str, int]) -> int | None:
         arg = self._budget_arg
         if isinstance(arg, Mapping):
             if g in arg:
@@ -544,9 +662,12 @@ class TorchGpuManager:
         elif arg is not None:
             return int(arg)
         dev = self._devices[g]
-        if dev.startswith("cuda"):
-            return int(ts.device_total_memory(dev) * self._fraction)
-        return None
+        if not dev.startswith("cuda"):
+            return None
+        if dev not in free:
+            free[dev] = ts.device_free_memory(dev)
+        sharing = sum(1 for d in self._devices.values() if d == dev)
+        return int(free[dev] * self._fraction) // sharing
 
     def _budgets_known(self) -> dict[int, int | None]:
         if self._budget:
@@ -556,8 +677,14 @@ class TorchGpuManager:
             return {g: int(b) for g, b in arg.items()}
         return {} if arg is None else {-1: int(arg)}
 
+    def _held_bytes(self, g: int) -> int:
+        if not self._held_charges:
+            return 0
+        self._held_charges = [h for h in self._held_charges if h.buffer.alive]
+        return sum(h.buffer.nbytes for h in self._held_charges if h.gpu == g)
+
     def _used(self, g: int) -> int:
-        return sum(i.charge.get(g, 0) for i in self._instances.values())
+        return sum(i.charge.get(g, 0) for i in self._instances.values()) + self._held_bytes(g)
 
     def _over_budget(self, g: int) -> bool:
         b = self._budget.get(g)
@@ -581,9 +708,10 @@ class TorchGpuManager:
 
     # -- introspection -------------------------------------------------------------------------
     def statistics(self) -> dict[str, Any]:
-        """A snapshot: per-GPU budget/used/resident services, per-instance state, counters."""
+        """A snapshot: per-GPU budget/used/held/resident services, per-instance state, counters,
+        and the host bytes the registered torch services keep."""
         devices = {
-            g: {"device": d, "budget": self._budget.get(g), "used": self._used(g),
+            g: {"device": d, "budget": self._budget.get(g), "used": self._used(g), "held": self._held_bytes(g),
                 "resident": sorted(i.service.name for i in self._instances.values()
                                    if g in i.gpus and i.state == "resident")}
             for g, d in self._devices.items()
@@ -593,8 +721,9 @@ class TorchGpuManager:
              "bytes": dict(i.charge), "restore_s": i.restore_s, "last_used": i.last_used}
             for i in self._instances.values()
         ]
+        host = sum(s.store.footprint for s in self._services.values() if isinstance(s, _TorchService))
         return {"services": sorted(self._services), "devices": devices, "instances": instances,
-                **self._stats, "restore_s_total": self._restore_s_total}
+                **self._stats, "restore_s_total": self._restore_s_total, "host_bytes": host}
 
     def __repr__(self) -> str:
         parts = [f"{len(self._services)} services"]
@@ -605,47 +734,3 @@ class TorchGpuManager:
                                     if g in i.gpus and i.state == "resident")) or "-"
             parts.append(f"gpu{g} {d} {self._used(g) / 1e6:.1f}/{cap}MB {names}")
         return f"<TorchGpuManager {' | '.join(parts)}>"
-
-
-class HttpSleepWake:
-    """OffloadableService for vLLM-style servers: ``POST /sleep?level=N`` and ``POST /wake_up``
-    (vLLM exposes them with ``--enable-sleep-mode`` and ``VLLM_SERVER_DEV_MODE=1``). The server owns
-    its GPUs; ``devices`` is only logged. Uses the stdlib in a worker thread, so no extra dependency.
-    ``call(path, payload)`` POSTs JSON (e.g. ``/v1/completions``) and returns the decoded reply."""
-
-    def __init__(self, base_url: str, footprint: int, *, level: int = 1, timeout: float = 60.0) -> None:
-        url = urllib.parse.urlsplit(base_url)
-        if url.scheme not in ("http", "https") or not url.netloc:
-            raise SpecError(f"base_url must be an http(s) URL, got {base_url!r}")
-        self.base_url = base_url.rstrip("/")
-        self.footprint = footprint
-        self.level = level
-        self.timeout = timeout
-
-    async def wake(self, devices: tuple[str, ...]) -> None:
-        log.debug("waking %s for %s", self.base_url, devices)
-        await self._post("/wake_up", None)
-
-    async def sleep(self) -> None:
-        await self._post(f"/sleep?level={self.level}", None)
-
-    async def call(self, path: str, payload: Mapping[str, Any]) -> Any:
-        return await self._post(path, payload)
-
-    async def _post(self, path: str, payload: Mapping[str, Any] | None) -> Any:
-        data = b"" if payload is None else json.dumps(payload).encode()
-
-        def do() -> Any:
-            req = urllib.request.Request(self.base_url + path, data=data, method="POST",
-                                         headers={"Content-Type": "application/json"})
-            with urllib.request.urlopen(req, timeout=self.timeout) as resp:  # scheme checked in __init__
-                body = resp.read()
-            return json.loads(body) if body.strip() else None
-
-        try:
-            return await anyio.to_thread.run_sync(do)
-        except OSError as exc:
-            raise DeviceError(f"{self.base_url}{path} failed: {exc!r}", resource=self.base_url) from exc
-
-    def __repr__(self) -> str:
-        return f"<HttpSleepWake {self.base_url} {self.footprint / 1e9:.1f}GB>"
