@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# The GPU path's device check (issue 18): run once on a CUDA machine; under 5 minutes on one H200
+# (139 GiB device, 128 GiB host). It runs
+#   1. pytest -m cuda (the cuda-marked tests of the torch store and the GPU manager),
+#   2. the restore benchmark at 0.5, 2 and 8 GB, one process per size, so every host and device
+#      buffer of a size is freed before the next (the host's page-locked budget holds one size),
+#   3. the scoring part (evict-on-execution vs dedicated, and the charge per service),
+# and prints ONE table: restore GB/s vs raw pinned host-to-device GB/s (target >= 80 %), eviction
+# time, measured vs estimated charge per service, host_memory_stats() before/after. Exit 1 if a
+# check failed, 2 without CUDA.
+#
+#   bash scripts/gpu-check.sh                    # on the device
+#   GPU_CHECK_CPU=1 bash scripts/gpu-check.sh    # its CPU-only parts at tiny sizes (the suite runs this)
+#   GPU_CHECK_OUT=dir                            # keep the JSON and the pytest log there
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PY="${PYTHON:-.venv/bin/python}"
+[ -x "$PY" ] || PY=python3
+OUT="${GPU_CHECK_OUT:-$(mktemp -d)}"
+mkdir -p "$OUT"
+start=$(date +%s)
+
+if [ "${GPU_CHECK_CPU:-0}" = 1 ]; then
+    SIZES="4 16"
+    REPEATS=3
+    EXTRA=(--device cpu)
+    SCORING=(--services 3 --service-mb 1 --dim 256 --requests 24 --batch 8)
+else
+    if ! "$PY" -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)"; then
+        echo "gpu-check: no CUDA device visible (GPU_CHECK_CPU=1 runs the CPU-only parts)" >&2
+        exit 2
+    fi
+    SIZES="512 2048 8192"
+    REPEATS=9
+    EXTRA=()
+    SCORING=()
+fi
+
+echo "== pytest -m cuda"
+set +e
+timeout 240 "$PY" -m pytest -q -p no:cacheprovider -m cuda \
+    tests/test_torch_store.py tests/test_gpu_manager.py tests/test_gpu_path.py >"$OUT/pytest.txt" 2>&1
+rc_pytest=$?
+set -e
+tail -n 15 "$OUT/pytest.txt"
+
+for mb in $SIZES; do
+    echo "== restore benchmark, $mb MB"
+    timeout 180 "$PY" benchmarks/gpu_restore.py ${EXTRA[@]+"${EXTRA[@]}"} --sizes-mb "$mb" \
+        --repeats "$REPEATS" --skip-scoring --json "$OUT/restore-$mb.json"
+done
+
+echo "== scoring"
+timeout 180 "$PY" benchmarks/gpu_restore.py ${EXTRA[@]+"${EXTRA[@]}"} ${SCORING[@]+"${SCORING[@]}"} \
+    --skip-bandwidth --json "$OUT/scoring.json"
+
+echo
+reports=()
+for mb in $SIZES; do reports+=("$OUT/restore-$mb.json"); done
+exec "$PY" benchmarks/gpu_restore.py --report "${reports[@]}" "$OUT/scoring.json" \
+    --pytest "$OUT/pytest.txt" --pytest-rc "$rc_pytest" --elapsed "$(( $(date +%s) - start ))"
