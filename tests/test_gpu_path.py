@@ -575,3 +575,62 @@ async def test_cancelled_multi_gpu_apply_leaves_every_copy_settled(how: str) -> 
     slow["on"] = False
     assert torch.allclose(await use(mgr, "a", (0, 1)), Scorer(1).eval()(X).detach(), atol=1e-6)
     assert dev(mgr, 0)["used"] == dev(mgr, 1)["used"] == CHARGE
+
+
+def test_rnn_weights_stay_in_the_restored_buffer(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On CUDA, RNNBase.flatten_parameters (called by _init_flat_weights) copies the weights into a
+    new cuDNN buffer and re-points them there: the replica would hold its weights twice, the second
+    copy uncharged. Emulated here by a flatten that does what torch._cudnn_rnn_flatten_weight does."""
+    flattened: list[int] = []
+
+    def cudnn_like_flatten(self: Any) -> None:
+        ws = [w for w in self._flat_weights if w is not None]
+        if not ws or ws[0].device.type == "meta":
+            return
+        flat = torch.empty(sum(w.numel() for w in ws), dtype=ws[0].dtype)
+        offset = 0
+        with torch.no_grad():
+            for w in ws:
+                n = w.numel()
+                flat[offset:offset + n].copy_(w.reshape(-1))
+                w.set_(flat.untyped_storage(), offset, w.shape)
+                offset += n
+        flattened.append(len(ws))
+
+    torch.manual_seed(1)
+    lstm = torch.nn.LSTM(4, 8, batch_first=True)
+    x = torch.randn(2, 3, 4)
+    with torch.no_grad():
+        ref = lstm(x)[0]
+    store = ts.HostStore(lstm)
+    rep = store.make_replica("cpu")
+    monkeypatch.setattr(torch.nn.RNNBase, "flatten_parameters", cudnn_like_flatten)
+    for _ in range(2):
+        store.restore([rep])
+        base = rep.buffer.untyped_storage().data_ptr()
+        assert {p.untyped_storage().data_ptr() for p in rep.module.parameters()} == {base}
+        assert rep.measured == ts.charge(store.footprint)
+        with torch.no_grad():
+            assert torch.equal(rep.module(x)[0], ref)
+        store.evict([rep])
+    assert flattened == []
+
+
+@pytest.mark.cuda
+@cuda
+def test_cuda_lstm_is_not_flattened_into_a_second_buffer() -> None:
+    torch.manual_seed(1)
+    lstm = torch.nn.LSTM(16, 32, num_layers=2, batch_first=True)
+    x = torch.randn(4, 5, 16)
+    with torch.no_grad():
+        ref = lstm(x)[0]
+    store = ts.HostStore(lstm)
+    rep = store.make_replica("cuda:0")
+    store.restore([rep])
+    base = rep.buffer.untyped_storage().data_ptr()
+    assert {p.untyped_storage().data_ptr() for p in rep.module.parameters()} == {base}
+    out = ts.run_replica(rep, True, (x,), {})[0]
+    assert torch.allclose(out.cpu(), ref, atol=1e-4)
+    assert {p.untyped_storage().data_ptr() for p in rep.module.parameters()} == {base}  # not after a call either
+    del out
+    assert store.evict([rep]) == []

@@ -428,7 +428,7 @@ class HostStore:
             for s, ph in zip(r.slots, r.placeholders):
                 getattr(s.module, s.table)[s.name] = ph
             for m in r.rnn_modules:
-                m._init_flat_weights()
+                _refresh_rnn(m)
             r.buffer = None
             r.ready = None
 
@@ -447,7 +447,7 @@ class HostStore:
                 objs[s.index] = obj
             getattr(s.module, s.table)[s.name] = obj
         for m in replica.rnn_modules:
-            m._init_flat_weights()
+            _refresh_rnn(m)
         replica.buffer = buf
 
 
@@ -467,6 +467,15 @@ def clear_frames(tb: types.TracebackType | None) -> None:
             except RuntimeError:  # still executing
                 pass
         tb = tb.tb_next
+
+
+def _refresh_rnn(m: Any) -> None:
+    """Point an ``nn.RNNBase``'s cached weight list at the slots just re-pointed, like its
+    ``_init_flat_weights`` but without ``flatten_parameters``: on CUDA that copies the weights into a
+    new cuDNN buffer and re-points them there, so the replica would hold them twice (the second copy
+    outside the charge). cuDNN then compacts them per call into a temporary workspace instead."""
+    m._flat_weights = [getattr(m, wn) if hasattr(m, wn) else None for wn in m._flat_weights_names]
+    m._flat_weight_refs = [weakref.ref(w) if w is not None else None for w in m._flat_weights]
 
 
 def _check_tensor(service: str, qual: str, t: Any) -> None:
