@@ -103,8 +103,10 @@ def host_stats() -> dict[str, Any]:
     """torch's caching host allocator (pin_memory=True) and this SDK's own page-locked buffers."""
     out: dict[str, Any] = {"sdk": ts.host_memory()}
     if torch.cuda.is_available():
-        st = torch.cuda.host_memory_stats()
-        out["torch"] = {k: st.get(k, 0) for k in ("allocated_bytes.current", "num_host_alloc", "num_host_free")}
+        st = torch.cuda.host_memory_stats()  # empty until CUDA is initialised
+        out["torch"] = {k: v for k, v in st.items()
+                        if k.startswith(("allocated_bytes.", "num_host_alloc", "num_host_free"))
+                        and not k.endswith(("peak", "allocated", "freed"))}
     return out
 
 

@@ -420,7 +420,7 @@ async def test_aclose_evicts_everything(events: list[Any]) -> None:
     await mgr.aclose()
     assert used(mgr, 0) == used(mgr, 1) == 0
     assert all(p.device.type == "meta" for p in service.parameters())
-    with pytest.raises(ManagerError, match="no longer resident"):
+    with pytest.raises(ManagerError, match="no longer held"):
         await lease.call(X)
 
 

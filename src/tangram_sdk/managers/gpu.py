@@ -118,7 +118,7 @@ class _TorchService:
 
         return await anyio.to_thread.run_sync(work)
 
-    def attach(self, lease: Lease, parts: list[_Instance], on_oom: OnOom) -> None:
+    def attach(self, lease: Lease, parts: list[_Instance], on_oom: OnOom, held: Callable[[], bool]) -> None:
         reps = [p.replicas[0] for p in parts if p.replicas]
         devices = tuple(p.devices[0] for p in parts)
         lease.attach("service", reps[0].module)
@@ -146,8 +146,8 @@ class _TorchService:
                     resource=f"{name}@{rep.device}") from exc
 
         async def call(*args: Any, **kwargs: Any) -> Any:
-            if any(p.state != "resident" for p in parts):
-                raise ManagerError(f"service {name!r} on {devices} is no longer resident "
+            if not held() or any(p.state != "resident" for p in parts):  # a released copy may be evicted mid-call
+                raise ManagerError(f"service {name!r} on {devices} is no longer held by this lease "
                                    "(lease.call used after the lease was released?)", resource=name)
             chunks = ts.split_batch(len(reps), args, kwargs)
             outs = await _gather([functools.partial(run, parts[i], reps[i], *chunks[i])
@@ -177,7 +177,7 @@ class _OffloadService:
         await self.adapter.sleep()
         return []
 
-    def attach(self, lease: Lease, parts: list[_Instance], on_oom: OnOom) -> None:
+    def attach(self, lease: Lease, parts: list[_Instance], on_oom: OnOom, held: Callable[[], bool]) -> None:
         lease.attach("service", self.adapter)
         lease.attach("devices", parts[0].devices)
         fn = getattr(self.adapter, "call", None)
@@ -387,8 +387,9 @@ class TorchGpuManager:
             self._posted.add((name, gpus))
         for p in parts:
             self._touch(p)
-        self._held[grant.action_id] = parts
-        svc.attach(lease, parts, self._on_call_oom)
+        aid = grant.action_id
+        self._held[aid] = parts
+        svc.attach(lease, parts, self._on_call_oom, lambda: self._held.get(aid) is parts)
 
     async def release(self, grant: Grant, lease: Lease) -> None:
         parts = self._held.pop(grant.action_id, None)
