@@ -21,6 +21,7 @@ import tempfile
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Iterator
+from typing import Any
 from pathlib import Path
 
 import pytest
@@ -50,7 +51,43 @@ class PrivateDaemon:
     def _cli(self, *args: str, input: bytes | None = None, timeout: float = 60) -> subprocess.CompletedProcess[bytes]:
         return subprocess.run(["docker", "-H", self.url, *args], input=input, capture_output=True, timeout=timeout)
 
+    def _drop_stale_containerd_pid(self) -> None:
+        """After a SIGKILL, dockerd's containerd dies with it but can linger as a zombie until init
+        reaps it; a restarted dockerd then trusts the pid file, waits on a dead socket and never
+        answers. A pid file naming a dead or zombie process is removed, so dockerd starts a fresh
+        containerd (which re-attaches to the running containers' shims: --live-restore)."""
+        pidfile = self.dir / "exec" / "containerd" / "containerd.pid"
+        try:
+            pid = int(pidfile.read_text().strip())
+        except (OSError, ValueError):
+            return
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            state = "gone"
+        if state in ("Z", "X", "gone"):
+            pidfile.unlink(missing_ok=True)
+
+    def _leftover_pids(self) -> list[int]:
+        """Processes that outlived this daemon: its containers' shims (and their trees)."""
+        mark = str(self.dir).encode()
+        shims = []
+        for entry in Path("/proc").iterdir():
+            if entry.name.isdigit():
+                try:
+                    if mark in (entry / "cmdline").read_bytes():
+                        shims.append(int(entry.name))
+                except OSError:
+                    continue
+        from tangram_sdk.managers._docker import _descendants
+
+        out: list[int] = []
+        for pid in shims:
+            out += _descendants(pid, Path("/proc"))
+        return sorted(set(out), reverse=True)
+
     def up(self, wait_s: float = 60) -> None:
+        self._drop_stale_containerd_pid()
         self.proc = subprocess.Popen(
             ["dockerd", "-H", self.url, "--data-root", str(self.dir / "data"), "--exec-root", str(self.dir / "exec"),
              "--pidfile", str(self.dir / "docker.pid"), "--iptables=false", "--ip6tables=false", "--bridge=none",
@@ -101,6 +138,17 @@ class PrivateDaemon:
         try:
             self.down()
         finally:
+            # --live-restore keeps containers running after the daemon stops: a test that failed
+            # before removing its sandboxes would leave their shims and processes behind
+            for pid in self._leftover_pids():
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            mounts = Path("/proc/self/mounts").read_text().split("\n")
+            inner = [m.split()[1] for m in mounts if len(m.split()) > 1 and m.split()[1].startswith(str(self.dir) + "/")]
+            for mnt in sorted(inner, key=len, reverse=True):  # netns files, then the state dirs
+                subprocess.run(["umount", "-l", mnt], capture_output=True)
             for sub in ("exec", "data"):  # dockerd bind-mounts its state dirs onto themselves
                 subprocess.run(["umount", "-l", str(self.dir / sub)], capture_output=True)
             shutil.rmtree(self.dir, ignore_errors=True)
@@ -155,16 +203,20 @@ async def _plain_action(t: Tangram) -> str:
     return "ok"
 
 
-async def _worker(t: Tangram, box: str, stop: asyncio.Event, log: list[tuple[float, str, str, BaseException | None]]
-                  ) -> None:
+Entry = tuple[float, float, str, str, "BaseException | None"]  # started, ended, box, outcome, error
+
+
+async def _worker(t: Tangram, box: str, stop: asyncio.Event, log: list[Entry]) -> None:
     while not stop.is_set():
+        t0 = time.monotonic()
         try:
-            log.append((time.monotonic(), box, await _sandbox_action(t, box), None))
+            r = await _sandbox_action(t, box)
+            log.append((t0, time.monotonic(), box, r, None))
         except DockerError as exc:
-            log.append((time.monotonic(), box, "docker_error", exc))
+            log.append((t0, time.monotonic(), box, "docker_error", exc))
             await asyncio.sleep(0.05)
         except TangramError as exc:
-            log.append((time.monotonic(), box, type(exc).__name__, exc))
+            log.append((t0, time.monotonic(), box, type(exc).__name__, exc))
             await asyncio.sleep(0.05)
 
 
@@ -173,10 +225,10 @@ async def test_daemon_stopped_and_restarted_mid_run(daemon: PrivateDaemon, manag
     async with Tangram(pool, managers=[manager]) as t:
         async with await SandboxPool.create(manager, image=IMAGE, count=3) as boxes:
             stop = asyncio.Event()
-            log: list[tuple[float, str, str, BaseException | None]] = []
+            log: list[Entry] = []
             workers = [asyncio.create_task(_worker(t, b.id, stop, log)) for b in boxes]
             await asyncio.sleep(2.0)
-            healthy_before = Counter(r for _, _, r, _ in log)
+            healthy_before = Counter(r for _, _, _, r, _ in log)
             assert healthy_before["ok"] >= 3 and set(healthy_before) == {"ok"}, healthy_before
             # -- the daemon goes away (SIGTERM; --live-restore keeps the containers running) --
             t_down = time.monotonic()
@@ -189,13 +241,20 @@ async def test_daemon_stopped_and_restarted_mid_run(daemon: PrivateDaemon, manag
             await asyncio.sleep(3.0)
             stop.set()
             await asyncio.wait_for(asyncio.gather(*workers), 60)
-            during = [(r, e) for ts, _, r, e in log if t_down + 0.5 < ts < t_up]
-            after = [r for ts, _, r, _ in log if ts > t_up + 2.0]
+            # every action that ended during the outage failed with a DockerError naming its container;
+            # the ones that could not fail fast waited: the cores of the actions in flight when the
+            # daemon went away stayed quarantined (their containers could not be parked), and they
+            # ran only after the restart, once those containers were parked again
+            during = [(r, e) for _, end, _, r, e in log if t_down + 0.5 < end < t_up]
+            waited = [end for start, end, _, r, _ in log if t_down + 0.5 < start < t_up and r == "ok"]
+            after = [r for start, _, _, r, _ in log if start > t_up + 2.0]
             assert during and all(r == "docker_error" for r, _ in during), Counter(r for r, _ in during)
             for _, e in during:  # typed, and names the container it was about
                 assert isinstance(e, DockerError) and e.resource in boxes.ids, (e, e.resource if e else None)
+            assert all(end > t_up for end in waited), "an action ran on the dead daemon"
+            assert manager.statistics()["park_failures"] >= 1 and manager.statistics()["quarantined"] == {}
             assert after and all(r == "ok" for r in after), Counter(after)  # recovered, same sandboxes
-            assert set(Counter(r for _, _, r, _ in log)) <= {"ok", "docker_error"}
+            assert set(Counter(r for _, _, _, r, _ in log)) <= {"ok", "docker_error"}
             whole(t)
             assert manager.statistics()["granted"] == 0
             for b in boxes:  # parked again in Docker's record
@@ -238,3 +297,182 @@ async def test_sandbox_removed_from_outside_while_held(daemon: PrivateDaemon, ma
             whole(t)
             assert manager.statistics()["granted"] == 0
         assert await manager.client.list_labeled() == []
+
+
+# ------------------------------------------------------------------------------ issue 14: D1-D3, D2 timing
+def _host_procs(needle: str) -> list[int]:
+    """Host pids whose command line is ``needle`` (a container's processes are host processes)."""
+    out = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if (entry / "cmdline").read_bytes().replace(b"\0", b" ").strip() == needle.encode():
+                    out.append(int(entry.name))
+            except OSError:
+                continue
+    return out
+
+
+async def _parked(manager: DockerCpuManager, cid: str) -> bool:
+    info = await manager.client.inspect(cid)
+    from tangram_sdk._cpuset import format_cpuset
+
+    return (info.cpuset, info.cpu_quota) == (format_cpuset(manager.park_cpus), manager.park_quota_us)
+
+
+async def test_daemon_killed_between_grant_and_park_keeps_the_core_out_of_the_pool(
+        daemon: PrivateDaemon, manager: DockerCpuManager) -> None:
+    """D1: dockerd is SIGKILLed while an action holds a core, so the park at its exit fails. The
+    core must not be granted again until the container is verifiably parked: it stays quarantined
+    (reported by both statistics()), the manager keeps re-parking, and once the daemon is back
+    (``--live-restore`` kept the containers) the park is verified and the core returns.
+    Old code: the failed park was logged and the core went straight back to the pool."""
+    core = HOST_CPUS[0]
+    async with Tangram(Pool(cpus=[core]), managers=[manager]) as t:
+        async with await SandboxPool.create(manager, image=IMAGE, count=2) as boxes:
+            a, b = boxes[0].id, boxes[1].id
+            try:
+                async with t.acquire(ActionSpec(kind="busy", cpus=1, container=a)) as lease:
+                    r = await lease.exec(["sh", "-c", "echo ok"], timeout=20)
+                    assert r.ok
+                    await asyncio.to_thread(daemon.down, signal.SIGKILL)
+                    t_exit = time.monotonic()
+                exit_s = time.monotonic() - t_exit
+                assert exit_s < 5.0, f"leaving the action took {exit_s:.1f} s"  # bounded: the caller goes on
+                st = t.statistics()
+                assert st["cpus_free"] == 0 and st["quarantined"] == 1, st
+                q = manager.statistics()["quarantined"]
+                assert list(q) == [a] and q[a]["cpus"] == [core], q
+                with pytest.raises(TimeoutError):  # not granted to another container meanwhile
+                    async with t.acquire(ActionSpec(kind="other", cpus=1, container=b), timeout=1.0):
+                        pass
+                t_up = time.monotonic()
+                await asyncio.to_thread(daemon.up)
+                async with t.acquire(ActionSpec(kind="other", cpus=1, container=b), timeout=60) as lease:
+                    back_s = time.monotonic() - t_up
+                    assert lease.cpus == (core,)
+                    assert await _parked(manager, a), "the core came back before the container was parked"
+                print(f"D1: exit {exit_s:.2f} s, core back {back_s:.2f} s after the daemon restart")
+                assert manager.statistics()["quarantined"] == {}
+                whole(t)
+                assert t.statistics()["quarantined"] == 0
+            finally:
+                if daemon.proc is None:
+                    await asyncio.to_thread(daemon.up)
+        assert await manager.client.list_labeled() == []
+
+
+async def test_frozen_daemon_exec_timeout_returns_timed_out_and_kills_the_command(
+        daemon: PrivateDaemon, manager: DockerCpuManager) -> None:
+    """D2: dockerd SIGSTOPped. ``exec(timeout=2)`` returns ``timed_out=True`` within ~timeout + 1 s
+    and kills its command (found through the container's cgroup, without the daemon), whether the
+    freeze began while the command ran or before it was created; ``exec`` without a timeout fails
+    with DockerError once the daemon misses pings for ``api_timeout``; an inspect is bounded by one
+    ``api_timeout`` in total (no second full wait on a retry). Old code: 71.5 s and a DockerError,
+    the command left running; 60 s for a first inspect."""
+    assert daemon.proc is not None
+    async with Tangram(Pool(cpus=list(HOST_CPUS)), managers=[manager]) as t:
+        async with await SandboxPool.create(manager, image=IMAGE, count=1) as boxes:
+            box = boxes[0].id
+            async with t.acquire(ActionSpec(kind="x", cpus=1, container=box)) as lease:
+                running = asyncio.create_task(lease.exec(["sh", "-c", "echo started; exec sleep 61"], timeout=2))
+                for _ in range(100):
+                    if _host_procs("sleep 61"):
+                        break
+                    await asyncio.sleep(0.05)
+                assert _host_procs("sleep 61"), "the command never started"
+                daemon.proc.send_signal(signal.SIGSTOP)
+                try:
+                    t0 = time.monotonic()
+                    r = await asyncio.wait_for(running, 30)
+                    dt1 = time.monotonic() - t0
+                    assert r.timed_out and not r.ok, r
+                    assert dt1 <= 3.0, f"exec(timeout=2) returned after {dt1:.1f} s"
+                    await asyncio.sleep(0.2)
+                    assert _host_procs("sleep 61") == [], "the timed-out command is still running"
+                    t0 = time.monotonic()
+                    r2 = await asyncio.wait_for(lease.exec(["sleep", "62"], timeout=2), 30)
+                    dt2 = time.monotonic() - t0
+                    assert r2.timed_out and dt2 <= 3.0, (r2, dt2)
+                    t0 = time.monotonic()
+                    with pytest.raises(DockerError, match="did not answer") as ei:
+                        await asyncio.wait_for(lease.exec(["sleep", "63"]), 60)
+                    dt3 = time.monotonic() - t0
+                    assert dt3 <= manager.client.api_timeout * 2 + 2, dt3
+                    assert ei.value.resource is not None and box.startswith(ei.value.resource[:12])
+                    assert type(ei.value) is DockerError  # no private subclass in tracebacks
+                    t0 = time.monotonic()
+                    with pytest.raises(DockerError, match="did not answer"):
+                        await manager.client.inspect(box)
+                    dt4 = time.monotonic() - t0
+                    assert dt4 <= manager.client.api_timeout + 1.0, dt4
+                finally:
+                    daemon.proc.send_signal(signal.SIGCONT)
+                print(f"D2: exec(timeout=2) while running {dt1:.2f} s, before create {dt2:.2f} s; "
+                      f"exec without timeout {dt3:.2f} s; inspect {dt4:.2f} s (api_timeout {manager.client.api_timeout})")
+                r = await lease.exec(["echo", "thawed"], timeout=20)  # the daemon answers again
+                assert r.ok and r.stdout == b"thawed\n"
+            whole(t)
+            assert await _parked(manager, box)
+        assert await manager.client.list_labeled() == []
+
+
+async def test_closing_the_tangram_while_a_docker_lease_is_held_lets_the_action_finish(
+        daemon: PrivateDaemon, manager: DockerCpuManager) -> None:
+    """D3: ``aclose`` while an action holds a Docker lease waits for it before closing the Docker
+    session: its exec finishes normally and the container is parked. Old code: the exec broke with
+    a raw ``RuntimeError('Session is closed')`` and the container was parked mid-action."""
+    t = Tangram(Pool(cpus=list(HOST_CPUS)), managers=[manager])
+    async with t:
+        boxes = await SandboxPool.create(manager, image=IMAGE, count=1)
+        holding = asyncio.Event()
+
+        async def act() -> Any:
+            async with t.acquire(ActionSpec(kind="x", cpus=1, container=boxes[0].id)) as lease:
+                holding.set()
+                return await lease.exec(["sh", "-c", "sleep 1.5; echo done"], timeout=20)
+
+        task = asyncio.create_task(act())
+        await holding.wait()
+    assert task.done(), "aclose returned while the action still held its lease"
+    r = task.result()
+    assert r.ok and r.stdout == b"done\n", r
+    assert await _parked(manager, boxes[0].id)
+    await boxes.aclose()
+    assert await manager.client.list_labeled() == []
+
+
+async def test_close_with_cancel_after_cancels_held_docker_actions_cleanly(
+        daemon: PrivateDaemon, manager: DockerCpuManager) -> None:
+    t = Tangram(Pool(cpus=list(HOST_CPUS)), managers=[manager])
+    await t.__aenter__()
+    boxes = await SandboxPool.create(manager, image=IMAGE, count=1)
+    holding = asyncio.Event()
+
+    async def act() -> None:
+        async with t.acquire(ActionSpec(kind="x", cpus=1, container=boxes[0].id)) as lease:
+            holding.set()
+            await lease.exec(["sleep", "64"])
+
+    task = asyncio.create_task(act())
+    await holding.wait()
+    await asyncio.sleep(0.5)
+    t0 = time.monotonic()
+    await t.aclose(cancel_after=0.5)
+    assert time.monotonic() - t0 < 10
+    assert task.cancelled()
+    assert _host_procs("sleep 64") == []
+    assert await _parked(manager, boxes[0].id)
+    await boxes.aclose()
+
+
+async def test_pool_naming_cores_the_docker_host_lacks_is_refused_at_start(daemon: PrivateDaemon) -> None:
+    from tangram_sdk.errors import SpecError
+    from tangram_sdk.managers.base import ManagerContext
+
+    m = DockerCpuManager(backend="api", docker_url=daemon.url, api_timeout=5)
+    try:
+        with pytest.raises(SpecError, match="4095"):
+            await m.start(ManagerContext(Pool(cpus=[0, 4095]), post=lambda e: None))
+    finally:
+        await m.aclose()

@@ -10,7 +10,9 @@
     └── ManagerError                       a resource manager failed to apply or release a grant
         ├── DockerError                    the Docker daemon / a container failed (names the container)
         ├── CgroupError                    a cgroup file could not be read or written (names the path)
-        └── DeviceError                    a GPU restore/evict failed (names service and device)
+        ├── DeviceError                    a GPU restore/evict failed (names service and device)
+        └── QuarantineError                a release could not be undone yet: the units stay out of
+                                           the pool until the resource is verifiably restored
 
 Timeouts stay the builtin :class:`TimeoutError`; cancellation is never swallowed.
 Foreign errors (aiodocker, OSError, torch) are translated into ManagerError subclasses at the
@@ -25,6 +27,7 @@ __all__ = [
     "DockerError",
     "InfeasibleSpecError",
     "ManagerError",
+    "QuarantineError",
     "RuntimeClosedError",
     "SchedulerBrokenError",
     "SpecError",
@@ -65,7 +68,16 @@ class ManagerError(TangramError):
 
 
 class DockerError(ManagerError):
-    """The Docker daemon is unreachable, or a container is unknown/stopped/removed."""
+    """The Docker daemon is unreachable or too slow, or a container is unknown/stopped/removed.
+
+    ``status`` is the daemon's HTTP status when it answered (404: no such container), ``connection``
+    True when it could not be reached or did not answer in time."""
+
+    def __init__(self, message: str, *, resource: str | None = None, status: int | None = None,
+                 connection: bool = False) -> None:
+        super().__init__(message, resource=resource)
+        self.status = status
+        self.connection = connection
 
 
 class CgroupError(ManagerError):
@@ -74,3 +86,14 @@ class CgroupError(ManagerError):
 
 class DeviceError(ManagerError):
     """Restoring or evicting a service on a device failed (e.g. out of memory after one retry)."""
+
+
+class QuarantineError(ManagerError):
+    """A manager could not undo a grant (a container could not be parked): the runtime keeps the
+    action's units out of the pool until ``until`` resolves (the manager keeps retrying and
+    resolves it once the resource is verifiably restored, or when it closes). The action itself
+    is not failed by it; ``Tangram.statistics()["quarantined"]`` counts such actions."""
+
+    def __init__(self, message: str, *, resource: str | None = None, until: object = None) -> None:
+        super().__init__(message, resource=resource)
+        self.until = until

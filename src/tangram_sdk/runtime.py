@@ -20,13 +20,12 @@ from collections.abc import Callable, Coroutine, Iterable, Sequence
 from types import TracebackType
 from typing import Any
 
-import anyio
-
-from ._deadline import check_timeout, wait_future
+from ._deadline import check_timeout, settle, wait_future
 from ._shield import finish
 from .errors import (
     InfeasibleSpecError,
     ManagerError,
+    QuarantineError,
     RuntimeClosedError,
     SchedulerBrokenError,
     SpecError,
@@ -97,6 +96,13 @@ class Tangram:
         self._broken: BaseException | None = None
         self._started_managers: list[Manager] = []
         self._cleanups: set[asyncio.Task[None]] = set()  # manager releases still running
+        # leases whose managers applied something, by action id -> the task that acquired it:
+        # aclose waits for them to leave before closing the managers (their exec/call still work)
+        self._managed: dict[int, asyncio.Task[Any] | None] = {}
+        self._managed_left: asyncio.Event | None = None  # set by each such leave while closing
+        # actions whose release a manager could not complete (QuarantineError): their units stay
+        # out of the pool until the manager restores the resource
+        self._held_back: dict[int, asyncio.Task[None]] = {}
         self._handling = False
 
     # ------------------------------------------------------------------------------ lifecycle
@@ -128,10 +134,17 @@ class Tangram:
     ) -> None:
         await self.aclose()
 
-    async def aclose(self) -> None:
-        """Stop scheduling: queued waiters get RuntimeClosedError; managers release what they made."""
+    async def aclose(self, *, cancel_after: float | None = None) -> None:
+        """Stop scheduling: queued waiters get RuntimeClosedError at once; actions still holding
+        leases finish normally. Those whose managers applied something (a container's cores, a GPU
+        service) are waited for before the managers close, so their ``lease.exec``/``lease.call``
+        keep working to the end; ``cancel_after`` seconds: cancel the tasks still holding such
+        leases after that long, and wait for their cleanup (park, evict). Then the managers close.
+        If the caller is cancelled while waiting, those holders are cancelled the same way, the
+        managers still close, and CancelledError propagates."""
         if self._state == "closed":
             return
+        limit = check_timeout(cancel_after, "cancel_after")
         self._state = "closed"
         closed = RuntimeClosedError("the Tangram was closed while this action was queued")
         for fut in self._waiters.values():
@@ -139,19 +152,55 @@ class Tangram:
                 fut.set_exception(closed)
         if self._timer is not None:
             self._timer.cancel()
+        cancelled = False
         if self._task is not None:
             self._task.cancel()
-            with anyio.CancelScope(shield=True):
-                try:
-                    await self._task
-                except asyncio.CancelledError:
-                    pass
-                except BaseException:  # already reported to waiters as SchedulerBrokenError
-                    pass
+            cancelled = await settle(self._task)
+            if not self._task.cancelled():
+                self._task.exception()  # a failure was already reported to waiters (SchedulerBrokenError)
+        cancelled = await self._wait_for_holders(limit, cancelled)
         cleanups = asyncio.gather(*self._cleanups, return_exceptions=True)
-        with anyio.CancelScope(shield=True):
-            await asyncio.shield(cleanups)  # releases in flight finish before managers close
-            await self._close_managers()
+        cancelled |= await settle(cleanups)  # releases in flight finish before managers close
+        closing = asyncio.ensure_future(self._close_managers())
+        cancelled |= await settle(closing)
+        # managers resolve (or fail) what they held back when they close; anything still waiting
+        # after that belongs to a manager that forgot: its units no longer matter
+        for t in list(self._held_back.values()):
+            t.cancel()
+        if self._held_back:
+            cancelled |= await settle(asyncio.gather(*self._held_back.values(), return_exceptions=True))
+        if cancelled:
+            raise asyncio.CancelledError
+
+    async def _wait_for_holders(self, limit: float | None, cancelled: bool) -> bool:
+        """Wait until no other task holds a lease with manager state (see aclose); return whether
+        the caller was cancelled meanwhile."""
+        me = asyncio.current_task()
+        loop = asyncio.get_running_loop()
+        left_event = self._managed_left = asyncio.Event()
+        deadline = None if limit is None else loop.time() + limit
+        told = cancelled
+
+        def holders() -> list[asyncio.Task[Any]]:
+            return [t for t in self._managed.values() if t is not None and t is not me and not t.done()]
+
+        while True:
+            waiting = holders()
+            if not waiting:
+                return cancelled
+            if not told and (cancelled or (deadline is not None and loop.time() >= deadline)):
+                for t in waiting:
+                    t.cancel()
+                told = True
+            left_event.clear()
+            ev = loop.create_task(left_event.wait())
+            timeout = None if told or deadline is None else max(0.0, deadline - loop.time())
+            try:
+                await asyncio.wait([ev, *waiting], timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+            except asyncio.CancelledError:
+                cancelled = True
+            finally:
+                ev.cancel()
 
     async def _close_managers(self) -> None:
         for m in reversed(self._started_managers):
@@ -171,10 +220,13 @@ class Tangram:
         return _Acquire(self, spec, timeout)
 
     def statistics(self) -> dict[str, Any]:
-        """A snapshot: free/used per resource, running, queued, completed, mean ACT and queueing."""
+        """A snapshot: free/used per resource, running, queued, completed, mean ACT and queueing;
+        ``quarantined``: finished actions whose units a manager still holds back (a container that
+        could not be parked yet) — they count as running until the manager restores them."""
         s = dict(self._core.statistics())
         s["state"] = "broken" if self._broken is not None else self._state
         s["waiters"] = len(self._waiters)
+        s["quarantined"] = len(self._held_back)
         return s
 
     @property
@@ -373,6 +425,23 @@ class Tangram:
                 err.__cause__ = exc
                 fut.set_exception(err)
 
+    def _hold_back(self, aid: int, failed: bool, until: list[Any]) -> None:
+        """Return ``aid``'s units only once every ``until`` (a manager's re-park...) has resolved."""
+
+        async def later() -> None:
+            try:
+                await asyncio.gather(*until, return_exceptions=True)
+            finally:
+                self._held_back.pop(aid, None)
+                self._leave(aid, failed=failed, granted=True)
+
+        self._held_back[aid] = asyncio.get_running_loop().create_task(later(), name=f"tangram-held-back-{aid}")
+
+    def _managed_done(self, aid: int) -> None:
+        self._managed.pop(aid, None)
+        if self._managed_left is not None:
+            self._managed_left.set()
+
     def _track(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         """A manager release in flight: closing the Tangram waits for it."""
         task = asyncio.ensure_future(coro)
@@ -459,6 +528,7 @@ class _Acquire:
                       memory=grant.memory, quotas=grant.quotas, queued_s=now - t0, granted_at=now)
         self._lease = lease
         if rt.managers:
+            rt._managed[aid] = asyncio.current_task()  # aclose waits for it to leave (see there)
             try:
                 for m in rt.managers:
                     # registered before the await: a manager whose apply was interrupted or failed
@@ -477,15 +547,22 @@ class _Acquire:
         the pool was when the time ran out (so a log line alone says what was short)."""
         return f"{self._spec.kind}: not granted within {self._timeout:g} s; {self._rt._shortage(self._spec)}"
 
-    async def _unapply(self) -> None:
+    async def _unapply(self) -> list[Any]:
+        """Release every applied manager; return what a manager holds the units back for."""
         grant, lease = self._grant, self._lease
         assert grant is not None and lease is not None
+        until: list[Any] = []
         for m in reversed(self._applied):
             try:
                 await m.release(grant, lease)
+            except QuarantineError as exc:
+                log.error("manager %s could not release action %s: %s", getattr(m, "name", m), self._aid, exc)
+                if exc.until is not None:
+                    until.append(exc.until)
             except Exception:
                 log.exception("manager %s failed to release action %s", getattr(m, "name", m), self._aid)
         self._applied.clear()
+        return until
 
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
@@ -517,13 +594,19 @@ class _Acquire:
         rt = self._rt
         if not self._applied:
             rt._leave(self._aid, failed=failed, granted=True)
+            rt._managed_done(self._aid)
             return
 
         async def cleanup() -> None:
+            until: list[Any] = []
             try:
-                await self._unapply()
+                until = await self._unapply()
             finally:
-                rt._leave(self._aid, failed=failed, granted=True)
+                if until:  # a container not parked yet: its cores stay out of the pool until it is
+                    rt._hold_back(self._aid, failed, until)
+                else:
+                    rt._leave(self._aid, failed=failed, granted=True)
+                rt._managed_done(self._aid)
 
         _done, cancelled = await finish(rt._track(cleanup()))
         if cancelled:

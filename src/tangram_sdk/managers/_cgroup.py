@@ -265,6 +265,15 @@ class ContainerCgroup:
     def cpus(self) -> tuple[int, ...]:
         return read_cpuset(self.cpuset_dir / "cpuset.cpus")
 
+    def pids(self) -> set[int]:
+        """Host pids of every process in the container (``cgroup.procs``): how an exec's command
+        is found and killed when the daemon cannot say which pid it is (frozen, killed)."""
+        text = _read(self.cpuset_dir / "cgroup.procs")
+        try:
+            return {int(x) for x in text.split()}
+        except ValueError:
+            raise CgroupError(f"unparseable {self.cpuset_dir / 'cgroup.procs'}", resource=str(self.cpuset_dir)) from None
+
     def quota(self) -> tuple[int | None, int]:
         """(quota_us or None when unlimited, period_us) as the kernel holds them now."""
         if self.version == 2:

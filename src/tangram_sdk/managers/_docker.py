@@ -6,6 +6,14 @@ has a deadline, so a hung or dead daemon yields a clear error instead of a hang;
 connection failure the next call opens a fresh session, so the client recovers when the daemon is
 restarted; (4) the private ``POST /containers/{id}/update`` call lives in exactly one function,
 :meth:`DockerClient.update_cpu`; (5) container ids and names are validated before they reach a URL.
+
+Deadlines: every call has a *total* deadline of ``api_timeout`` (a retry after a refused connection
+only uses what is left of it; a call that timed out is not retried). ``exec(timeout=T)`` returns
+``timed_out=True`` within about T + 1 s and kills its command even when the daemon is frozen: the
+command's processes are found through the container's cgroup, not through the daemon. An exec
+without a timeout pings the daemon while the command runs and fails with DockerError once a ping
+goes unanswered for ``api_timeout`` (the command is killed the same way). Every wait uses
+:mod:`tangram_sdk._deadline` (never ``asyncio.wait_for``), so a cancel is never swallowed.
 """
 
 from __future__ import annotations
@@ -17,7 +25,7 @@ import os
 import re
 import signal
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -26,6 +34,7 @@ import aiodocker
 import aiohttp
 import attrs
 
+from .._deadline import check_timeout, settle, within
 from ..errors import DockerError, SpecError
 from ..lease import ExecResult
 from .process import check_argv as _check_argv
@@ -35,6 +44,10 @@ __all__ = ["LABEL", "ContainerInfo", "DockerClient", "is_connection_error", "is_
 LABEL = "tangram_sdk"  # every container we create carries ``tangram_sdk=1`` so leaks can be found
 _REF_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 _IMAGE_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_./:@+-]{0,254}")
+_FULL_ID_RE = re.compile(r"[0-9a-f]{64}")
+KILLED = 137  # the exit code of a SIGKILLed command, as Docker reports it
+_KILL_BOUND = 0.3  # seconds for the exec inspect that finds the command's pid after a timeout
+_DRAIN_BOUND = 0.3  # seconds for the output stream to end once the command is killed
 
 
 def validate_ref(ref: str) -> str:
@@ -96,7 +109,10 @@ class DockerClient:
 
     def __init__(self, url: str | None = None, *, api_timeout: float = 30.0) -> None:
         self.url = url
-        self.api_timeout = api_timeout
+        limit = check_timeout(api_timeout, "api_timeout")
+        if limit is None or limit <= 0:
+            raise SpecError(f"api_timeout must be a finite number of seconds > 0, got {api_timeout!r}")
+        self.api_timeout = limit
         self._conn: _Conn | None = None
         self._stale: list[_Conn] = []
         self._api_version = "auto"
@@ -137,7 +153,7 @@ class DockerClient:
         except aiodocker.DockerError as exc:
             broken = exc.status == 900  # aiodocker's "cannot connect"
             raise _translate(op, ref, exc) from exc
-        except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as exc:
+        except (aiohttp.ClientError, OSError, asyncio.TimeoutError, TimeoutError) as exc:
             broken = True
             raise _translate(op, ref, exc) from exc
         finally:
@@ -149,15 +165,23 @@ class DockerClient:
                 if conn in self._stale:
                     self._stale.remove(conn)
 
-    async def _call(self, op: str, ref: str | None, fn: Any, *, retry: bool = False) -> Any:
-        """Run ``fn(docker)`` with the API deadline; retry once on a broken connection when the
-        operation is idempotent (a restarted daemon leaves dead keep-alive connections behind)."""
+    async def _call(self, op: str, ref: str | None, fn: Any, *, retry: bool = False,
+                    timeout: float | None = None) -> Any:
+        """Run ``fn(docker)`` within one total deadline (``api_timeout`` unless ``timeout``); an
+        idempotent call is retried once after a *refused or dropped* connection (a restarted daemon
+        leaves dead keep-alive connections behind), in what is left of the deadline. A call that
+        timed out is not retried: a frozen daemon costs one deadline, not two."""
+        loop = asyncio.get_running_loop()
+        bound = self.api_timeout if timeout is None else timeout
+        deadline = loop.time() + bound
         for attempt in (0, 1):
+            left = deadline - loop.time()
             try:
                 async with self._session(op, ref) as docker:
-                    return await asyncio.wait_for(fn(docker), self.api_timeout)
+                    return await within(fn(docker), max(0.0, left), lambda: f"no answer within {bound:g} s")
             except DockerError as exc:
-                if not (retry and attempt == 0 and is_connection_error(exc)):
+                if not (retry and attempt == 0 and exc.connection and not is_timeout(exc)
+                        and deadline - loop.time() > 0.05):
                     raise
         raise AssertionError("unreachable")
 
@@ -170,10 +194,15 @@ class DockerClient:
             await _close_quietly(c.docker)
 
     # -- operations -----------------------------------------------------------------------------
-    async def ping(self) -> str:
-        """Return the daemon's version string; DockerError when unreachable."""
-        data = await self._call("version", None, lambda d: d.version(), retry=True)
+    async def ping(self, timeout: float | None = None) -> str:
+        """Return the daemon's version string; DockerError when unreachable or silent."""
+        data = await self._call("version", None, lambda d: d.version(), retry=True, timeout=timeout)
         return str(data.get("Version", "?"))
+
+    async def ncpu(self) -> int:
+        """How many CPUs the daemon's host has (``docker info`` NCPU): cores 0..NCPU-1."""
+        data = await self._call("info", None, lambda d: d.system.info(), retry=True)
+        return int(data.get("NCPU") or 0)
 
     async def inspect(self, ref: str) -> ContainerInfo:
         validate_ref(ref)
@@ -266,26 +295,46 @@ class DockerClient:
         env: Mapping[str, str] | None = None,
         workdir: str | None = None,
         user: str = "",
+        procs: Callable[[], set[int] | None] | None = None,
     ) -> ExecResult:
         """Run ``cmd`` in the container; keep at most ``max_output`` bytes per stream.
 
-        On timeout or cancellation the exec's process tree is SIGKILLed from the host (its host
-        pid comes from ``exec inspect``; the pid is checked to still belong to this container)."""
+        ``timeout`` bounds the whole call (creating the exec, running it, reading its output):
+        after it the command's process tree is SIGKILLed from the host and the result has
+        ``timed_out=True`` (exit code 137 when the daemon cannot tell), within about
+        ``timeout + 1`` s even if the daemon is frozen. ``procs`` (the CPU manager passes it) lists
+        the container's host pids from its cgroup: processes that appeared since the exec began
+        are the command's when the daemon cannot say which pid is. On cancellation the command is
+        killed the same way, then CancelledError propagates."""
         validate_ref(ref)
         argv = _check_argv(cmd)
+        limit = check_timeout(timeout)
+        loop = asyncio.get_running_loop()
         started = time.monotonic()
+        deadline = None if limit is None else loop.time() + limit
+        before = _pids(procs)
+        cid = ref if _FULL_ID_RE.fullmatch(ref) else None
+
+        def left(cap: float) -> float:
+            return cap if deadline is None else max(0.0, min(cap, deadline - loop.time()))
+
+        def timed_out_result(out: bytes = b"", err: bytes = b"", code: int = KILLED, truncated: bool = False) -> ExecResult:
+            return ExecResult(exit_code=code, stdout=out, stderr=err, duration_s=time.monotonic() - started,
+                              truncated=truncated, timed_out=True)
+
         async with self._session("exec", ref) as docker:
             try:
-                ex = await asyncio.wait_for(
+                ex = await within(
                     docker.containers.container(ref).exec(
-                        argv, stdout=True, stderr=True, environment=env, workdir=workdir, user=user
-                    ),
-                    self.api_timeout,
-                )
-            except asyncio.TimeoutError as exc:
-                raise _translate("exec create", ref, exc) from exc
+                        argv, stdout=True, stderr=True, environment=env, workdir=workdir, user=user),
+                    left(self.api_timeout), lambda: "exec create: no answer")
+            except TimeoutError:
+                if deadline is not None and loop.time() >= deadline - 0.01:
+                    await self._kill(None, ref, cid, before, procs)  # in case the daemon started it
+                    return timed_out_result()
+                raise
             out, err = bytearray(), bytearray()
-            truncated = timed_out = False
+            truncated = False
             stream = ex.start(detach=False)
 
             async def pump() -> None:
@@ -303,57 +352,126 @@ class DockerClient:
                             truncated = True
 
             task = asyncio.ensure_future(pump())
+            watchdog = asyncio.ensure_future(self._watch_daemon())
+            finished = killed = False
             try:
-                try:
-                    await asyncio.wait_for(asyncio.shield(task), timeout)
-                except asyncio.TimeoutError:
-                    timed_out = True
-                    await self._kill_exec(ex, ref)
-                    try:
-                        await asyncio.wait_for(asyncio.shield(task), 10.0)
-                    except asyncio.TimeoutError:
-                        task.cancel()
-                code = await self._exit_code(ex, ref)
+                wait = None if deadline is None else max(0.0, deadline - loop.time())
+                await asyncio.wait([task, watchdog], timeout=wait, return_when=asyncio.FIRST_COMPLETED)
+                if task.done():
+                    task.result()  # the stream's own error (a daemon that died mid-command)
+                    code = await self._exit_code(ex, ref, None if deadline is None else deadline + 1.0)
+                    finished = code is not None
+                    if code is None:
+                        return timed_out_result(bytes(out), bytes(err), truncated=truncated)
+                    return ExecResult(exit_code=code, stdout=bytes(out), stderr=bytes(err),
+                                      duration_s=time.monotonic() - started, truncated=truncated)
+                answered = await self._kill(ex, ref, cid, before, procs)
+                killed = True
+                if watchdog.done():  # the daemon stopped answering while the command ran
+                    raise DockerError(
+                        f"Docker exec: container {ref!r}: the daemon did not answer a ping within "
+                        f"{self.api_timeout:g} s while the command ran; the command was killed",
+                        resource=ref, connection=True)
+                await asyncio.wait([task], timeout=_DRAIN_BOUND)  # the output after the kill
+                code = await self._exit_code(ex, ref, loop.time() + _KILL_BOUND) if answered else None
+                return timed_out_result(bytes(out), bytes(err), KILLED if code is None else code, truncated)
             except BaseException:
-                if not task.done():
-                    await asyncio.shield(self._kill_exec(ex, ref))
-                    task.cancel()
+                if not (finished or killed):  # cancelled, or the stream broke: the command must die
+                    kill = asyncio.ensure_future(self._kill(ex, ref, cid, before, procs))
+                    if await settle(kill):  # the command dies before a cancel propagates
+                        raise asyncio.CancelledError from None
                 raise
-        return ExecResult(
-            exit_code=code, stdout=bytes(out), stderr=bytes(err), duration_s=time.monotonic() - started,
-            truncated=truncated, timed_out=timed_out,
-        )
+            finally:
+                for t in (task, watchdog):
+                    if not t.done():
+                        t.cancel()
+                await asyncio.wait([task, watchdog])
 
-    async def _exit_code(self, ex: Any, ref: str) -> int:
-        """The exec's exit code; the stream can end a moment before the daemon records it."""
-        for _ in range(100):
-            info = await asyncio.wait_for(ex.inspect(), self.api_timeout)
+    async def _watch_daemon(self) -> None:
+        """Return once the daemon misses a ping for ``api_timeout`` (a frozen daemon); runs beside
+        every exec (cancelled when it ends). Refused connections are not its business: the exec
+        stream itself breaks then."""
+        every = max(0.5, self.api_timeout / 2)
+        while True:
+            await asyncio.sleep(every)
+            try:
+                await self.ping(timeout=self.api_timeout)
+            except DockerError as exc:
+                if is_timeout(exc):
+                    return
+
+    async def _exit_code(self, ex: Any, ref: str, deadline: float | None) -> int | None:
+        """The exec's exit code; the stream can end a moment before the daemon records it. None
+        when ``deadline`` (loop time) passes first."""
+        loop = asyncio.get_running_loop()
+        end = loop.time() + self.api_timeout if deadline is None else deadline
+        while True:
+            try:
+                info = await within(ex.inspect(), max(0.0, end - loop.time()), lambda: "exec inspect: no answer")
+            except TimeoutError:
+                if deadline is not None:
+                    return None
+                raise DockerError(f"Docker exec inspect: container {ref!r}: the daemon did not answer in time",
+                                  resource=ref, connection=True) from None
             if not info.get("Running") and info.get("ExitCode") is not None:
                 return int(info["ExitCode"])
+            if loop.time() >= end:
+                if deadline is not None:
+                    return None
+                raise DockerError(f"exec in container {ref!r}: no exit code after the output ended", resource=ref)
             await asyncio.sleep(0.01)
-        raise DockerError(f"exec in container {ref!r}: no exit code after the output ended", resource=ref)
 
-    async def _kill_exec(self, ex: Any, ref: str) -> None:
-        try:
-            info = await asyncio.wait_for(ex.inspect(), self.api_timeout)
-            container = await self.inspect(ref)
-        except (DockerError, aiodocker.DockerError, aiohttp.ClientError, OSError, asyncio.TimeoutError):
-            return
-        pid = int(info.get("Pid") or 0)
-        if pid > 0:
-            kill_tree(pid, container.id)
+    async def _kill(self, ex: Any, ref: str, cid: str | None, before: set[int] | None,
+                    procs: Callable[[], set[int] | None] | None) -> bool:
+        """SIGKILL the exec's process tree; return whether the daemon answered. Its pid comes from
+        ``exec inspect`` (bounded); if the daemon does not answer, the processes that appeared in
+        the container's cgroup since the exec began are killed instead."""
+        pid = 0
+        answered = False
+        if ex is not None:
+            try:
+                info = await within(ex.inspect(), _KILL_BOUND, lambda: "exec inspect: no answer")
+                pid = int(info.get("Pid") or 0)
+                answered = True
+            except (aiodocker.DockerError, aiohttp.ClientError, OSError, asyncio.TimeoutError, TimeoutError):
+                pass
+        if cid is None and pid:
+            try:
+                cid = (await self._call("inspect", ref, lambda d: d.containers.container(ref).show(),
+                                        timeout=_KILL_BOUND))["Id"]
+            except DockerError:
+                cid = None
+        if pid and cid:
+            kill_tree(pid, cid)
+            return answered
+        now = _pids(procs)
+        if now is not None and before is not None:
+            for p in sorted(now - before):
+                kill_tree(p, cid or "", require_container=cid is not None)
+        return answered
 
 
-def kill_tree(pid: int, container_id: str, proc: Path = Path("/proc")) -> int:
+def _pids(procs: Callable[[], set[int] | None] | None) -> set[int] | None:
+    if procs is None:
+        return None
+    try:
+        return procs()
+    except Exception:  # noqa: BLE001 - best effort: without it only the daemon's pid is used
+        return None
+
+
+def kill_tree(pid: int, container_id: str, proc: Path = Path("/proc"), *, require_container: bool = True) -> int:
     """SIGKILL ``pid`` and its descendants if ``pid`` still belongs to ``container_id``.
 
     Works when the daemon shares our pid namespace (the local-daemon case the fast path needs
-    anyway); otherwise nothing is found and the caller just stops reading. Returns kill count."""
-    try:
-        if container_id not in (proc / str(pid) / "cgroup").read_text():
-            return 0  # pid reused by another process, or a remote daemon
-    except OSError:
-        return 0
+    anyway); otherwise nothing is found and the caller just stops reading. Returns kill count.
+    ``require_container=False`` (pids read from the container's own cgroup) skips the check."""
+    if require_container:
+        try:
+            if not container_id or container_id not in (proc / str(pid) / "cgroup").read_text():
+                return 0  # pid reused by another process, or a remote daemon
+        except OSError:
+            return 0
     killed = 0
     for _ in range(3):  # a forking process can add children between scans
         victims = _descendants(pid, proc)
@@ -391,24 +509,19 @@ def _descendants(root: int, proc: Path) -> list[int]:
 
 
 
-class _CallError(DockerError):
-    """A DockerError that remembers the HTTP status and whether the connection broke (private:
-    callers see a plain DockerError; the client uses these to retry and to treat 404 as gone)."""
-
-    def __init__(self, message: str, *, resource: str | None, status: int | None, connection: bool) -> None:
-        super().__init__(message, resource=resource)
-        self.status = status
-        self.connection = connection
-
-
 def is_not_found(exc: DockerError) -> bool:
     """True when the daemon answered 404 (no such container)."""
-    return isinstance(exc, _CallError) and exc.status == 404
+    return getattr(exc, "status", None) == 404
 
 
 def is_connection_error(exc: DockerError) -> bool:
     """True when the daemon could not be reached or did not answer in time."""
-    return isinstance(exc, _CallError) and exc.connection
+    return bool(getattr(exc, "connection", False))
+
+
+def is_timeout(exc: DockerError) -> bool:
+    """True when the daemon was reached (or at least not refused) but did not answer in time."""
+    return bool(getattr(exc, "_timed_out", False))
 
 
 def _translate(op: str, ref: str | None, exc: BaseException) -> DockerError:
@@ -426,17 +539,19 @@ def _translate(op: str, ref: str | None, exc: BaseException) -> DockerError:
             msg = f"Docker {op}:{where}: daemon unreachable ({exc.message})"
         else:
             msg = f"Docker {op}:{where} failed with HTTP {status}: {exc.message}"
-    elif isinstance(exc, asyncio.TimeoutError):
+    elif isinstance(exc, (asyncio.TimeoutError, TimeoutError)):
         connection = True
         msg = f"Docker {op}:{where}: the daemon did not answer in time"
     else:
         connection = True
         msg = f"Docker {op}:{where}: daemon unreachable ({type(exc).__name__}: {exc})"
-    return _CallError(msg, resource=ref, status=status, connection=connection)
+    err = DockerError(msg, resource=ref, status=status, connection=connection)
+    err._timed_out = isinstance(exc, (asyncio.TimeoutError, TimeoutError))  # type: ignore[attr-defined]
+    return err
 
 
 async def _close_quietly(docker: aiodocker.Docker) -> None:
     try:
-        await docker.close()
-    except (aiohttp.ClientError, OSError, RuntimeError) as exc:  # a dead daemon's session may fail to close
+        await within(docker.close(), 5.0, lambda: "closing the session took > 5 s")
+    except (aiohttp.ClientError, OSError, RuntimeError, TimeoutError) as exc:  # a dead daemon's session may fail to close
         logging.getLogger(__name__).debug("closing a Docker session failed: %r", exc)

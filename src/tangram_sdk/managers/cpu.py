@@ -21,6 +21,12 @@ Backends: ``"cgroup"`` writes cgroupfs directly (~0.1 ms, needs root and a local
 Docker's recorded HostConfig always holds the *parked* values (set at create/first sight through
 the API); with the cgroup backend the live cgroup differs from the record only while a grant is
 held, and ``aclose`` re-parks any still-granted container through the API so they agree again.
+
+A park that fails (the daemon died between grant and park) does not return the cores: ``release``
+raises :class:`~tangram_sdk.errors.QuarantineError` and the runtime keeps the action's cores out
+of the pool while this manager re-parks the container in the background (backoff up to 5 s) and
+*verifies* it (Docker's record or the cgroup files read back); then the cores return. Quarantined
+containers are listed in ``statistics()["quarantined"]``.
 """
 
 from __future__ import annotations
@@ -29,12 +35,13 @@ import asyncio
 import functools
 import logging
 import os
+import time
 from collections.abc import Iterator, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal
 
 from .._cpuset import format_cpuset, parse_cpuset
-from ..errors import CgroupError, DockerError, SpecError
+from ..errors import CgroupError, DockerError, QuarantineError, SpecError
 from . import _cgroup
 from ._docker import DockerClient, is_not_found, validate_ref
 from .base import ManagerContext
@@ -64,12 +71,34 @@ class _Box:
         self.backend = backend
 
 
+class _Quarantine:
+    """A container whose park failed: the cores it may still hold, and the re-park in flight."""
+
+    __slots__ = ("attempts", "box", "cpus", "error", "since", "task", "until")
+
+    def __init__(self, box: _Box, cpus: tuple[int, ...], error: BaseException) -> None:
+        self.box = box
+        self.cpus = set(cpus)
+        self.error = str(error)
+        self.attempts = 1
+        self.since = time.monotonic()
+        self.until: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.task: asyncio.Task[None] | None = None
+
+
+def _gone(exc: DockerError) -> bool:
+    """The container no longer exists or no longer runs: nothing is left to park."""
+    return is_not_found(exc) or "not running" in str(exc)
+
+
 class DockerCpuManager:
     """The Manager for specs with ``container=``: grant cores on apply, park on release.
 
     ``backend``: "auto" | "api" | "cgroup". ``park_cpus``: cores parked containers share (a
     cpuset string or ids). ``park_quota_us``/``period_us``: the parked CFS bandwidth (kernel
-    minimum 1000 us). ``docker_url``: e.g. ``unix:///var/run/docker.sock`` (None: default).
+    minimum 1000 us). ``docker_url``: e.g. ``unix:///var/run/docker.sock``; None uses
+    ``DOCKER_HOST`` when set, else the default socket. ``api_timeout``: the total deadline of every
+    Docker call (a frozen or overloaded daemon gives DockerError after it, never a hang).
     """
 
     name = "docker-cpu"
@@ -103,7 +132,10 @@ class DockerCpuManager:
         self._layout: _cgroup.CgroupLayout | None = None
         self._active_backend: Literal["api", "cgroup"] = "api"
         self._boxes: dict[str, _Box] = {}  # keyed by every ref seen (name, short id, full id)
-        self._stats = {"applies": 0, "releases": 0, "api_updates": 0, "cgroup_writes": 0, "fallbacks": 0}
+        self._stats = {"applies": 0, "releases": 0, "api_updates": 0, "cgroup_writes": 0, "fallbacks": 0,
+                       "park_failures": 0}
+        self._quarantined: dict[str, _Quarantine] = {}  # by full container id
+        self._read_layout: _cgroup.CgroupLayout | None = None  # for reading cgroup.procs (any backend)
         self._closed = False
 
     # -- introspection --------------------------------------------------------------------------
@@ -126,12 +158,17 @@ class DockerCpuManager:
 
     def statistics(self) -> dict[str, Any]:
         boxes = {b.id: b for b in self._boxes.values()}
+        now = time.monotonic()
         return {
             **self._stats,
             "backend": self._active_backend,
             "containers": len(boxes),
             "granted": sum(1 for b in boxes.values() if b.active),
             "park_cpus": format_cpuset(self.park_cpus),
+            # containers whose park failed: their cores stay out of the pool until re-parked
+            "quarantined": {cid: {"cpus": sorted(q.cpus), "since_s": round(now - q.since, 3),
+                                  "attempts": q.attempts, "error": q.error}
+                            for cid, q in self._quarantined.items()},
         }
 
     def __repr__(self) -> str:
@@ -147,8 +184,18 @@ class DockerCpuManager:
         self._ctx = ctx
         self._closed = False
         await self.client.ping()
+        ncpu = await self.client.ncpu()
+        if ncpu > 0:  # a pool naming cores the host lacks would fail later, at create/update (HTTP 400)
+            for what, cores in (("the pool names", ctx.pool.cpus), ("park_cpus names", self.park_cpus)):
+                missing = [c for c in cores if c >= ncpu]
+                if missing:
+                    raise SpecError(
+                        f"{what} cores {format_cpuset(missing)} that the Docker host "
+                        f"({self.client.url or os.environ.get('DOCKER_HOST') or 'default socket'}) does not have: "
+                        f"it has {ncpu} (0-{ncpu - 1})")
+        self._read_layout = _cgroup.detect_layout()
         if self.backend != "api":
-            self._layout = _cgroup.detect_layout()
+            self._layout = self._read_layout
             writable = self._layout is not None and self._layout.writable()
             if self.backend == "cgroup" and not writable:
                 where = self._layout.cpuset_root if self._layout else "/sys/fs/cgroup"
@@ -186,45 +233,141 @@ class DockerCpuManager:
                 raise
         self._stats["applies"] += 1
         lease.attach("container", box.id)
-        lease.attach("exec", functools.partial(self.client.exec, box.id))
+        lease.attach("exec", functools.partial(self.client.exec, box.id, procs=functools.partial(self._pids, box)))
 
     async def release(self, grant: Grant, lease: Lease) -> None:
         """Park the container again (or shrink to the cores of its other live grants).
 
-        A container that vanished meanwhile is forgotten silently: there is nothing left to park."""
+        A container that vanished meanwhile is forgotten silently: there is nothing left to park.
+        A park that fails otherwise raises QuarantineError: the runtime keeps these cores out of
+        the pool until the background re-park has verifiably parked the container."""
         ref = lease.spec.container
         if ref is None or ref not in self._boxes:
             return
         box = self._boxes[ref]
         async with box.lock:
-            if box.active.pop(grant.action_id, None) is None:
+            cores = box.active.pop(grant.action_id, None)
+            if cores is None:
                 return
             self._stats["releases"] += 1
             try:
-                if box.active:
-                    cpus = self._granted_cpus(box)
-                    await self._set(box, cpus, len(cpus) * self.period_us)
-                else:
-                    await self._set(box, self.park_cpus, self.park_quota_us)
+                await self._settle(box)
+                return
             except DockerError as exc:
-                if is_not_found(exc) or "not running" in str(exc):
+                if _gone(exc):
                     self._forget(box)
                     return
-                raise
+                failure: Exception = exc
+            except CgroupError as exc:  # backend="cgroup" refuses the API fallback
+                failure = exc
+        self._stats["park_failures"] += 1
+        until = self._quarantine(box, cores, failure)
+        raise QuarantineError(
+            f"container {box.id[:12]} could not be parked ({failure}); cores {format_cpuset(cores)} stay out of "
+            f"the pool until it is (re-parking in the background)", resource=box.id, until=until) from failure
 
     async def aclose(self) -> None:
-        """Re-park (through the API) containers still granted, so Docker's record and the cgroup
-        agree; then close the daemon session. Containers are removed by their SandboxPool."""
-        boxes = list({b.id: b for b in self._boxes.values() if b.active}.values())
+        """Re-park (through the API) containers still granted or quarantined, so Docker's record and
+        the cgroup agree; then close the daemon session. Containers are removed by their SandboxPool.
+        A container that still cannot be parked is logged (and its quarantine ends: the pool closes)."""
+        quarantined = list(self._quarantined.values())
+        for q in quarantined:
+            if q.task is not None:
+                q.task.cancel()
+        await asyncio.gather(*(q.task for q in quarantined if q.task is not None), return_exceptions=True)
+        boxes = list({b.id: b for b in self._boxes.values() if b.active or b.id in self._quarantined}.values())
         results = await asyncio.gather(*(self._park_api(b) for b in boxes), return_exceptions=True)
         for b, r in zip(boxes, results):
             b.active.clear()
+            held = self._quarantined.pop(b.id, None)
             if isinstance(r, BaseException):
                 log.warning("could not re-park container %s at close: %s", b.id[:12], r)
+            if held is not None and not held.until.done():
+                if isinstance(r, BaseException):
+                    held.until.set_exception(QuarantineError(
+                        f"container {b.id[:12]} was still not parked when the manager closed: {r}", resource=b.id))
+                else:
+                    held.until.set_result(None)
         self._closed = True
         await self.client.close()
 
     # -- internals ------------------------------------------------------------------------------
+    async def _settle(self, box: _Box) -> tuple[tuple[int, ...], int]:
+        """Give ``box`` what its live grants say: their cores, or the parked values. Returns them."""
+        if box.active:
+            cpus = self._granted_cpus(box)
+            quota = len(cpus) * self.period_us
+        else:
+            cpus, quota = self.park_cpus, self.park_quota_us
+        await self._set(box, cpus, quota)
+        return cpus, quota
+
+    def _quarantine(self, box: _Box, cores: tuple[int, ...], error: Exception) -> asyncio.Future[None]:
+        q = self._quarantined.get(box.id)
+        if q is None:
+            q = self._quarantined[box.id] = _Quarantine(box, cores, error)
+            q.task = asyncio.get_running_loop().create_task(self._repark(q), name=f"repark-{box.id[:12]}")
+            log.error("container %s could not be parked (%s): cores %s quarantined until it is",
+                      box.id[:12], error, format_cpuset(cores))
+        else:
+            q.cpus.update(cores)
+            q.error = str(error)
+        return q.until
+
+    async def _repark(self, q: _Quarantine) -> None:
+        """Retry until the container verifiably holds only what its live grants say (or is gone)."""
+        box = q.box
+        delay = 0.2
+        while True:
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 5.0)
+            async with box.lock:
+                try:
+                    cpus, quota = await self._settle(box)
+                    await self._verify(box, cpus, quota)
+                except DockerError as exc:
+                    if not _gone(exc):
+                        q.attempts += 1
+                        q.error = str(exc)
+                        continue
+                    self._forget(box)
+                except CgroupError as exc:
+                    q.attempts += 1
+                    q.error = str(exc)
+                    continue
+            break
+        self._quarantined.pop(box.id, None)
+        log.warning("container %s parked after %d attempts: cores %s back", box.id[:12], q.attempts,
+                    format_cpuset(sorted(q.cpus)))
+        if not q.until.done():
+            q.until.set_result(None)
+
+    async def _verify(self, box: _Box, cpus: Sequence[int], quota: int) -> None:
+        """Read back what the container holds (cgroup files, or Docker's record for the API backend)."""
+        got: Any
+        if box.backend == "cgroup" and box.cgroup is not None:
+            got = (box.cgroup.cpus(), box.cgroup.quota())
+            want: Any = (tuple(cpus), (quota, self.period_us))
+        else:
+            info = await self.client.inspect(box.id)
+            got = (info.cpuset, info.cpu_quota, info.cpu_period)
+            want = (format_cpuset(cpus), quota, self.period_us)
+        if got != want:
+            raise DockerError(f"container {box.id[:12]} holds {got} after the update, not {want}", resource=box.id)
+
+    def _pids(self, box: _Box) -> set[int] | None:
+        """The container's host pids (None when its cgroup is not readable from here)."""
+        layout = self._layout or self._read_layout
+        if layout is None:
+            return None
+        try:
+            if box.cgroup is None:
+                box.cgroup = _cgroup.locate(layout, box.id)
+            return box.cgroup.pids()
+        except CgroupError:
+            box.cgroup = None
+            return None
+
     @staticmethod
     def _granted_cpus(box: _Box) -> tuple[int, ...]:
         return tuple(sorted({c for cpus in box.active.values() for c in cpus}))

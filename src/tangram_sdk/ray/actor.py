@@ -29,7 +29,14 @@ import anyio
 import attrs
 
 from .._deadline import check_timeout, within
-from ..errors import InfeasibleSpecError, ManagerError, RuntimeClosedError, SpecError, TangramError
+from ..errors import (
+    InfeasibleSpecError,
+    ManagerError,
+    QuarantineError,
+    RuntimeClosedError,
+    SpecError,
+    TangramError,
+)
 from ..lease import Lease
 from ..managers.base import Manager, ManagerContext
 from ..pool import Pool, Quota
@@ -79,12 +86,22 @@ class _AgentManager:
     async def release(self, grant: Grant, lease: Lease) -> None:
         aid = lease.action_id
         try:
-            await within(self.agent.release.remote(aid), self.timeout, lambda: self._late("release", aid))
+            out = await within(self.agent.release.remote(aid), self.timeout, lambda: self._late("release", aid))
         except TimeoutError as exc:
             raise ManagerError(str(exc), resource=f"agent:{self.label}") from None
+        if isinstance(out, dict) and out.get("quarantined"):
+            # the agent's manager could not park a container: the node's runtime keeps these
+            # units out of its pool until the agent says the container is restored
+            until = asyncio.ensure_future(_ray_call(self.agent.restored.remote(aid)))
+            raise QuarantineError(f"node {self.label!r}: {out['quarantined']}", resource=f"agent:{self.label}",
+                                  until=until)
 
     async def aclose(self) -> None:
         return None
+
+
+async def _ray_call(ref: Any) -> Any:
+    return await ref
 
 
 _FROZEN_MAX_UNITS = 4096  # efficiency values kept per spec; beyond, the speedup is held flat

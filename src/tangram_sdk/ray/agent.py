@@ -17,7 +17,7 @@ import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ..errors import ManagerError, SpecError, TangramError
+from ..errors import ManagerError, QuarantineError, SpecError, TangramError
 from ..lease import Lease
 from ..managers.base import Manager, ManagerContext
 from ..pool import Pool
@@ -82,6 +82,7 @@ class NodeAgent:
         self.pool: Pool | None = None
         self.managers: list[Manager] = []
         self._leases: dict[int, tuple[Lease, Grant, list[Manager]]] = {}
+        self._held_back: dict[int, asyncio.Future[Any]] = {}
         self._forever = asyncio.Event()
 
     async def start(self) -> dict[str, Any]:
@@ -155,16 +156,36 @@ class NodeAgent:
         self._leases[action_id] = (lease, grant, applied)
         return sorted(lease._attached)
 
-    async def release(self, action_id: int) -> None:
+    async def release(self, action_id: int) -> dict[str, str] | None:
+        """Undo the managers' work. When one holds the units back (QuarantineError: a container
+        could not be parked) say so; the scheduler then waits on :meth:`restored` before it
+        returns the units to the node's pool."""
         item = self._leases.pop(action_id, None)
         if item is None:
-            return
+            return None
         lease, grant, applied = item
+        why: list[str] = []
+        until: list[Any] = []
         for m in reversed(applied):
             try:
                 await m.release(grant, lease)
+            except QuarantineError as exc:
+                log.error("node %s: manager %s holds action %s back: %s", self.node, m.name, action_id, exc)
+                why.append(str(exc))
+                if exc.until is not None:
+                    until.append(exc.until)
             except Exception:
                 log.exception("node %s: manager %s failed to release action %s", self.node, m.name, action_id)
+        if not until:
+            return None
+        self._held_back[action_id] = asyncio.gather(*until, return_exceptions=True)
+        return {"quarantined": "; ".join(why)}
+
+    async def restored(self, action_id: int) -> None:
+        """Return once what held ``action_id`` back is restored (or its manager closed)."""
+        fut = self._held_back.pop(action_id, None)
+        if fut is not None:
+            await fut
 
     def _lease(self, action_id: int) -> Lease:
         item = self._leases.get(action_id)
