@@ -5,7 +5,9 @@ One line per action::
     {"arrival": 12.5, "kind": "test", "cpus": 1, "elastic": {"resource": "cpu", "max_units": 16,
      "parallel": 0.9}, "duration": 3.2, "traj": "sb-17", "end": 14.1}
 
-``arrival`` (s) and ``duration`` (s of work at the minimum units) are required with ``kind``;
+``arrival`` (s) and ``duration`` (s of work at the minimum units) are required with ``kind``.
+Times are relative to the first action: the recorder writes them so, and the replay shifts any
+trace (one recorded with seconds since boot, say) so that its earliest ``arrival`` is 0.
 ``cpus``/``gpus``/``memory``/``quotas``/``service``/``elastic``/``overhead`` describe the demand.
 ``traj`` groups actions into a closed-loop trajectory (the think time before an action is its
 arrival minus the previous action's ``end``, or its arrival plus duration when ``end`` is absent);
@@ -193,13 +195,16 @@ def trace_workload(path: str | os.PathLike[str], pool: Pool | None = None) -> An
     for n, (line, rec, spec) in enumerate(rows):
         key = ("traj", rec["traj"]) if "traj" in rec else ("line", n)
         groups.setdefault(key, []).append((line, rec, spec))
+    # Times relative to the first action: a trace keyed to another clock (``loop.time()`` is
+    # seconds since boot) would otherwise replay as a step of the machine's uptime, mostly idle.
+    t_first = min((float(rec["arrival"]) for _line, rec, _spec in rows), default=0.0)
     trajs = []
     services: list[str] = []
     for items in groups.values():
         items.sort(key=lambda x: (x[1]["arrival"], x[0]))
         acts = []
         prev_free = 0.0  # when the previous action of this trajectory ended
-        start = items[0][1]["arrival"]
+        start = float(items[0][1]["arrival"]) - t_first
         for j, (line, rec, spec) in enumerate(items):
             arr = float(rec["arrival"])
             think = 0.0 if j == 0 else arr - prev_free
@@ -211,7 +216,7 @@ def trace_workload(path: str | os.PathLike[str], pool: Pool | None = None) -> An
             prev_free = float(rec["end"]) if "end" in rec else arr + float(rec["duration"])
             if spec.service and spec.service not in services:
                 services.append(spec.service)
-        trajs.append(Trajectory(tuple(acts), float(start), 0.0))
+        trajs.append(Trajectory(tuple(acts), start, 0.0))
     return Workload("trace", pool, tuple(trajs), services=tuple(services),
                     policies=("tangram", "fifo1", "fifo4", "fifo16") + (("isolated",) if services else ()),
                     params={"path": str(path), "actions": len(rows)})
@@ -222,7 +227,8 @@ class TraceRecorder:
 
         async with Tangram(pool, observers=[TraceRecorder("run.jsonl", pool=pool)]) as t: ...
 
-    ``duration`` is the measured run time scaled back to the spec's minimum units, so a replay under
+    Times are seconds since the first action arrived (not the runtime clock, which counts from
+    boot). ``duration`` is the measured run time scaled back to the spec's minimum units, so a replay under
     another policy rescales it; ``traj`` is the spec's ``container`` (one sandbox per trajectory).
     Works as a simulator observer too. Call :meth:`close` (or use it as a context manager) to flush.
     """
@@ -231,6 +237,7 @@ class TraceRecorder:
         self._own = not hasattr(path, "write")
         self._f: IO[str] = open(path, "w", encoding="utf-8") if self._own else path  # type: ignore[arg-type,assignment]
         self._open: dict[int, list[Any]] = {}  # aid -> [spec, arrival, grant time, units]
+        self._t0: float | None = None  # the first action's arrival: every time is written relative to it
         self.lines = 0
         if pool is not None:
             quotas = {n: {k: v for k, v in (("concurrency", q.concurrency), ("rate", q.rate),
@@ -243,6 +250,8 @@ class TraceRecorder:
     def __call__(self, events: Sequence[Event], now: float, decisions: Sequence[Decision]) -> None:
         for ev in events:
             if isinstance(ev, Submitted):
+                if self._t0 is None:
+                    self._t0 = now
                 self._open[ev.action_id] = [ev.spec, now, None, 0]
             elif isinstance(ev, (Released, Cancelled)):
                 rec = self._open.pop(ev.action_id, None)
@@ -257,8 +266,10 @@ class TraceRecorder:
         spec, arrival, granted, units = rec
         ran = max(1e-9, now - granted)
         work = ran / spec.relative_duration(units) if spec.elastic is not None and units else ran
-        line: dict[str, Any] = {"id": aid, "arrival": round(arrival, 6), "kind": spec.kind,
-                                "duration": round(work, 6), "granted": round(granted, 6), "end": round(now, 6)}
+        t0 = self._t0 or 0.0
+        line: dict[str, Any] = {"id": aid, "arrival": round(arrival - t0, 6), "kind": spec.kind,
+                                "duration": round(work, 6), "granted": round(granted - t0, 6),
+                                "end": round(now - t0, 6)}
         for k in ("cpus", "gpus", "memory"):
             if getattr(spec, k):
                 line[k] = getattr(spec, k)
