@@ -325,3 +325,19 @@ async def test_soak_cancel_storm_every_cancel_ends_cancelled() -> None:
     assert rep["leaks"] == [] and rep["unexpected"] == [], rep["leaks"]
     assert rep["cancels_delivered"] > 500, rep["cancel_phase"]
     assert rep["cancels_not_ending_cancelled"] == 0 and rep["ran_after_cancel"] == 0
+
+
+def test_no_asyncio_wait_for_anywhere_in_the_package() -> None:
+    """The rule behind these tests: a bounded wait goes through tangram_sdk._deadline, whose one
+    code path lets a cancel win on every Python; ``asyncio.wait_for`` (and ``asyncio.timeout``,
+    absent on 3.10) must not creep back in."""
+    import re
+
+    root = Path(__file__).resolve().parents[1] / "src" / "tangram_sdk"
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        for n, line in enumerate(path.read_text().splitlines(), 1):
+            code = line.split("#", 1)[0]
+            if re.search(r"\bwait_for\s*\(|asyncio\.timeout\s*\(|asyncio\.timeout_at\s*\(", code) and "``" not in code:
+                found.append(f"{path.relative_to(root)}:{n}: {line.strip()}")
+    assert found == [], "\n".join(found)

@@ -367,7 +367,8 @@ async def test_frozen_daemon_exec_timeout_returns_timed_out_and_kills_the_comman
     """D2: dockerd SIGSTOPped. ``exec(timeout=2)`` returns ``timed_out=True`` within ~timeout + 1 s
     and kills its command (found through the container's cgroup, without the daemon), whether the
     freeze began while the command ran or before it was created; ``exec`` without a timeout fails
-    with DockerError once the daemon misses pings for ``api_timeout``; an inspect is bounded by one
+    with DockerError once the daemon misses a ping for ``api_timeout`` (its command killed too) or
+    when creating it gets no answer within ``api_timeout``; an inspect is bounded by one
     ``api_timeout`` in total (no second full wait on a retry). Old code: 71.5 s and a DockerError,
     the command left running; 60 s for a first inspect."""
     assert daemon.proc is not None
@@ -376,11 +377,12 @@ async def test_frozen_daemon_exec_timeout_returns_timed_out_and_kills_the_comman
             box = boxes[0].id
             async with t.acquire(ActionSpec(kind="x", cpus=1, container=box)) as lease:
                 running = asyncio.create_task(lease.exec(["sh", "-c", "echo started; exec sleep 61"], timeout=2))
+                endless = asyncio.create_task(lease.exec(["sleep", "65"]))  # no timeout
                 for _ in range(100):
-                    if _host_procs("sleep 61"):
+                    if _host_procs("sleep 61") and _host_procs("sleep 65"):
                         break
                     await asyncio.sleep(0.05)
-                assert _host_procs("sleep 61"), "the command never started"
+                assert _host_procs("sleep 61") and _host_procs("sleep 65"), "the commands never started"
                 daemon.proc.send_signal(signal.SIGSTOP)
                 try:
                     t0 = time.monotonic()
@@ -390,6 +392,12 @@ async def test_frozen_daemon_exec_timeout_returns_timed_out_and_kills_the_comman
                     assert dt1 <= 3.0, f"exec(timeout=2) returned after {dt1:.1f} s"
                     await asyncio.sleep(0.2)
                     assert _host_procs("sleep 61") == [], "the timed-out command is still running"
+                    with pytest.raises(DockerError, match="did not answer a ping"):
+                        await asyncio.wait_for(endless, 60)
+                    dt5 = time.monotonic() - t0  # the watchdog: a ping unanswered for api_timeout
+                    assert dt5 <= manager.client.api_timeout * 1.5 + 2, dt5
+                    await asyncio.sleep(0.2)
+                    assert _host_procs("sleep 65") == [], "the command of the failed exec is still running"
                     t0 = time.monotonic()
                     r2 = await asyncio.wait_for(lease.exec(["sleep", "62"], timeout=2), 30)
                     dt2 = time.monotonic() - t0
@@ -408,8 +416,9 @@ async def test_frozen_daemon_exec_timeout_returns_timed_out_and_kills_the_comman
                     assert dt4 <= manager.client.api_timeout + 1.0, dt4
                 finally:
                     daemon.proc.send_signal(signal.SIGCONT)
-                print(f"D2: exec(timeout=2) while running {dt1:.2f} s, before create {dt2:.2f} s; "
-                      f"exec without timeout {dt3:.2f} s; inspect {dt4:.2f} s (api_timeout {manager.client.api_timeout})")
+                print(f"D2: exec(timeout=2) while running {dt1:.2f} s, before create {dt2:.2f} s; exec without "
+                      f"timeout: running {dt5:.2f} s, before create {dt3:.2f} s; inspect {dt4:.2f} s "
+                      f"(api_timeout {manager.client.api_timeout})")
                 r = await lease.exec(["echo", "thawed"], timeout=20)  # the daemon answers again
                 assert r.ok and r.stdout == b"thawed\n"
             whole(t)

@@ -282,3 +282,24 @@ async def test_runtime_reads_the_loops_own_clock_when_it_is_not_plain_asyncio():
     async with Tangram(Pool(cpus=1)) as t:
         async with t.acquire(ActionSpec(kind="x", cpus=1)) as lease:
             assert abs(lease.granted_at - loop.time()) < 1.0
+
+
+async def test_lease_run_timeout_and_cancel_kill_the_command():
+    import time
+
+    async with Tangram(Pool(cpus=1)) as t:
+        async with t.acquire(ActionSpec(kind="x", cpus=1)) as lease:
+            t0 = time.monotonic()
+            r = await lease.run(["sh", "-c", "echo started; exec sleep 31"], timeout=0.3)
+            assert r.timed_out and not r.ok and r.stdout == b"started\n" and time.monotonic() - t0 < 3
+            task = asyncio.create_task(lease.run(["sleep", "32"]))
+            await asyncio.sleep(0.3)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            with pytest.raises(SpecError, match="timeout"):
+                await lease.run(["true"], timeout="1")
+        await asyncio.sleep(0.1)
+        ps = os.popen("ps -eo args").read()
+        assert "sleep 31" not in ps and "sleep 32" not in ps, ps
+        whole(t)

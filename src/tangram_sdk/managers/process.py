@@ -13,6 +13,7 @@ import sys
 import time
 from collections.abc import Mapping, Sequence
 
+from .._deadline import check_timeout
 from ..errors import SpecError
 from ..lease import ExecResult
 
@@ -37,16 +38,19 @@ def check_argv(cmd: Sequence[str]) -> list[str]:
     return argv
 
 
-async def _read_bounded(stream: asyncio.StreamReader | None, limit: int) -> tuple[bytes, bool]:
-    """Read everything, keep at most ``limit`` bytes: a chatty command cannot exhaust memory."""
+_DRAIN_S = 5.0  # after a kill: how long the output may take to end (a detached grandchild may hold it)
+
+
+async def _read_bounded(stream: asyncio.StreamReader | None, limit: int, kept: bytearray) -> bool:
+    """Read everything into ``kept``, keeping at most ``limit`` bytes (a chatty command cannot
+    exhaust memory); return whether output was cut. ``kept`` holds what came even if cancelled."""
     if stream is None:
-        return b"", False
-    kept = bytearray()
+        return False
     truncated = False
     while True:
         chunk = await stream.read(65536)
         if not chunk:
-            return bytes(kept), truncated
+            return truncated
         room = limit - len(kept)
         if room > 0:
             kept += chunk[:room]
@@ -67,6 +71,7 @@ async def run_pinned(
     """Run ``cmd`` pinned to ``cpus`` (all cores when empty); kill its process group on timeout or
     cancellation; keep at most ``max_output`` bytes of each of stdout/stderr."""
     argv = check_argv(cmd)
+    limit = check_timeout(timeout)
     started = time.monotonic()
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-c", _SHIM, ",".join(str(c) for c in cpus), *argv,
@@ -78,24 +83,33 @@ async def run_pinned(
         start_new_session=True,
     )
     timed_out = False
+    out, err = bytearray(), bytearray()
+    truncated = False
     try:
         if stdin is not None and proc.stdin is not None:
             proc.stdin.write(stdin)
             proc.stdin.close()
-        readers = asyncio.gather(_read_bounded(proc.stdout, max_output), _read_bounded(proc.stderr, max_output))
-        try:
-            (out, t1), (err, t2) = await asyncio.wait_for(asyncio.shield(readers), timeout)
-        except asyncio.TimeoutError:
+        readers = asyncio.gather(_read_bounded(proc.stdout, max_output, out),
+                                 _read_bounded(proc.stderr, max_output, err))
+        # asyncio.wait, not wait_for: it never returns a result in place of a cancel
+        done, _ = await asyncio.wait([readers], timeout=limit)
+        if not done:
             timed_out = True
             _kill_group(proc)
-            (out, t1), (err, t2) = await readers
+            done, _ = await asyncio.wait([readers], timeout=_DRAIN_S)
+        if done:
+            t1, t2 = readers.result()
+            truncated = t1 or t2
+        else:  # a detached grandchild still holds the pipes: keep what came
+            readers.cancel()
+            truncated = True
         code = await proc.wait()
     except BaseException:
         _kill_group(proc)
         raise
     return ExecResult(
-        exit_code=code, stdout=out, stderr=err, duration_s=time.monotonic() - started,
-        truncated=t1 or t2, timed_out=timed_out,
+        exit_code=code, stdout=bytes(out), stderr=bytes(err), duration_s=time.monotonic() - started,
+        truncated=truncated, timed_out=timed_out,
     )
 
 
