@@ -14,8 +14,13 @@ from __future__ import annotations
 import asyncio
 import os
 
+from tangram_sdk import ActionSpec, Amdahl, Elasticity, Pool, Tangram
 from tangram_sdk._cpuset import format_cpuset
-from tangram_sdk import ActionSpec, Amdahl, DockerCpuManager, Elasticity, Pool, SandboxPool, Tangram
+from tangram_sdk._optional import require_or_exit
+
+# without aiodocker: one line naming the docker extra, not a bare ImportError
+require_or_exit("aiodocker", needed_by="examples/coding_sandbox.py")
+from tangram_sdk import DockerCpuManager, SandboxPool  # noqa: E402  (need aiodocker)
 
 IMAGE = os.environ.get("TANGRAM_TEST_IMAGE", "tangram-test:busybox")
 CORES = sorted(os.sched_getaffinity(0))

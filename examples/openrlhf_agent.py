@@ -19,16 +19,16 @@ from types import SimpleNamespace
 from typing import Any
 
 from tangram_sdk import ActionSpec, Elasticity
-from tangram_sdk.integrations import IntegrationUnavailable, current_lease
+from tangram_sdk._optional import require_or_exit
+from tangram_sdk.integrations import current_lease
 
-try:
-    import torch
-    from openrlhf.utils.agent import AgentInstanceBase, MultiTurnAgentExecutor
+# A missing module ends the example with one line naming the right install: the torch extra for
+# torch (the CPU build is enough), openrlhf for OpenRLHF itself.
+torch = require_or_exit("torch", needed_by="examples/openrlhf_agent.py")
+_agent = require_or_exit("openrlhf.utils.agent", needed_by="examples/openrlhf_agent.py")
+AgentInstanceBase, MultiTurnAgentExecutor = _agent.AgentInstanceBase, _agent.MultiTurnAgentExecutor
 
-    from tangram_sdk.integrations.openrlhf import with_tangram
-except ImportError as exc:  # IntegrationUnavailable is an ImportError too
-    hint = exc.install if isinstance(exc, IntegrationUnavailable) else "pip install openrlhf"
-    sys.exit(f"this example needs OpenRLHF: {exc}. Install it with: {hint}")
+from tangram_sdk.integrations.openrlhf import with_tangram  # noqa: E402  (after the checks above)
 
 CORES = sorted(os.sched_getaffinity(0))
 # One pool per rollout worker process: cores for checks, a quota for the search API.

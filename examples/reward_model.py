@@ -6,16 +6,20 @@ resident, and the GPU manager restores it there (evicting the least recently use
 it is not. Scores are bit-identical however many times a model moved.
 
 Runs on the CPU (devices are "cpu" with explicit budgets); on a CUDA machine pass
-``devices={0: "cuda:0", 1: "cuda:1"}`` and drop the budget. Run:  python examples/reward_model.py
+``devices={0: "cuda:0", 1: "cuda:1"}`` and drop the budget. Needs: pip install 'tangram-sdk[torch]'.
+Run:  python examples/reward_model.py
 """
 
 from __future__ import annotations
 
 import asyncio
 
-import torch
+from tangram_sdk import ActionSpec, Pool, Tangram
+from tangram_sdk._optional import require_or_exit
 
-from tangram_sdk import ActionSpec, Pool, Tangram, TorchGpuManager
+# without torch: one line naming the extra (and the CPU-only index), not a bare ImportError
+torch = require_or_exit("torch", needed_by="examples/reward_model.py")
+from tangram_sdk import TorchGpuManager  # noqa: E402  (needs torch)
 
 SERVICES = ("rm-math", "rm-code", "rm-chat")
 

@@ -6,7 +6,8 @@ settings under the tool's ``config.tangram``. The YAML below is loaded with veRL
 ``initialize_tools_from_config``; the rollout is simulated by calling each tool the way veRL's
 ``ToolAgentLoop`` does (create -> execute -> release), so it runs without a model or a GPU.
 
-Needs: pip install verl (CPU torch is enough).   Run:  python examples/verl_tool.py
+Needs: pip install 'tangram-sdk[torch]' verl (the CPU build of torch is enough, see README).
+Run:  python examples/verl_tool.py
 """
 
 from __future__ import annotations
@@ -19,17 +20,17 @@ import textwrap
 from typing import Any
 
 from tangram_sdk import Pool, Quota, Tangram
-from tangram_sdk.integrations import IntegrationUnavailable, install
+from tangram_sdk._optional import require_or_exit
+from tangram_sdk.integrations import install
 
-try:
-    from verl.tools.schemas import ToolResponse
-    from verl.tools.tool_registry import initialize_tools_from_config
+# A missing module ends the example with one line naming the right install (veRL needs torch:
+# the torch extra, whose CPU build is enough).
+require_or_exit("torch", needed_by="examples/verl_tool.py")
+ToolResponse = require_or_exit("verl.tools.schemas", needed_by="examples/verl_tool.py").ToolResponse
+initialize_tools_from_config = require_or_exit(
+    "verl.tools.tool_registry", needed_by="examples/verl_tool.py").initialize_tools_from_config
 
-    from tangram_sdk.integrations.verl import TangramTool
-except IntegrationUnavailable as exc:  # also an ImportError
-    sys.exit(f"this example needs veRL: {exc}")
-except ImportError as exc:
-    sys.exit(f"this example needs veRL: {exc}. Install it with: pip install verl")
+from tangram_sdk.integrations.verl import TangramTool  # noqa: E402  (after the checks above)
 
 CORES = sorted(os.sched_getaffinity(0))
 

@@ -91,3 +91,31 @@ def test_notebook_runs_top_to_bottom() -> None:
     )
     for expected in ("test 0: cores", "at most 2 searches at once", "completed actions: 14", "[closed]"):
         assert expected in text, f"notebook output lacks {expected!r}:\n{text[-3000:]}"
+
+
+# (example, module hidden from it, what the one-line message must name)
+MISSING = [
+    ("reward_model.py", "torch", "pip install 'tangram-sdk[torch]'"),
+    ("openrlhf_agent.py", "torch", "pip install 'tangram-sdk[torch]'"),
+    ("openrlhf_agent.py", "openrlhf", "pip install openrlhf"),
+    ("verl_tool.py", "torch", "pip install 'tangram-sdk[torch]'"),
+    ("verl_tool.py", "verl", "pip install verl"),
+    ("coding_sandbox.py", "aiodocker", "pip install 'tangram-sdk[docker]'"),
+]
+
+
+@pytest.mark.parametrize(("name", "hidden", "hint"), MISSING, ids=[f"{n}-without-{m}" for n, m, _ in MISSING])
+def test_example_without_an_optional_package_says_what_to_install(name: str, hidden: str, hint: str) -> None:
+    """With ``hidden`` unimportable (``sys.modules[name] = None``), the example stops at once with one
+    line that names the right install command (the torch extra and the CPU index, never ``pip install
+    openrlhf`` for a missing torch) and no traceback."""
+    code = ("import runpy, sys; sys.modules[sys.argv[1]] = None; sys.argv = sys.argv[2:]; "
+            "runpy.run_path(sys.argv[0], run_name='__main__')")
+    proc = subprocess.run([sys.executable, "-c", code, hidden, str(EXAMPLES / name)], cwd=ROOT, env=_env(),
+                          capture_output=True, text=True, check=False, timeout=120)
+    err = proc.stderr.strip()
+    assert proc.returncode == 1, (proc.returncode, proc.stdout[-2000:], err[-2000:])
+    assert "Traceback" not in err and len(err.splitlines()) == 1, err
+    assert hint in err and repr(hidden) in err, err
+    if hidden == "torch":
+        assert "--index-url https://download.pytorch.org/whl/cpu" in err, err

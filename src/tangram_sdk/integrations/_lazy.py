@@ -36,13 +36,19 @@ def require(module: str, *, framework: str, install: str) -> ModuleType:
 
     A module that exists but fails on one of *its* imports (veRL's interface modules import
     torch, ray, tensordict...) is reported the same way, with the missing name, because the fix
-    is the same: install the framework with its dependencies.
+    is the same: install the framework with its dependencies. When what is missing is one of
+    tangram-sdk's own extras (torch under OpenRLHF, say), the hint names that extra instead: ``pip
+    install openrlhf`` would pull OpenRLHF's CUDA stack to fix a missing CPU torch.
     """
     try:
         return importlib.import_module(module)
     except ImportError as exc:
+        from .._optional import EXTRAS, install_hint
+
         missing = getattr(exc, "name", None)
         what = f"{module!r}" if missing in (None, module) else f"{module!r} (it needs {missing!r})"
+        if missing and missing.split(".")[0] in EXTRAS:
+            install = install_hint(missing)
         raise IntegrationUnavailable(
             f"the {framework} integration could not import {what}: {exc}. Install it with: {install}",
             framework=framework,
