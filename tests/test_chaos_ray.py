@@ -411,3 +411,69 @@ async def test_bad_arguments_are_project_errors_naming_the_argument(cluster: Any
         deploy("args-mgr", namespace=NS, pool=Pool(cpus=1), managers=lambda: 1 / 0)
     with pytest.raises(TangramError, match="deploy"):
         TangramCluster.get("args-mgr", namespace=NS)
+    # a module-level function of this test module is pickled by reference; the agent cannot import it
+    with pytest.raises(SpecError, match="importable"):
+        deploy("args-import", namespace=NS, pool=Pool(cpus=1), managers=_not_importable_on_the_agent)
+    with pytest.raises(TangramError, match="deploy"):
+        TangramCluster.get("args-import", namespace=NS)
+
+
+def _not_importable_on_the_agent() -> list[Any]:
+    return []
+
+
+# ------------------------------------------------------------------------------ a park that fails on an agent
+async def test_a_park_that_fails_on_the_agent_keeps_the_core_out_of_the_shared_pool(cluster: Any) -> None:
+    """D1 through Ray: the agent's manager cannot park (QuarantineError); the node runtime inside
+    the actor keeps the core out of the pool until the agent reports it restored."""
+
+    def _parking_fails_for_a_while() -> list[Any]:
+        """Run on the agent (nested: cloudpickle ships it by value). Its release fails like a park on a
+        dead daemon: QuarantineError whose ``until`` resolves 1.5 s later (the re-park succeeded)."""
+
+        class FlakyPark:
+            name = "flaky-park"
+
+            async def start(self, ctx: Any) -> None:
+                pass
+
+            def check(self, spec: Any) -> None:
+                pass
+
+            async def apply(self, grant: Any, lease: Any) -> None:
+                pass
+
+            async def release(self, grant: Any, lease: Any) -> None:
+                from tangram_sdk.errors import QuarantineError
+
+                until = asyncio.get_running_loop().create_future()
+                asyncio.get_running_loop().call_later(1.5, until.set_result, None)
+                raise QuarantineError("container x could not be parked", resource="x", until=until)
+
+            async def aclose(self) -> None:
+                pass
+
+        return [FlakyPark()]
+
+    cl = deploy("quarantine", namespace=NS, pool=Pool(cpus=1), managers=_parking_fails_for_a_while)
+    try:
+        async with RemoteTangram("quarantine", namespace=NS) as tg:
+            async with tg.acquire(ActionSpec(kind="a", cpus=1)):
+                pass
+            t0 = time.monotonic()
+            for _ in range(100):  # the release travels to the agent and back
+                (node,) = (await tg.statistics())["nodes"].values()
+                if node["quarantined"] == 1:
+                    break
+                await asyncio.sleep(0.01)
+            assert node["quarantined"] == 1 and node["cpus_free"] == 0, node
+            with pytest.raises(TimeoutError):
+                async with tg.acquire(ActionSpec(kind="b", cpus=1), timeout=0.5):
+                    pass
+            async with tg.acquire(ActionSpec(kind="c", cpus=1), timeout=10):
+                assert time.monotonic() - t0 >= 1.0  # only once the agent's manager restored it
+            s = await _settled(tg, {})
+            (node,) = s["nodes"].values()
+            assert node["quarantined"] == 0 and s["held"] == 0
+    finally:
+        cl.shutdown()

@@ -59,10 +59,19 @@ def _ray_get(ref: Any, timeout: float, what: str) -> Any:
                                    f"overloaded or its node is unreachable)") from None
     except exc_mod.RayTaskError as exc:
         cause = getattr(exc, "cause", None)
-        while isinstance(cause, exc_mod.RayTaskError) and getattr(cause, "cause", None) is not None:
-            cause = cause.cause  # an agent's error, re-raised by the actor: report the original
+        while True:  # an agent's error re-raised by the actor, Ray's own wrapper: report the original
+            if isinstance(cause, exc_mod.RayTaskError) and getattr(cause, "cause", None) is not None:
+                cause = cause.cause
+            elif isinstance(cause, exc_mod.RaySystemError) and isinstance(getattr(cause, "client_exc", None),
+                                                                          BaseException):
+                cause = cause.client_exc
+            else:
+                break
         if isinstance(cause, TangramError):
             raise cause from None
+        if isinstance(cause, ImportError):  # an argument the actor/agent could not unpickle
+            raise SpecError(f"{what}: {type(cause).__name__}: {cause}; what deploy() sends there (pool, managers) "
+                            f"must be importable on every node or picklable by value (define it in a function)") from None
         raise SchedulerBrokenError(f"{what} failed: {type(cause or exc).__name__}: {cause or exc}") from None
     except exc_mod.RayError as exc:  # actor died, object lost, ...
         first = str(exc).splitlines()[0] if str(exc) else ""
