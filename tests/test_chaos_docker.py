@@ -389,7 +389,7 @@ async def test_frozen_daemon_exec_timeout_returns_timed_out_and_kills_the_comman
                     r = await asyncio.wait_for(running, 30)
                     dt1 = time.monotonic() - t0
                     assert r.timed_out and not r.ok, r
-                    assert dt1 <= 3.0, f"exec(timeout=2) returned after {dt1:.1f} s"
+                    assert dt1 <= 3.5, f"exec(timeout=2) returned after {dt1:.1f} s"  # ~timeout + 1 s
                     await asyncio.sleep(0.2)
                     assert _host_procs("sleep 61") == [], "the timed-out command is still running"
                     with pytest.raises(DockerError, match="did not answer a ping"):
@@ -401,7 +401,7 @@ async def test_frozen_daemon_exec_timeout_returns_timed_out_and_kills_the_comman
                     t0 = time.monotonic()
                     r2 = await asyncio.wait_for(lease.exec(["sleep", "62"], timeout=2), 30)
                     dt2 = time.monotonic() - t0
-                    assert r2.timed_out and dt2 <= 3.0, (r2, dt2)
+                    assert r2.timed_out and dt2 <= 3.5, (r2, dt2)
                     t0 = time.monotonic()
                     with pytest.raises(DockerError, match="did not answer") as ei:
                         await asyncio.wait_for(lease.exec(["sleep", "63"]), 60)

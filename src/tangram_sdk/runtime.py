@@ -96,8 +96,8 @@ class Tangram:
         self._broken: BaseException | None = None
         self._started_managers: list[Manager] = []
         self._cleanups: set[asyncio.Task[None]] = set()  # manager releases still running
-        # leases whose managers applied something, by action id -> the task that acquired it:
-        # aclose waits for them to leave before closing the managers (their exec/call still work)
+        # leases granted while managers run, by action id -> the task that acquired it: aclose
+        # waits for them to leave before closing the managers (their exec/call still work)
         self._managed: dict[int, asyncio.Task[Any] | None] = {}
         self._managed_left: asyncio.Event | None = None  # set by each such leave while closing
         # actions whose release a manager could not complete (QuarantineError): their units stay
@@ -136,10 +136,10 @@ class Tangram:
 
     async def aclose(self, *, cancel_after: float | None = None) -> None:
         """Stop scheduling: queued waiters get RuntimeClosedError at once; actions still holding
-        leases finish normally. Those whose managers applied something (a container's cores, a GPU
-        service) are waited for before the managers close, so their ``lease.exec``/``lease.call``
-        keep working to the end; ``cancel_after`` seconds: cancel the tasks still holding such
-        leases after that long, and wait for their cleanup (park, evict). Then the managers close.
+        leases finish normally. With managers, those holders are waited for before the managers
+        close, so their ``lease.exec``/``lease.call`` keep working to the end; ``cancel_after``
+        seconds: cancel the tasks still holding such leases after that long, and wait for their
+        cleanup (park, evict). Then the managers close.
         If the caller is cancelled while waiting, those holders are cancelled the same way, the
         managers still close, and CancelledError propagates."""
         if self._state == "closed":
@@ -173,7 +173,7 @@ class Tangram:
             raise asyncio.CancelledError
 
     async def _wait_for_holders(self, limit: float | None, cancelled: bool) -> bool:
-        """Wait until no other task holds a lease with manager state (see aclose); return whether
+        """Wait until no other task holds a lease granted while managers run (see aclose); return whether
         the caller was cancelled meanwhile."""
         me = asyncio.current_task()
         loop = asyncio.get_running_loop()
