@@ -4,16 +4,21 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import re
 import sys
+import time
 from typing import Any
 
+from .._args import existing_file, int_list, missing_module, nonneg_int, output_dir, output_file, positive_int
 from .engine import Result, text_progress
 from .metrics import min_pool_for, summarise
 from .workloads import WORKLOADS, Workload, build, run_policy
 
-__all__ = ["add_arguments", "run"]
+__all__ = ["add_arguments", "check", "run"]
 
-_COLS = (("policy", "policy", "{}"), ("actions", "actions", "{}"), ("act_mean_s", "ACT mean", "{:.3f}"),
+_COLS = (("policy", "policy", "{}"), ("trajectories", "batch", "{}"), ("actions", "actions", "{}"),
+         ("act_mean_s", "ACT mean", "{:.3f}"),
          ("act_p50_s", "p50", "{:.3f}"), ("act_p99_s", "p99", "{:.2f}"), ("queue_mean_s", "queue", "{:.3f}"),
          ("exec_mean_s", "exec", "{:.3f}"), ("overhead_mean_s", "ovh", "{:.3f}"), ("step_s", "step s", "{:.1f}"),
          ("util", "util", "{}"), ("vs", "ACT/tangram", "{}"), ("wall_s", "wall s", "{:.1f}"))
@@ -21,22 +26,79 @@ _COLS = (("policy", "policy", "{}"), ("actions", "actions", "{}"), ("act_mean_s"
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workload", choices=sorted(WORKLOADS) + ["trace"], default="ai-coding")
-    p.add_argument("--trace", help="JSONL trace to replay (with --workload trace)")
-    p.add_argument("--batch", type=int, default=None, help="trajectories per RL step (workload default)")
-    p.add_argument("--policy", default="tangram", help="tangram|static|fifo<N>|isolated|all")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--nodes", type=int, default=None, help="ai-coding: CPU nodes (default 15)")
-    p.add_argument("--cores", type=int, default=None, help="ai-coding: cores per node (default 256)")
-    p.add_argument("--gpus", type=int, default=None, help="GPU pool size (mopd default 40, deepsearch 8)")
-    p.add_argument("--cpus", type=int, default=None, help="trace: CPU pool size when the trace has no pool")
-    p.add_argument("--iso-gpus", type=int, default=None,
+    p.add_argument("--trace", type=existing_file, help="JSONL trace to replay (with --workload trace)")
+    p.add_argument("--batch", type=positive_int, default=None, help="trajectories per RL step (workload default)")
+    p.add_argument("--policy", default="tangram", help="tangram|static|fifo<N>|isolated|all, or a comma list")
+    p.add_argument("--seed", type=nonneg_int, default=0, help="workload random seed (default 0)")
+    p.add_argument("--nodes", type=positive_int, default=None, help="ai-coding: CPU nodes (default 15)")
+    p.add_argument("--cores", type=positive_int, default=None, help="ai-coding: cores per node (default 256)")
+    p.add_argument("--gpus", type=positive_int, default=None,
+                   help="mopd/deepsearch/trace: GPU pool size (mopd default 40, deepsearch 8)")
+    p.add_argument("--cpus", type=positive_int, default=None, help="trace: CPU pool size when the trace has no pool")
+    p.add_argument("--iso-gpus", type=positive_int, default=None,
                    help="isolated: GPUs per service (mopd default 4; else proportional to call share)")
     p.add_argument("--gpus-needed", action="store_true",
                    help="search the smallest GPU pool on which tangram matches the isolated baseline's mean ACT")
-    p.add_argument("--sweep-batch", default=None, help="comma list of batch sizes, e.g. 256,512,1024,1536")
-    p.add_argument("--json", dest="json_out", default=None, help="write all results as JSON here")
-    p.add_argument("--plot", default=None, help="write PNG figures (ACT CDF, utilisation; sweep)")
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--sweep-batch", type=int_list, default=None,
+                   help="comma list of batch sizes, e.g. 256,512,1024,1536")
+    p.add_argument("--json", dest="json_out", type=output_file, default=None, help="write all results as JSON here")
+    p.add_argument("--plot", type=output_dir, default=None, metavar="DIR",
+                   help="write PNG figures into DIR (created if missing): ACT CDF, CPU and GPU utilisation; "
+                        "the batch sweep with --sweep-batch (needs matplotlib: the plot extra)")
+    p.add_argument("--no-progress", action="store_true", help="no progress on stderr")
+
+
+_POLICY = re.compile(r"tangram|static|isolated|fifo[1-9][0-9]*")
+
+
+def check(args: argparse.Namespace) -> str | None:
+    """Everything that can be checked before simulating: a message for the usage error, or None.
+
+    Builds the workload (cheap: trajectories are drawn, nothing runs), so a trace that does not
+    parse, or a policy the workload cannot run, fails here and not after the first policies ran.
+    """
+    trace = args.workload == "trace"
+    if args.trace and not trace:
+        return "--trace needs --workload trace"
+    if trace and not args.trace:
+        return "--workload trace needs --trace PATH"
+    for opt, ok in (("--nodes", args.workload == "ai-coding"), ("--cores", args.workload == "ai-coding"),
+                    ("--gpus", args.workload != "ai-coding"), ("--cpus", trace),
+                    ("--batch", not trace), ("--sweep-batch", not trace)):
+        if getattr(args, opt[2:].replace("-", "_")) is not None and not ok:
+            return f"{opt} does not apply to --workload {args.workload}"
+    if args.plot and args.plot.lower().endswith(".png"):
+        return f"--plot takes a directory (it writes several PNGs into it), got {args.plot!r}"
+    if args.plot and missing_module("matplotlib"):
+        return "--plot needs matplotlib: pip install 'tangram-sdk[plot]'"
+    names = [p.strip() for p in args.policy.split(",") if p.strip()]
+    bad = [p for p in names if p != "all" and not _POLICY.fullmatch(p)]
+    if not names or bad:
+        return (f"--policy: unknown policy {bad[0] if bad else args.policy!r}; "
+                "choose from tangram, static, fifo<N> (N > 0), isolated, all")
+    try:
+        wl = _workload(args, args.batch)
+        sweep = [_workload(args, b) for b in (args.sweep_batch or ())]
+    except ValueError as exc:  # TraceError included: it names the line and the field
+        return str(exc)
+    pols = _policies(args, wl)
+    if not wl.services:
+        if "isolated" in pols:
+            return f"--policy isolated needs GPU services, and {wl.name} has none"
+        if args.gpus_needed:
+            return f"--gpus-needed compares with the isolated baseline, which needs GPU services; {wl.name} has none"
+    if args.iso_gpus is not None and "isolated" not in pols and not args.gpus_needed:
+        return "--iso-gpus needs the isolated policy (--policy isolated or all) or --gpus-needed"
+    if "isolated" in pols or args.gpus_needed:  # slicing the GPUs can fail: try it now (cheap, nothing runs)
+        from .baselines import make_policy
+
+        try:
+            make_policy("isolated", wl.pool, services=wl.services, service_share=wl.service_share,
+                        gpus_per_service=_iso(args, wl))
+        except ValueError as exc:
+            return f"--policy isolated: {exc}"
+    args.built, args.built_sweep = wl, sweep
+    return None
 
 
 def _workload(args: argparse.Namespace, batch: int | None) -> Workload:
@@ -44,8 +106,6 @@ def _workload(args: argparse.Namespace, batch: int | None) -> Workload:
         from ..pool import Pool
         from .trace import trace_workload
 
-        if not args.trace:
-            raise SystemExit("--workload trace needs --trace PATH")
         pool = Pool(cpus=args.cpus or 0, gpus=args.gpus or 0) if (args.cpus or args.gpus) else None
         wl_trace: Workload = trace_workload(args.trace, pool)
         return wl_trace
@@ -74,9 +134,23 @@ def _iso(args: argparse.Namespace, wl: Workload) -> int | None:
 
 
 def _run(args: argparse.Namespace, wl: Workload, pol: str) -> Result:
-    prog = None if args.no_progress else text_progress(f"{wl.name} {pol:>8} b={len(wl.trajectories)}")
-    result: Result = run_policy(wl, pol, progress=prog, iso_gpus=_iso(args, wl) if pol == "isolated" else None)
+    """One policy run. Progress: a redrawn bar on a terminal, else one line when the run ends (a
+    log file or CI output gets no ``\\r`` redraws)."""
+    label = f"{wl.name} {pol:>8} b={len(wl.trajectories)}"
+    tty = not args.no_progress and sys.stderr.isatty()
+    t0 = time.perf_counter()
+    result: Result = run_policy(wl, pol, progress=text_progress(label) if tty else None,
+                                iso_gpus=_iso(args, wl) if pol == "isolated" else None)
+    if not args.no_progress and not tty:
+        print(f"{label}: {len(result.end)} actions simulated in {time.perf_counter() - t0:.1f} s",
+              file=sys.stderr, flush=True)
     return result
+
+
+def _cell(fmt: str, v: Any) -> str:
+    text = fmt.format(v)
+    # a mean of float differences can come out as -1e-17: print it as the zero it is
+    return text[1:] if text.startswith("-") and not text.strip("-0.") else text
 
 
 def _table(rows: list[dict[str, Any]]) -> str:
@@ -88,7 +162,7 @@ def _table(rows: list[dict[str, Any]]) -> str:
         r["util"] = "-" if u is None else f"{u:.0%}"
         b = base.get((r["workload"], r["trajectories"]))
         r["vs"] = f"{r['act_mean_s'] / b:.2f}x" if b else "-"
-        cells.append([fmt.format(r[k]) for k, _h, fmt in _COLS])
+        cells.append([_cell(fmt, r[k]) for k, _h, fmt in _COLS])
     head = [h for _k, h, _f in _COLS]
     w = [max(len(h), *(len(c[i]) for c in cells)) for i, h in enumerate(head)]
     lines = ["  ".join(h.rjust(w[i]) for i, h in enumerate(head))]
@@ -99,11 +173,12 @@ def _table(rows: list[dict[str, Any]]) -> str:
 def run(args: argparse.Namespace) -> int:
     """Entry point of ``tangram simulate``; returns the exit code."""
     out: dict[str, Any] = {"workload": args.workload, "seed": args.seed, "runs": []}
-    try:
-        wl = _workload(args, args.batch)
-    except ValueError as exc:
-        print(f"tangram simulate: {exc}", file=sys.stderr)
-        return 2
+    if not hasattr(args, "built"):  # called without the CLI's up-front check
+        msg = check(args)
+        if msg is not None:
+            print(f"tangram simulate: error: {msg}", file=sys.stderr)
+            return 2
+    wl = args.built
     pols = _policies(args, wl)
     results: list[Result] = []
     rows: list[dict[str, Any]] = []
@@ -122,8 +197,7 @@ def run(args: argparse.Namespace) -> int:
     out["params"] = {k: v for k, v in wl.params.items() if isinstance(v, (int, float, str))}
     sweep_rows: list[dict[str, Any]] = []
     if args.sweep_batch:
-        for b in [int(x) for x in args.sweep_batch.split(",") if x.strip()]:
-            wb = _workload(args, b)
+        for wb in args.built_sweep:
             for pol in pols:
                 sweep_rows.append(summarise(_run(args, wb, pol)))
         print("\nbatch sweep:")
@@ -135,12 +209,11 @@ def run(args: argparse.Namespace) -> int:
         with open(args.json_out, "w", encoding="utf-8") as f:
             json.dump(out, f, indent=1)
     if args.plot:
-        from .plots import plot_runs, plot_sweep
+        from .plots import write_plots
 
-        plot_runs(results, args.plot)
-        if sweep_rows:
-            stem = args.plot[:-4] if args.plot.endswith(".png") else args.plot
-            plot_sweep(sweep_rows, stem + "-sweep.png")
+        os.makedirs(args.plot, exist_ok=True)
+        for path in write_plots(results, sweep_rows, args.plot):
+            print(f"wrote {path}")
     return 0
 
 
