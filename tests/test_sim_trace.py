@@ -90,9 +90,9 @@ async def test_record_from_runtime_then_replay(tmp_path) -> None:  # type: ignor
 
 def test_cli_compare_json_and_plot(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
     out = tmp_path / "o.json"
-    png = tmp_path / "o.png"
+    plots = tmp_path / "plots"
     rc = cli_main(["simulate", "--workload", "ai-coding", "--batch", "12", "--nodes", "1", "--cores", "24",
-                   "--policy", "all", "--json", str(out), "--plot", str(png), "--sweep-batch", "6,12",
+                   "--policy", "all", "--json", str(out), "--plot", str(plots), "--sweep-batch", "6,12",
                    "--no-progress"])
     assert rc == 0
     text = capsys.readouterr().out
@@ -101,16 +101,39 @@ def test_cli_compare_json_and_plot(tmp_path, capsys) -> None:  # type: ignore[no
     data = json.loads(out.read_text())
     assert {r["policy"] for r in data["runs"]} == {"tangram", "static", "fifo1", "fifo4", "fifo16"}
     assert len(data["sweep"]) == 10
-    assert png.stat().st_size > 1000 and (tmp_path / "o-sweep.png").stat().st_size > 1000
+    assert (plots / "act-cdf.png").stat().st_size > 1000 and (plots / "sweep.png").stat().st_size > 1000
+    assert "  batch  " in text.splitlines()[1]  # the table (and the sweep's) says which batch each row is
+    assert "-0.000" not in text
 
 
-def test_cli_gpus_needed_and_progress(capsys) -> None:  # type: ignore[no-untyped-def]
-    rc = cli_main(["simulate", "--workload", "mopd", "--batch", "16", "--gpus", "12", "--iso-gpus", "1",
-                   "--policy", "tangram,isolated", "--gpus-needed"])
+def test_cli_gpus_needed_and_progress(capsys, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    args = ["simulate", "--workload", "mopd", "--batch", "16", "--gpus", "12", "--iso-gpus", "1",
+            "--policy", "tangram,isolated"]
+    rc = cli_main([*args, "--gpus-needed"])
     assert rc == 0
     cap = capsys.readouterr()
     assert "GPUs needed at equal mean ACT" in cap.out
-    assert "100%" in cap.err  # progress bar on stderr
+    # stderr is not a terminal here: one line per run, no \r redraws in a log
+    assert "\r" not in cap.err and "mopd  tangram b=16: 492 actions simulated in" in cap.err
+    assert "mopd isolated b=16: 492 actions simulated in" in cap.err
+
+    class Tty:  # a terminal: the redrawn bar
+        def __init__(self) -> None:
+            self.text = ""
+
+        def write(self, s: str) -> None:
+            self.text += s
+
+        def flush(self) -> None:
+            pass
+
+        def isatty(self) -> bool:
+            return True
+
+    tty = Tty()
+    monkeypatch.setattr("sys.stderr", tty)
+    assert cli_main(args) == 0
+    assert "\r" in tty.text and "100%" in tty.text
 
 
 def test_cli_bad_policy_and_trace(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
