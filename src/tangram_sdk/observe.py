@@ -18,6 +18,7 @@ import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from ._livestats import CpuBusy, LiveStats
 from .scheduler.decisions import Decision, Grant, Reject
 from .scheduler.events import Cancelled, Event, Released, Submitted
 
@@ -110,7 +111,10 @@ class Timeline:
 class PrometheusMetrics:
     """Prometheus metrics for a runtime (or a bare Scheduler): gauges read ``statistics()`` at
     scrape time; as an observer it also counts events and decisions and records a histogram of
-    action completion times (submit -> release).
+    action completion times (submit -> release). For ``tangram top`` it also exports, from the same
+    events (:mod:`._livestats`), queued/running actions and the oldest wait per kind, the ACT split
+    (queueing / overhead / execution), restores and evictions per GPU service, and how many of the
+    pool's cores the OS saw busy since the previous scrape.
 
     ``prometheus_client`` is imported here, lazily: install the ``prometheus`` extra.
     """
@@ -137,13 +141,18 @@ class PrometheusMetrics:
                                 buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300),
                                 registry=None)
         self._sub: dict[int, tuple[str, float]] = {}
+        self.live = LiveStats()
+        self._busy: CpuBusy | None = None
         self.registry.register(self)
 
     def bind(self, source: Any) -> None:
         """Read gauges from ``source.statistics()`` (a Tangram or a Scheduler)."""
         self._stats = source.statistics
+        pool = getattr(source, "pool", None)
+        self._busy = CpuBusy(pool.cpus) if pool is not None and pool.cpus else None
 
     def __call__(self, events: Sequence[Event], now: float, decisions: Sequence[Decision]) -> None:
+        self.live(events, now, decisions)
         for ev in events:
             self.events.labels(type(ev).__name__).inc()
             if isinstance(ev, Submitted):
@@ -164,6 +173,7 @@ class PrometheusMetrics:
         yield from self.events.collect()
         yield from self.decisions.collect()
         yield from self.act.collect()
+        yield from self._collect_live()
         if self._stats is None:
             return
         s = self._stats()
@@ -196,6 +206,38 @@ class PrometheusMetrics:
                 g = G(f"{ns}_{key.replace('_s', '_seconds')}", help_)
                 g.add_metric([], v)
                 yield g
+
+    def _collect_live(self) -> Any:
+        ns, G, C = self.namespace, self._gauge, self._counter
+        snap = self.live.snapshot()
+        q = G(f"{ns}_queued_by_kind", "Actions waiting, per action kind", labels=["kind"])
+        r = G(f"{ns}_running_by_kind", "Actions holding resources, per action kind", labels=["kind"])
+        w = G(f"{ns}_oldest_wait_seconds", "Wait of the oldest queued action, per action kind", labels=["kind"])
+        for kind, k in sorted(snap["kinds"].items()):
+            q.add_metric([kind], k["queued"])
+            r.add_metric([kind], k["running"])
+            w.add_metric([kind], k["oldest_wait_s"])
+        yield from (q, r, w)
+        part = G(f"{ns}_act_part_seconds", "Mean ACT of completed actions, split into queue, overhead "
+                 "(GPU restores) and execution", labels=["part"])
+        for key, name in (("queue_s", "queue"), ("overhead_s", "overhead"), ("exec_s", "execution")):
+            if snap["act"][key] is not None:
+                part.add_metric([name], snap["act"][key])
+        yield part
+        rs = C(f"{ns}_service_restores", "GPU service restores", labels=["service"])
+        ev = C(f"{ns}_service_evictions", "GPU service evictions", labels=["service"])
+        rsec = C(f"{ns}_service_restore_seconds", "Seconds spent restoring, per GPU service", labels=["service"])
+        for svc, v in snap["services"].items():
+            rs.add_metric([svc], v["restores"])
+            ev.add_metric([svc], v["evictions"])
+            rsec.add_metric([svc], v["restore_s"])
+        yield from (rs, ev, rsec)
+        busy = self._busy.sample() if self._busy is not None else None
+        if busy is not None:
+            b = G(f"{ns}_resource_busy_units", "Units the OS saw busy since the previous scrape "
+                  "(cpus: cores' worth of busy time per second, from /proc/stat)", labels=["resource"])
+            b.add_metric(["cpus"], round(busy, 3))
+            yield b
 
     def unregister(self) -> None:
         self.registry.unregister(self)
