@@ -229,6 +229,11 @@ class Tangram:
         s["quarantined"] = len(self._held_back)
         return s
 
+    async def astatistics(self) -> dict[str, Any]:
+        """:meth:`statistics`, awaitable: the form a ``RemoteTangram`` also offers, so code written
+        against :class:`~tangram_sdk._protocol.AnyTangram` reads either the same way."""
+        return self.statistics()
+
     @property
     def scheduler(self) -> Scheduler:
         """The pure core (read it; do not feed it events behind the runtime's back)."""
