@@ -22,7 +22,8 @@ def test_hints_name_the_extra() -> None:
 
 
 def test_require_raises_an_import_error_naming_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # as if not installed (even if imported before)
+    monkeypatch.setitem(sys.modules, "matplotlib.pyplot", None)
     with pytest.raises(IntegrationUnavailable) as ei:
         require("matplotlib.pyplot", needed_by="--plot")
     assert isinstance(ei.value, ImportError)

@@ -97,7 +97,7 @@ def endpoint() -> Iterator[str]:
 
 
 def _top_in_pty(args: list[str], *, frames: int, timeout: float = 60) -> tuple[int, str]:
-    """Run ``tangram top`` on a pseudo-terminal; after ``frames`` redraws press Ctrl-C."""
+    """Run ``tangram top`` on a pseudo-terminal; after ``frames`` complete redraws press Ctrl-C."""
     pid, fd = pty.fork()
     if pid == 0:  # child: the pty is its controlling terminal
         os.execv(sys.executable, [sys.executable, "-m", "tangram_sdk", "top", *args])
@@ -115,7 +115,8 @@ def _top_in_pty(args: list[str], *, frames: int, timeout: float = 60) -> tuple[i
                 if not chunk:
                     break
                 out += chunk
-            if not sent and out.count(b"\x1b[H\x1b[2J") >= frames and out.endswith(b"\n"):
+            # `frames` redraws complete: the next one has begun (a read can end mid-frame)
+            if not sent and out.count(b"\x1b[H\x1b[2J") > frames:
                 os.write(fd, b"\x03")  # Ctrl-C, through the terminal's line discipline
                 sent = True
         else:
@@ -137,7 +138,7 @@ def test_top_refreshes_a_live_pool_in_a_terminal(endpoint: str) -> None:
     code, out = _top_in_pty(["--prometheus", endpoint, "--interval", "0.4"], frames=4)
     assert code == 0, out[-3000:]  # Ctrl-C ends it cleanly
     assert "Traceback" not in out
-    frames = [f for f in out.split("\x1b[H\x1b[2J") if f.strip()]
+    frames = [f for f in out.split("\x1b[H\x1b[2J") if f.strip()][:-1]  # the last may be cut by Ctrl-C
     assert len(frames) >= 4, out[-3000:]
     last = frames[-1].replace("\r\n", "\n")
     # per-resource allocated vs busy: both cores held (5 test loops on 2 cores), busy measured by the OS
@@ -154,13 +155,14 @@ def test_top_refreshes_a_live_pool_in_a_terminal(endpoint: str) -> None:
     total, parts = float(m.group(1)), [float(x) for x in m.groups()[1:]]
     assert total > 0 and abs(sum(parts) - total) < 0.002, last
     # it really refreshes: the completed count grows between the first and the last frame
-    done = [int(float(x)) for x in re.findall(r"completed ([0-9.]+)", out)]
+    done = [int(float(x)) for f in frames for x in re.findall(r"completed ([0-9.]+)", f)]
     assert done[-1] > done[0], done
     if HAS_TORCH:  # restores and evictions per service (one model fits per device, three take turns)
         for svc in ("rm-a", "rm-b", "rm-c"):
             row = _row(last, svc)
             assert int(float(row[1])) >= 1 and int(float(row[2])) >= 1, last
-        assert _row(last, "gpus")[1:2] == ["2"], last
+        gpus = _row(last, "gpus")
+        assert gpus[3] == "2" and 0 <= int(gpus[1]) <= 2, last  # calls come and go: any of 0..2 held
 
 
 def test_top_without_a_terminal_prints_one_block_per_refresh(endpoint: str) -> None:
@@ -215,7 +217,7 @@ def test_top_attaches_to_the_job_wide_ray_pool(tmp_path: Any) -> None:
     finally:
         ray.shutdown()
     assert code == 0, out[-3000:]
-    frames = [f for f in out.split("\x1b[H\x1b[2J") if f.strip()]
+    frames = [f for f in out.split("\x1b[H\x1b[2J") if f.strip()][:-1]  # the last may be cut by Ctrl-C
     last = frames[-1].replace("\r\n", "\n")
     row = next(line.split() for line in last.splitlines() if line.strip().endswith("]") and "/cpus" in line)
     assert row[1:2] == ["2"] and row[3:4] == ["3"], last  # 2 of 3 cores allocated to the held lease
