@@ -2,57 +2,80 @@
 
 Why this exists: frameworks build tools, agent instances and reward functions themselves (veRL
 from ``class_name`` in YAML, OpenRLHF from ``AgentExecutor()``), so an adapter cannot be handed
-the Tangram through a constructor. It resolves one instead, in this order:
+the Tangram through a constructor. It resolves one instead, in this order (an object beats a
+description):
 
-1. an explicit ``runtime=`` (a running Tangram, or a source below);
-2. the process default set with :func:`install` (or :func:`using`);
-3. a *hosted* runtime built from config: an import path ``"pkg.mod:make_tangram"`` to a
-   zero-argument factory, or a pool mapping (``{cpus: 8, quotas: {...}}``). It is started on
-   first use in a task of the current event loop and shared by everything that names the same
-   source on that loop, so all tools of one rollout worker draw on one pool.
-
-A Tangram belongs to the loop it was entered on; hosted runtimes are therefore kept per loop and
-die with it (``asyncio.run`` cancels the host task, which closes the Tangram).
+1. **an explicit object**: ``runtime=`` given a running ``Tangram`` or a ``RemoteTangram``
+   (anything :class:`~tangram_sdk._protocol.AnyTangram`);
+2. **the installed one**: the process default set with :func:`install` (or :func:`using`);
+3. **config**: a description of the pool, from the adapter's ``tangram:`` YAML or a ``runtime=``
+   argument: a pool mapping (``{pool: {name: rollout, cpus: 8, quotas: {...}}}``), a pool name
+   (``{pool: rollout}``), or a zero-argument factory (or its import path ``"pkg.mod:make"``).
+   A pool is **job-wide by name** (see :mod:`._pools`): every adapter of every worker naming it
+   gets the same scheduler (the Ray actor inside a Ray job, one Tangram per process outside).
+   A factory's result is kept per event loop (a ``Tangram`` it returns unentered is started on
+   first use and closed with the loop);
+4. none: :class:`~tangram_sdk.errors.RuntimeClosedError` saying how to give one.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from contextvars import ContextVar
-from typing import Any, TypeVar
+from typing import Any, TypeVar, Union
 
+from .._protocol import AnyTangram, is_tangram
 from ..errors import InfeasibleSpecError, RuntimeClosedError, SpecError, TangramError
 from ..lease import Lease
 from ..runtime import Tangram
 from ..spec import ActionSpec
-from ._config import import_object, pool_from_mapping
+from ._config import import_object
+from ._pools import PoolDef, _Hosted, close_loop_pools, open_pool, pool_def, register
 
-__all__ = ["RuntimeSource", "action", "current_lease", "install", "resolve_runtime", "run_holding", "shutdown", "using"]
+__all__ = [
+    "RuntimeSource",
+    "action",
+    "current_lease",
+    "install",
+    "installed",
+    "resolve_runtime",
+    "run_holding",
+    "runtime_source",
+    "shutdown",
+    "using",
+]
 
-#: A Tangram, a zero-arg factory returning one, an import path to such a factory, or a pool mapping.
-RuntimeSource = Tangram | Callable[[], Tangram] | str | Mapping[str, Any]
+#: A Tangram/RemoteTangram, a zero-arg factory returning one, an import path to such a factory, a
+#: runtime mapping (``{pool: {...} | NAME, options: {...}}`` or a bare pool mapping) or a parsed PoolDef.
+RuntimeSource = Union[AnyTangram, Callable[[], Any], str, Mapping[str, Any], PoolDef]
 
-_default: Tangram | None = None
+_default: AnyTangram | None = None
 _current_lease: ContextVar[Lease | None] = ContextVar("tangram_current_lease", default=None)
 
 
-def install(tangram: Tangram | None) -> Tangram | None:
-    """Make ``tangram`` the process default for every adapter; returns the previous one.
+def install(tangram: AnyTangram | None) -> AnyTangram | None:
+    """Make ``tangram`` (a ``Tangram`` or a ``RemoteTangram``) the process default for every
+    adapter; returns the previous one. It wins over any pool that config describes; a
+    Tangram object passed as ``runtime=`` wins over it.
 
     Call it where the rollout worker enters its Tangram (``install(None)`` removes it)."""
     global _default
-    if tangram is not None and not isinstance(tangram, Tangram):
-        raise SpecError(f"install() needs a Tangram, got {tangram!r}")
+    if tangram is not None and not is_tangram(tangram):
+        raise SpecError(f"install() needs a Tangram or a RemoteTangram (acquire/astatistics/aclose), got {tangram!r}")
     previous, _default = _default, tangram
     return previous
 
 
+def installed() -> AnyTangram | None:
+    """The Tangram set with :func:`install`, or None."""
+    return _default
+
+
 @contextlib.contextmanager
-def using(tangram: Tangram) -> Iterator[Tangram]:
+def using(tangram: AnyTangram) -> Iterator[AnyTangram]:
     """``with using(tangram):`` install it for the block, restore the previous default after."""
     previous = install(tangram)
     try:
@@ -69,95 +92,102 @@ def current_lease() -> Lease | None:
     return _current_lease.get()
 
 
-class _Hosted:
-    """One Tangram entered in its own task, alive until the loop closes or :func:`shutdown`."""
-
-    def __init__(self, tangram: Tangram) -> None:
-        self.tangram = tangram
-        self.ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self.stop = asyncio.Event()
-        self.task = asyncio.get_running_loop().create_task(self._run(), name="tangram-host")
-
-    async def _run(self) -> None:
+def runtime_source(runtime: Any, *, where: str = "runtime") -> RuntimeSource | None:
+    """Check a ``runtime=`` value where config is read, so a bad one fails at start-up: a pool
+    mapping is parsed (and registered under its name) now; objects, factories and import paths
+    pass through."""
+    if runtime is None or is_tangram(runtime) or isinstance(runtime, PoolDef):
+        return runtime  # type: ignore[no-any-return]
+    if isinstance(runtime, Mapping) or type(runtime).__name__ == "DictConfig":
         try:
-            async with self.tangram:
-                self.ready.set_result(None)
-                await self.stop.wait()
-        except BaseException as exc:
-            if not self.ready.done():
-                self.ready.set_exception(exc)
-            raise
+            return register(pool_def(runtime))
+        except SpecError as exc:
+            raise SpecError(f"{where}: {exc}") from None
+    if isinstance(runtime, str) or callable(runtime):
+        return runtime  # type: ignore[no-any-return]
+    raise SpecError(f"{where} must be a Tangram, a RemoteTangram, a pool mapping, a factory or an import path "
+                    f"to one, got {runtime!r}")
 
 
-_hosted: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, _Hosted]] = weakref.WeakKeyDictionary()
-_locks: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock] = weakref.WeakKeyDictionary()
+# factories: per loop, by import path or identity
+_made: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, Any]] = weakref.WeakKeyDictionary()
+_made_locks: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock] = weakref.WeakKeyDictionary()
 
 
-def _key(source: RuntimeSource) -> str:
-    if isinstance(source, str):
-        return "path:" + source
-    if isinstance(source, Mapping):
-        from ._config import _plain
-
-        return "pool:" + json.dumps(_plain(source), sort_keys=True, default=str)
-    return f"factory:{id(source)}"
+def _is_new_tangram(t: Any) -> bool:
+    return isinstance(t, Tangram) and t.statistics().get("state") == "new"
 
 
-def _is_open(tangram: Tangram) -> bool:
-    return bool(tangram.statistics().get("state") == "open")
-
-
-def _build(source: RuntimeSource) -> Tangram:
-    if isinstance(source, Mapping):
-        data = dict(source)
-        options = dict(data.pop("options", None) or {})
-        return Tangram(pool_from_mapping(data.get("pool", data)), **options)
-    factory = import_object(source) if isinstance(source, str) else source
-    if isinstance(factory, Tangram):
-        return factory
-    if not callable(factory):
-        raise SpecError(f"runtime {source!r} is neither a Tangram nor a factory returning one")
-    made = factory()
-    if not isinstance(made, Tangram):
-        raise SpecError(f"runtime factory {source!r} returned {type(made).__name__}, not a Tangram")
-    return made
-
-
-async def resolve_runtime(runtime: RuntimeSource | None = None) -> Tangram:
-    """The Tangram an adapter should use now (see the module docstring for the order)."""
-    if isinstance(runtime, Tangram):
-        return runtime
-    if runtime is None:
-        if _default is not None:
-            return _default
-        raise RuntimeClosedError(
-            "no Tangram for this adapter: call tangram_sdk.integrations.install(tangram) inside "
-            "`async with Tangram(...)`, or configure `runtime:` (an import path to a factory) or "
-            "`pool:` for it"
-        )
+async def _from_factory(source: str | Callable[[], Any]) -> AnyTangram:
     loop = asyncio.get_running_loop()
-    lock = _locks.setdefault(loop, asyncio.Lock())
+    table = _made.get(loop)
+    key = source if isinstance(source, str) else f"factory:{id(source)}"
+    hit = None if table is None else table.get(key)
+    if hit is not None and not (isinstance(hit, _Hosted) and hit.task.done()):
+        if isinstance(hit, _Hosted):
+            await asyncio.shield(hit.ready)
+            return hit.tangram
+        return hit  # type: ignore[no-any-return]
+    lock = _made_locks.get(loop)
+    if lock is None:
+        lock = _made_locks.setdefault(loop, asyncio.Lock())
     async with lock:
-        table = _hosted.setdefault(loop, {})
-        key = _key(runtime)
-        host = table.get(key)
-        if host is None or host.task.done():
-            tangram = _build(runtime)
-            if _is_open(tangram):  # the factory handed us one that is already running
-                return tangram
-            host = table[key] = _Hosted(tangram)
-        await asyncio.shield(host.ready)
-        return host.tangram
+        table = _made.setdefault(loop, {})
+        hit = table.get(key)
+        if hit is None or (isinstance(hit, _Hosted) and hit.task.done()):
+            factory = import_object(source) if isinstance(source, str) else source
+            if is_tangram(factory):
+                made: Any = factory
+            elif isinstance(factory, Mapping):  # an import path naming a pool mapping
+                return await open_pool(register(pool_def(factory)))
+            elif callable(factory):
+                made = factory()
+            else:
+                raise SpecError(f"runtime {source!r} is neither a Tangram nor a factory returning one")
+            if not is_tangram(made):
+                raise SpecError(f"runtime factory {source!r} returned {type(made).__name__}, not a Tangram "
+                                f"or a RemoteTangram")
+            hit = table[key] = _Hosted(made) if _is_new_tangram(made) else made
+    if isinstance(hit, _Hosted):
+        await asyncio.shield(hit.ready)
+        return hit.tangram
+    return hit  # type: ignore[no-any-return]
+
+
+async def resolve_runtime(runtime: RuntimeSource | None = None) -> AnyTangram:
+    """The Tangram an adapter should use now: an explicit object > :func:`install` > config."""
+    if runtime is not None and (isinstance(runtime, Tangram) or is_tangram(runtime)):
+        return runtime  # type: ignore[return-value]
+    if _default is not None:
+        return _default
+    if runtime is None:
+        raise RuntimeClosedError(
+            "no Tangram for this adapter: call tangram_sdk.integrations.install(tangram) with a Tangram "
+            "or RemoteTangram, or configure a pool for it (`pool: {name: ..., cpus: ...}` under the "
+            "adapter's tangram: config, or runtime={'pool': {...}})"
+        )
+    if isinstance(runtime, PoolDef):
+        return await open_pool(runtime)
+    if isinstance(runtime, Mapping) or type(runtime).__name__ == "DictConfig":
+        return await open_pool(register(pool_def(runtime)))  # type: ignore[arg-type]
+    if isinstance(runtime, str) or callable(runtime):
+        return await _from_factory(runtime)
+    raise SpecError(f"runtime must be a Tangram, a RemoteTangram, a pool mapping, a factory or an import path, "
+                    f"got {runtime!r}")
 
 
 async def shutdown() -> None:
-    """Close every runtime hosted on the current loop (tests, or a worker's clean exit)."""
-    table = _hosted.pop(asyncio.get_running_loop(), {})
-    for host in table.values():
+    """Close what this event loop opened from config: its process pools and factory-made Tangrams,
+    and its handles on job-wide Ray actors (the actors stay for the other workers; a worker's
+    clean exit, or the end of a test)."""
+    table = _made.pop(asyncio.get_running_loop(), None) or {}
+    hosts = [h for h in table.values() if isinstance(h, _Hosted)]
+    for host in hosts:
         host.stop.set()
-    for host in table.values():
+    for host in hosts:
         with contextlib.suppress(BaseException):
             await host.task
+    await close_loop_pools()
 
 
 @contextlib.asynccontextmanager

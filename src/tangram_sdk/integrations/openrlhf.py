@@ -24,7 +24,7 @@ from ..errors import SpecError, TangramError
 from ..lease import Lease
 from ..spec import ActionSpec
 from ._config import SpecMapper, SpecMappingError
-from ._host import RuntimeSource, current_lease, run_holding
+from ._host import RuntimeSource, current_lease, run_holding, runtime_source
 from ._lazy import require
 
 __all__ = ["current_lease", "with_tangram"]
@@ -76,6 +76,7 @@ def with_tangram(
     if spec is None and spec_for is None:
         raise SpecError("with_tangram() needs spec= or spec_for=")
     label = instance_cls.__name__
+    runtime = runtime_source(runtime, where=f"with_tangram({label}, runtime=)")
     mapper = SpecMapper(spec=spec, spec_for=(lambda _n, states: spec_for(states)) if spec_for else None)
     original_step = instance_cls.step  # type: ignore[attr-defined]
     sig_params = inspect.signature(original_step).parameters.values()

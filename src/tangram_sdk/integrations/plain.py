@@ -27,9 +27,10 @@ import attrs
 from ..errors import RuntimeClosedError, SpecError
 from ..lease import Lease
 from ..pool import Pool
+from .._protocol import AnyTangram
 from ..runtime import Tangram
 from ..spec import ActionSpec
-from ._host import RuntimeSource, _reset_lease, _set_lease, resolve_runtime
+from ._host import RuntimeSource, _reset_lease, _set_lease, resolve_runtime, runtime_source
 
 __all__ = ["Guard", "SyncTangram"]
 
@@ -55,7 +56,7 @@ class Guard:
         if not isinstance(spec, ActionSpec) and not callable(spec):
             raise SpecError(f"Guard needs an ActionSpec or a callable returning one, got {spec!r}")
         self._spec = spec
-        self._runtime = runtime
+        self._runtime = runtime_source(runtime, where="Guard(runtime=)")
         self._timeout = timeout
         self._stack: ContextVar[tuple[tuple[Any, Lease, Any], ...]] = ContextVar(f"guard-{id(self)}", default=())
 
@@ -100,7 +101,7 @@ class _ThreadActionFailed(Exception):
 
 
 class SyncTangram:
-    """Blocking access to a Tangram from threads that are not its event loop.
+    """Blocking access to a Tangram (or a RemoteTangram) from threads that are not its event loop.
 
     ``SyncTangram(tangram)`` must be built on the Tangram's loop (it remembers it), or given
     ``loop=``. ``SyncTangram.start(pool, ...)`` instead runs a new Tangram on a private loop
@@ -110,7 +111,7 @@ class SyncTangram:
     Calling it on the loop's own thread would deadlock, so that raises RuntimeError.
     """
 
-    def __init__(self, tangram: Tangram, *, loop: asyncio.AbstractEventLoop | None = None) -> None:
+    def __init__(self, tangram: AnyTangram, *, loop: asyncio.AbstractEventLoop | None = None) -> None:
         if loop is None:
             try:
                 loop = asyncio.get_running_loop()
@@ -177,7 +178,7 @@ class SyncTangram:
         return stats
 
     async def _stats(self) -> dict[str, Any]:
-        return self.tangram.statistics()
+        return await self.tangram.astatistics()
 
     def _call(self, coro: Any) -> Any:
         self._check_thread()

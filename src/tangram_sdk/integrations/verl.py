@@ -34,7 +34,8 @@ from ..errors import SpecError, TangramError
 from ..lease import Lease
 from ..spec import ActionSpec
 from ._config import SpecFor, SpecMapper, SpecMappingError, import_object, spec_from_mapping
-from ._host import RuntimeSource, action, current_lease, run_holding
+from .._protocol import is_tangram
+from ._host import RuntimeSource, action, current_lease, run_holding, runtime_source
 from ._lazy import require
 
 __all__ = [
@@ -102,10 +103,8 @@ class TangramToolMixin:
                 f"`tangram.spec_for` (an import path) in its config, or pass spec=/spec_for= to tangram_tool()"
             )
         self._tangram_mapper = SpecMapper(spec=spec, spec_for=spec_for, from_parameters=cfg.get("from_parameters"))
-        runtime: Any = cfg.get("runtime", self.tangram_runtime)
-        if runtime is None and cfg.get("pool") is not None:
-            runtime = {"pool": cfg["pool"], "options": cfg.get("options") or {}}
-        self._tangram_source: RuntimeSource | None = runtime
+        where = f"tool {getattr(self, 'name', type(self).__name__)!r} tangram config"
+        self._tangram_source: RuntimeSource | None = _config_source(cfg, self.tangram_runtime, where)
         timeout = cfg.get("timeout", self.tangram_timeout)
         self._tangram_timeout = None if timeout is None else float(timeout)
         return cfg
@@ -140,6 +139,21 @@ class TangramToolMixin:
         if _accepts(parent, "lease") and "lease" not in kwargs and _wants_lease(self):
             kwargs["lease"] = lease
         return await parent(instance_id, parameters, **kwargs)
+
+
+def _config_source(cfg: Mapping[str, Any], code: Any, where: str) -> RuntimeSource | None:
+    """The runtime a ``tangram:`` mapping names, parsed now (a bad pool fails at construction).
+
+    A Tangram object given in code is explicit and always used; otherwise the config's ``runtime``
+    (import path) or ``pool`` (a definition or a name) replaces a description given in code."""
+    if is_tangram(code):
+        return code  # type: ignore[no-any-return]
+    if cfg.get("runtime") is not None and cfg.get("pool") is not None:
+        raise SpecError(f"{where}: give `runtime` (a factory's import path) or `pool`, not both")
+    source: Any = cfg.get("runtime")
+    if source is None and cfg.get("pool") is not None:
+        source = {"pool": cfg["pool"], "options": cfg.get("options") or {}}
+    return runtime_source(code if source is None else source, where=where)
 
 
 def _wants_lease(tool: Any) -> bool:
@@ -277,10 +291,10 @@ class TangramAgentLoopMixin:
     def __init__(self, *args: Any, tangram: Mapping[str, Any] | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         cfg = dict(tangram or {})
-        runtime: Any = cfg.get("runtime")
-        if runtime is None and cfg.get("pool") is not None:
-            runtime = {"pool": cfg["pool"], "options": cfg.get("options") or {}}
-        self.tangram_runtime: RuntimeSource | None = runtime
+        unknown = sorted(set(cfg) - {"runtime", "pool", "options", "timeout"})
+        if unknown:
+            raise SpecError(f"agent loop `tangram:` has unknown key(s) {unknown}; allowed: options, pool, runtime, timeout")
+        self.tangram_runtime: RuntimeSource | None = _config_source(cfg, None, "agent loop tangram config")
         self.tangram_timeout: float | None = None if cfg.get("timeout") is None else float(cfg["timeout"])
 
     def tangram_action(self, spec: ActionSpec, *, timeout: float | None = None) -> Any:
@@ -304,6 +318,7 @@ def tangram_reward(
     """
     if not isinstance(spec, ActionSpec) and not callable(spec):
         raise SpecError(f"tangram_reward needs an ActionSpec or a callable returning one, got {spec!r}")
+    runtime = runtime_source(runtime, where="tangram_reward(runtime=)")
 
     def decorate(fn: Callable[..., Any]) -> Callable[..., Awaitable[Any]]:
         takes_lease = _accepts(fn, "lease")
