@@ -59,7 +59,7 @@ def run(instances: int, seed: int) -> list[float]:
     rng = random.Random(seed)
     gaps: list[float] = []
     for _ in range(instances):
-        s = _Recording(Pool(cpus=rng.choice([4, 6, 8])), lookahead=rng.random() < 0.5)
+        s = _Recording(Pool(cpus=rng.choice([4, 6, 8])), lookahead=rng.random() < 0.5, planner="estimate")
         now = 0.0
         aid = 0
         running: list[tuple[float, int]] = []

@@ -32,6 +32,12 @@ class Admission(Planning):
             kc[a.keys] = n
         else:
             del kc[a.keys]
+        sq = self._spec_queued
+        n = sq[a.spec] - 1
+        if n:
+            sq[a.spec] = n
+        else:
+            del sq[a.spec]
         svc = a.spec.service
         if svc is not None:
             self._svc_queued[svc] -= 1
@@ -74,6 +80,8 @@ class Admission(Planning):
         svc_blocked = False  # a service waits for its warm copy: the next round may differ in time
         elastic_cands = False
         cands: list[Action] = []
+        sized: dict[int, int] = {}  # priced CPU sizes chosen at admission
+        priced = self.elastic and self.planner == "priced"
         scanned = 0
         scan_limit = self.scan_limit
         queue = self._queues[self._prios[0]].values() if len(self._prios) == 1 else self._iter_queue()
@@ -98,6 +106,15 @@ class Admission(Planning):
                 svc_blocked = True
                 exhausted = all(not sig.isdisjoint(blocked) for sig in sigs)
                 continue
+            take = a.cpu_min
+            if priced and a.eres == "cpu":
+                take = self._priced_cpu_units(a, node, node_free, span, now)
+                if not take:  # waiting for more cores beats starting now on fewer
+                    blocked.add("cpu")
+                    svc_blocked = True
+                    exhausted = all(not sig.isdisjoint(blocked) for sig in sigs)
+                    continue
+                sized[a.id] = take
             # tentatively reserve the minimum
             for name, q in a.spec.quotas:
                 q_used[name] += q
@@ -106,17 +123,17 @@ class Admission(Planning):
             if a.spec.memory and mem is not None:
                 mem -= a.spec.memory
             if span:
-                need = a.cpu_min
+                need = take
                 for i in sorted(range(len(node_free)), key=lambda i: -node_free[i]):
                     k = min(need, node_free[i])
                     node_free[i] -= k
                     need -= k
             elif node >= 0:
-                node_free[node] -= a.cpu_min
+                node_free[node] -= take
             if cell >= 0:
                 gfree &= ~(((1 << a.gpu_min) - 1) << cell)
             a.node, a.cell, a.span = node, cell, span
-            if a.eres is not None:
+            if a.eres is not None and a.id not in sized:
                 elastic_cands = True
             cands.append(a)
         self._blocked_last = blocked
@@ -126,11 +143,13 @@ class Admission(Planning):
         if not cands:
             return []
         if not elastic_cands:  # the common FIFO case: everyone gets exactly the minimum
-            return [self._grant(a, 0, now) for a in cands]
+            return [self._grant(a, sized.get(a.id, 0), now) for a in cands]
         units = {a.id: a.emin for a in cands if a.eres is not None}
+        units.update(sized)
         evicted: set[int] = set()
         if self.elastic:
-            self._split_cpu(cands, node_free, now, units, evicted)
+            if not priced:
+                self._split_cpu(cands, node_free, now, units, evicted)
             self._split_gpu(cands, gfree, now, units, evicted)
         # The blocked set was computed with every candidate's minimum reserved; elastic extras only
         # take more, so it stays valid. Evicted candidates are waiters the next round re-plans.
@@ -249,14 +268,9 @@ class Admission(Planning):
             self._dequeue(a)
         a.grant = g
         a.started = now
-        if spec.duration is not None:
-            est = spec.duration
-        elif a.eres is None:
-            est = a.stats.t1
-        else:
-            est = a.stats.t1 / a.sp_min
+        est = self._dur_min(a)
         if a.eres is not None:
-            est *= spec.relative_duration(units)
+            est *= a.stats.rel(spec, units)
         if restore:
             est += self._restore_cost(spec.service)
         a.est_end = now + est

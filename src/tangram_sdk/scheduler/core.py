@@ -42,12 +42,15 @@ from .events import Cancelled, Event, Released, ServiceResidency, Submitted, Tic
 from .learn import KindStats
 from .ledger import Ledger
 from .admission import Admission
+from .pricing import PRICE_GRID
 from .residency import Residency
 
 __all__ = ["Scheduler", "SchedulerStats"]
 
 _DEFAULT_MU_GRID = (0.0, 0.05, 0.15, 0.5, 1.5, 5.0, math.inf)
 _MAX_KINDS = 4096  # learned per-kind state kept (least recently seen forgotten beyond it)
+# objective -> default max_price (seconds of ACT one core-second may cost at most)
+_OBJECTIVES = {"act": 2.0, "balanced": 2.0, "step": 0.75}
 
 
 class SchedulerStats(dict[str, Any]):
@@ -77,11 +80,20 @@ class Scheduler(Admission):
         default_duration: float = 1.0,
         default_restore_s: float = 0.5,
         alpha: float = 0.2,
+        duration_alpha: float = 0.002,
+        learn_efficiency: bool = True,
         mu_grid: Iterable[float] = _DEFAULT_MU_GRID,
         max_evictions: int = 4,
         lookahead_cap: int = 64,
         skip_rounds: bool = True,
         gpu_slots: float | None = None,
+        planner: str = "priced",
+        load_target: float = 1.5,
+        price_horizon: float = 1 / 16,
+        price_smoothing: float = 0.5,
+        max_price: float | None = None,
+        objective: str = "balanced",
+        start_or_wait: bool = True,
     ) -> None:
         if window < 1 or depth < 0 or scan_limit < 1:
             raise ValueError("window and scan_limit must be >= 1, depth >= 0")
@@ -96,11 +108,40 @@ class Scheduler(Admission):
         self.default_duration = default_duration
         self.default_restore_s = default_restore_s
         self.alpha = alpha
+        self.duration_alpha = duration_alpha
+        self.learn_efficiency = learn_efficiency
         self.mu_grid = tuple(mu_grid)
         self.max_evictions = max_evictions
         self.lookahead_cap = lookahead_cap
         self.skip_rounds = skip_rounds
         self.gpu_slots = gpu_slots
+        if planner not in ("priced", "estimate"):
+            raise ValueError(f"planner must be 'priced' or 'estimate', got {planner!r}")
+        if objective not in _OBJECTIVES:
+            raise ValueError(f"objective must be one of {', '.join(_OBJECTIVES)}, got {objective!r}")
+        if max_price is None:
+            max_price = _OBJECTIVES[objective]
+        if not (load_target > 0 and price_horizon >= 0 and max_price >= 0):
+            raise ValueError("load_target must be > 0, price_horizon and max_price >= 0")
+        self.objective = objective
+        # under a sustained overload, "act" runs everyone at the minimum (throughput-optimal for
+        # mean ACT); the others keep the price bounded so no elastic action runs below the size
+        # max_price implies (one long action on one core otherwise sets the RL step)
+        self._cap_overload = objective != "act"
+        self.planner = planner
+        self.load_target = load_target
+        self.price_horizon = price_horizon
+        self.price_smoothing = price_smoothing
+        self._price_ewma: dict[ActionSpec, float] = {}
+        self.max_price = max_price
+        self.start_or_wait = start_or_wait
+        self._price_cap = max(i for i, mu in enumerate(PRICE_GRID) if mu <= max_price)
+        self._spec_queued: dict[ActionSpec, int] = {}  # queued actions per distinct spec
+        self._dops: dict[tuple[ActionSpec, float], tuple[int, ...]] = {}  # size per grid price
+        self._node_rel_all: Any = None  # expected releases, per round (moldable sizing)
+        self._node_rel_round = -1
+        self._price_memo: dict[tuple[int, ActionSpec], int] = {}
+        self._market_memo: dict[tuple[int, ActionSpec], Any] = {}
         self.ledger = Ledger(pool)
         # FIFO per priority. OrderedDict, not dict: a dict drained from the front keeps its dead
         # slots until the next resize, and every round's scan would step over them first.
@@ -249,15 +290,15 @@ class Scheduler(Admission):
     def estimated_duration(self, spec: ActionSpec, units: int | None = None) -> float:
         """Seconds ``spec`` is expected to run at ``units`` (its minimum when None)."""
         st = self._kinds.get(spec.kind)
-        t1 = spec.duration if spec.duration is not None else None
-        if t1 is None:
-            base = st.t1 if st is not None else self.default_duration
-            d_min = base / spec.speedup(spec.min_units) if spec.elastic else base
+        if spec.duration is not None:
+            d_min = spec.duration
+        elif st is None:
+            d_min = self.default_duration / spec.speedup(spec.min_units) if spec.elastic else self.default_duration
         else:
-            d_min = t1
+            d_min = st.t1 / st.speedup_at(spec, spec.min_units) if spec.elastic else st.t1
         if units is None or spec.elastic is None:
             return d_min
-        return d_min * spec.relative_duration(units)
+        return d_min * (st.rel(spec, units) if st is not None else spec.relative_duration(units))
 
     def statistics(self) -> SchedulerStats:
         L = self.ledger
@@ -396,6 +437,8 @@ class Scheduler(Admission):
         self._newest = a  # the only one when the queue was empty: the uncontended round needs no scan
         kc = self._sig_count
         kc[keys] = kc.get(keys, 0) + 1
+        sq = self._spec_queued
+        sq[spec] = sq.get(spec, 0) + 1
         if spec.service is not None:
             self._svc_queued[spec.service] = self._svc_queued.get(spec.service, 0) + 1
 
@@ -438,8 +481,9 @@ class Scheduler(Admission):
         self._sum_exec += exec_s
         self._sum_act += now - a.submitted
         if a.spec.duration is None:
-            t1 = exec_s * a.spec.speedup(g.units) if a.eres else exec_s
-            a.stats.observe_duration(t1, self.alpha)
+            sp = a.spec.speedup(g.units) if a.eres else 1.0
+            a.stats.observe_exec(exec_s, sp, self.duration_alpha,
+                                 learn_beta=self.learn_efficiency and a.eres is not None)
 
     def _drop_queued(self, aid: int) -> bool:
         a = self._live.get(aid)

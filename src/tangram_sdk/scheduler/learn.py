@@ -1,7 +1,8 @@
-"""Online estimates per action kind: single-unit duration and arrival rate.
+"""Online estimates per action kind: single-unit duration, efficiency and arrival rate.
 
-Both are exponentially weighted moving averages, so a workload that drifts (longer tests late in
-training) is followed within a few dozen actions, and both are pure arithmetic on given times.
+All are decaying averages, so a workload that drifts (longer tests late in training, a machine
+that gets busy) is followed within a few dozen actions, and all are pure arithmetic on given
+times.
 """
 
 from __future__ import annotations
@@ -11,11 +12,27 @@ from typing import Any
 
 __all__ = ["KindStats"]
 
+RING = 32
+_PRIOR_SD = 0.5  # how far from the declared efficiency (beta = 1) the prior lets beta move easily
+_BETA_MAX = 1.25
+
 
 class KindStats:
-    """What the scheduler has learned about one ``kind`` of action."""
+    """What the scheduler has learned about one ``kind`` of action.
 
-    __slots__ = ("t1", "t1_samples", "gap", "last_arrival", "arrivals", "spec")
+    Durations and efficiency come from one regression. Each completion gives ``y = log(exec)`` at
+    ``x = log S(m)``, the *declared* speedup at the units it ran on; the truth is taken to be
+    ``y = a - beta * x + noise``: ``beta = 1`` is the declared model, ``beta = 0`` means more units
+    do not help at all (a busy machine, a tool that ignores its cores). ``beta`` is fitted by
+    weighted least squares with the declaration as a Gaussian prior (it moves only as far as the
+    spread of granted sizes lets the data speak), ``a`` gives the single-unit duration
+    ``t1 = exp(a + var / 2)`` (the mean of a lognormal: action lengths are heavy tailed, and a
+    plain average of durations jumps by the size of the last outlier). Per-size averages decay by
+    ``alpha`` per sample, so a drifting workload is followed.
+    """
+
+    __slots__ = ("t1", "t1_samples", "gap", "last_arrival", "arrivals", "spec", "ring", "ring_i",
+                 "log_var", "beta", "buckets", "_rel", "_rel_beta")
 
     def __init__(self, prior_t1: float) -> None:
         self.t1 = prior_t1  # seconds at one unit of the elastic resource (or plain duration)
@@ -24,6 +41,13 @@ class KindStats:
         self.last_arrival: float | None = None
         self.arrivals = 0
         self.spec: Any = None  # the kind's latest ActionSpec: demand shape for arrival lookahead
+        self.ring: list[float] = []  # the last RING arrival times (a windowed rate for pricing)
+        self.ring_i = 0
+        self.log_var = 0.0  # residual variance of log durations
+        self.beta = 1.0  # learned exponent on the declared speedup (quantised, see _fit)
+        self.buckets: dict[float, list[float]] = {}  # log declared speedup -> [weight, mean, var]
+        self._rel: dict[tuple[Any, int], float] = {}
+        self._rel_beta = 1.0
 
     def observe_arrival(self, now: float, alpha: float) -> None:
         if self.last_arrival is not None:
@@ -31,13 +55,87 @@ class KindStats:
             self.gap = g if math.isinf(self.gap) else (1 - alpha) * self.gap + alpha * g
         self.last_arrival = now
         self.arrivals += 1
+        ring = self.ring
+        if len(ring) < RING:
+            ring.append(now)
+        else:
+            ring[self.ring_i] = now
+            self.ring_i = (self.ring_i + 1) % RING
 
-    def observe_duration(self, t1: float, alpha: float) -> None:
-        if not (t1 > 0 and math.isfinite(t1)):
+    def observe_exec(self, exec_s: float, speedup: float, alpha: float, *, learn_beta: bool) -> None:
+        """One completion: ``exec_s`` seconds at units whose declared speedup (vs one unit) is
+        ``speedup``. ``learn_beta=False`` keeps the declared efficiency (beta = 1).
+
+        Samples are averaged per granted size first: completions arrive in an order that
+        correlates size with length (a long action granted few units in a busy phase completes
+        late, beside short ones granted many in a quiet phase), so one decaying regression over
+        the completion stream would see a slope that is not there."""
+        if not (exec_s > 0 and math.isfinite(exec_s) and speedup > 0):
             return
-        # the first sample replaces the prior outright; later ones are averaged
-        self.t1 = t1 if self.t1_samples == 0 else (1 - alpha) * self.t1 + alpha * t1
+        y = math.log(exec_s)
+        x = math.log(speedup)
+        b = self.buckets.get(x)
+        if b is None:
+            if len(self.buckets) >= 64:  # keep the most used sizes
+                del self.buckets[min(self.buckets, key=lambda k: self.buckets[k][0])]
+            b = self.buckets[x] = [0.0, 0.0, 0.0]  # weight, mean y, mean squared deviation
+        n = b[0] + 1.0
+        w = max(alpha, 1.0 / n)
+        d = y - b[1]
+        b[0] = min(n, 1.0 / alpha)
+        b[1] += w * d
+        b[2] = (1 - w) * (b[2] + w * d * d)
         self.t1_samples += 1
+        self._fit(learn_beta)
+
+    def _fit(self, learn_beta: bool) -> None:
+        bs = self.buckets
+        sw = sx = sy = 0.0
+        within = 0.0
+        for x, (w, my, v) in bs.items():
+            sw += w
+            sx += w * x
+            sy += w * my
+            within += w * v
+        mx, my_all = sx / sw, sy / sw
+        var = within / sw  # pooled spread of log durations at a fixed size
+        beta = 1.0
+        if learn_beta and len(bs) > 1:
+            cxx = cxy = 0.0
+            for x, (w, my, _v) in bs.items():
+                cxx += w * (x - mx) ** 2
+                cxy += w * (x - mx) * (my - my_all)
+            if cxx > 1e-9:
+                v = max(var, 0.05)  # a few samples must not look exact
+                prior = 1.0 / (_PRIOR_SD * _PRIOR_SD)
+                beta = (-cxy / v + prior) / (cxx / v + prior)
+                beta = min(_BETA_MAX, max(0.0, round(beta * 20.0) / 20.0))
+        self.beta = beta
+        self.log_var = var
+        a = my_all + beta * mx  # E[log exec] at one unit (x = 0)
+        self.t1 = math.exp(a + 0.5 * min(var, 4.0))
+
+    def rel(self, spec: Any, m: int) -> float:
+        """``T(m) / T(min)`` for ``spec`` under what has been learned: the declared ratio raised
+        to ``beta`` (memoised per spec and size until beta moves)."""
+        if self.beta != self._rel_beta:
+            self._rel.clear()
+            self._rel_beta = self.beta
+        key = (spec, m)
+        r = self._rel.get(key)
+        if r is None:
+            if len(self._rel) > 4096:
+                self._rel.clear()
+            r = spec.relative_duration(m)
+            if self.beta != 1.0:
+                r = r ** self.beta
+            self._rel[key] = r
+        return r
+
+    def speedup_at(self, spec: Any, m: int) -> float:
+        """Learned speedup at ``m`` units vs one unit."""
+        sp = float(spec.speedup(m))
+        return sp if self.beta == 1.0 else sp ** self.beta
 
     def rate(self, now: float) -> float:
         """Arrivals per second; decays when the kind has gone quiet for longer than its usual gap."""
@@ -45,3 +143,20 @@ class KindStats:
             return 0.0
         gap = max(self.gap, now - self.last_arrival, 1e-6)
         return 1.0 / gap
+
+    def window_rate(self, now: float) -> float:
+        """Arrivals per second over the last RING arrivals (steadier than the gap EWMA, which a
+        handful of near-simultaneous arrivals collapses); decays like :meth:`rate` when quiet."""
+        ring = self.ring
+        n = len(ring)
+        if n < 2:
+            return 0.0
+        oldest = ring[self.ring_i] if n == RING else ring[0]
+        span = max(now, self.last_arrival or now) - oldest
+        if span <= 0:  # simultaneous arrivals are a burst, already in the queue, not a rate
+            return 0.0
+        lam = (n - 1) / span
+        quiet = now - (self.last_arrival or now)
+        if quiet > 1.0 / lam:
+            lam = min(lam, 1.0 / quiet)
+        return lam

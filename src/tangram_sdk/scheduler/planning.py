@@ -10,7 +10,7 @@ from operator import itemgetter
 
 from .action import Action
 from .estimate import Waiter, estimate_waits
-from .placement import Placement
+from .moldable import Moldable
 from .split import best_split
 
 __all__ = ["Planning"]
@@ -39,7 +39,7 @@ def _priced(durations: list[tuple[int, float]], emin: int, mu: float) -> list[tu
     return opts
 
 
-class Planning(Placement):
+class Planning(Moldable):
     # -- elastic split --------------------------------------------------------------------------
     def _releases(self, res: str, now: float) -> list[tuple[float, int]]:
         rel = []
@@ -103,7 +103,7 @@ class Planning(Placement):
             if spec.duration is not None:
                 d = spec.duration
             else:
-                d = st.t1 / spec.speedup(spec.min_units) if spec.elastic else st.t1
+                d = st.t1 / st.speedup_at(spec, spec.min_units) if spec.elastic else st.t1
             need = spec.cpus if res == "cpu" else spec.gpus
             maxu = spec.max_units if spec.elastic_resource == res else need
             out.extend([(now + (j + 0.5) * step, need, d, maxu, spec) for j in range(k)])
@@ -190,7 +190,7 @@ class Planning(Placement):
             key = (a.id, m)
             r = rel.get(key)
             if r is None:
-                r = rel[key] = spec.relative_duration(m)
+                r = rel[key] = a.stats.rel(spec, m)
             t = d0 * r
             if warm_sizes is not None and m not in warm_sizes:
                 assert spec.service is not None
@@ -289,7 +289,7 @@ class Planning(Placement):
         policy: dict[str, int] = {}
         for a in active:
             m = chosen.get(a.id, a.emin)
-            t = self._dur_min(a) * a.spec.relative_duration(m)
+            t = self._dur_min(a) * a.stats.rel(a.spec, m)
             cost += t
             extra_rel.append((now + t, m))
             free -= m - a.emin

@@ -63,6 +63,24 @@ class SchedulerState:
     _krates_at: float
     _svc_queued: dict[str, int]
     _now: float
+    planner: str
+    load_target: float
+    price_horizon: float
+    price_smoothing: float
+    _price_ewma: dict[ActionSpec, float]
+    max_price: float
+    _price_cap: int
+    _cap_overload: bool
+    objective: str
+    start_or_wait: bool
+    rounds: int
+    _spec_queued: dict[ActionSpec, int]
+    _dops: dict[tuple[ActionSpec, float], tuple[int, ...]]
+    learn_efficiency: bool
+    _node_rel_all: Any
+    _node_rel_round: int
+    _price_memo: dict[tuple[int, ActionSpec], int]
+    _market_memo: dict[tuple[int, ActionSpec], Any]
 
     def _iter_queue(self) -> Iterator[Action]:
         for p in self._prios:
@@ -72,8 +90,10 @@ class SchedulerState:
         spec = a.spec
         if spec.duration is not None:
             return spec.duration
-        t1 = a.stats.t1
-        return t1 / a.sp_min if a.eres else t1
+        st = a.stats
+        if not a.eres:
+            return st.t1
+        return st.t1 / (a.sp_min if st.beta == 1.0 else a.sp_min ** st.beta)
 
     def _restore_cost(self, service: str | None) -> float:
         if service is None:

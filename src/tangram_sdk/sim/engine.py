@@ -26,7 +26,7 @@ import attrs
 from ..scheduler.core import Scheduler
 from ..scheduler.decisions import Decision, Grant, Reject
 from ..scheduler.events import Event, Released, ServiceResidency, Submitted, Tick
-from ..spec import ActionSpec
+from ..spec import ActionSpec, Efficiency
 
 __all__ = ["Act", "Trajectory", "Result", "simulate", "Observer"]
 
@@ -39,12 +39,24 @@ _DONE, _END, _RESID, _START, _SUBMIT, _READY, _TICK = 0, 1, 2, 3, 4, 5, 6
 @attrs.frozen(slots=True)
 class Act:
     """One action: think ``think`` seconds, then ask for ``spec`` and run ``work`` seconds (at the
-    spec's minimum units; scaled by ``spec.relative_duration(units)``) plus ``overhead`` seconds."""
+    spec's minimum units; scaled by ``spec.relative_duration(units)``, or by ``truth`` when the
+    action really scales differently from what its spec declares) plus ``overhead`` seconds."""
 
     spec: ActionSpec
     work: float
     think: float = 0.0
     overhead: float = 0.0
+    truth: Efficiency | None = None  # how it really scales, when not as its spec declares
+
+    def relative_duration(self, units: int) -> float:
+        """``T(units) / T(min)`` as the action really runs (its declared model unless ``truth``)."""
+        spec = self.spec
+        if spec.elastic is None or not units:
+            return 1.0
+        t = self.truth
+        if t is None:
+            return spec.relative_duration(units)
+        return t.speedup(spec.min_units) / t.speedup(units)
 
 
 @attrs.frozen(slots=True)
@@ -202,7 +214,7 @@ def simulate(
         svc = spec.service
         if svc is not None and ng:
             over += restore_cost(li, svc, g.gpus, now)
-        ex = act.work * (spec.relative_duration(units) if spec.elastic is not None and units else 1.0)
+        ex = act.work * act.relative_duration(units)
         res.grant[r] = now
         res.exec_s[r] = ex
         res.overhead[r] = over
@@ -271,7 +283,7 @@ def simulate(
         spec = act.spec
         units = hold_units[ti]
         m = min(units, spec.max_units) if spec.elastic is not None else 0
-        ex = act.work * (spec.relative_duration(m) if m else 1.0)
+        ex = act.work * act.relative_duration(m)
         res.grant[r] = now
         res.exec_s[r] = ex
         res.overhead[r] += act.overhead

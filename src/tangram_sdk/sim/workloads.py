@@ -59,6 +59,7 @@ CODING = dict(
     busy_frac=0.47,                          # paper: sandbox busy ~47% of a trajectory's life
     think_sigma=0.6,                         # decode pause spread (lognormal)
     sandbox_cpus=3,                          # static sizing: 3840 cores / 1280 trajectories
+    true_parallel=None,                      # how tests really scale, if not as declared (Amdahl p)
 )
 
 
@@ -76,6 +77,7 @@ def ai_coding(batch: int = 1280, *, nodes: int = 15, cores: int = 256, seed: int
                 + (1 - p["test_frac"]) * p["shell_work_mean"])
     think_mean = act_mean * (1 - p["busy_frac"]) / p["busy_frac"]
     p["think_mean"] = round(think_mean, 4)
+    truth = Amdahl(p["true_parallel"]) if p.get("true_parallel") is not None else None
     trajs = []
     for _ in range(batch):
         n = int(rng.integers(p["actions_min"], p["actions_max"] + 1))
@@ -83,8 +85,8 @@ def ai_coding(batch: int = 1280, *, nodes: int = 15, cores: int = 256, seed: int
         tw = _lognormal(rng, p["test_work_mean"], p["test_sigma"], n)
         sw = _lognormal(rng, p["shell_work_mean"], p["shell_sigma"], n)
         th = _lognormal(rng, think_mean, p["think_sigma"], n + 1)
-        acts = tuple(Act(test if is_test[k] else shell, float(tw[k] if is_test[k] else sw[k]), float(th[k]))
-                     for k in range(n))
+        acts = tuple(Act(test, float(tw[k]), float(th[k]), truth=truth) if is_test[k]
+                     else Act(shell, float(sw[k]), float(th[k])) for k in range(n))
         trajs.append(Trajectory(acts, 0.0, float(th[n])))
     return Workload("ai-coding", cpu_pool(nodes, cores), tuple(trajs),
                     policies=("tangram", "static", "fifo1", "fifo4", "fifo16"), params=p)

@@ -1,0 +1,246 @@
+"""The policy matrix: Tangram against every fixed policy a user could pick instead, cell by cell.
+
+Each cell is one seeded workload on one pool; every policy runs the same trajectories in the
+simulator (the same scheduler core the live runtime drives), and Tangram's scheduler learns
+durations (and, where the cell says so, efficiency) online: it is told neither. Per cell and
+policy: mean and p99 ACT, RL step time, and units allocated vs busy. The bar (issue 12): in every
+cell Tangram's mean ACT *and* step time are within 2 % of the best fixed policy's or better, and in
+every contended cell its mean ACT is at least 8 % better.
+
+    python benchmarks/policy_matrix.py --quick          # CI size (the test suite runs this)
+    python benchmarks/policy_matrix.py                  # full matrix (docs/evaluation.md)
+    python benchmarks/policy_matrix.py --only mopd --jobs 2 --json out.json
+
+Cells:
+
+* ``ai-coding`` with DoP caps 8/16/32/64 at light, medium and contended load: the pool is 3.2x,
+  1.6x and 0.8x the batch in cores (static sandboxes of 3 cores fit only the light pool);
+* ``ai-coding-slow``: the declared efficiency (Amdahl 0.9) is better than the truth (0.5), which
+  only online efficiency learning gets right;
+* ``mopd`` at 10/16/24/32/40 GPUs with elastic TP (up to 4) and with TP off;
+* ``deepsearch`` with a judge the pool does not saturate;
+* ``trace``: a recorded JSONL trace (written by the simulator's TraceRecorder) replayed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
+from typing import Any
+
+import attrs
+
+from tangram_sdk.sim.metrics import summarise
+from tangram_sdk.sim.workloads import Workload, ai_coding, deepsearch, mopd, run_policy
+
+ACT_BAR = 1.02       # tangram / best fixed, mean ACT and step, every cell
+CONTENDED_BAR = 0.92  # tangram / best fixed mean ACT, contended cells
+
+
+@attrs.frozen
+class Cell:
+    name: str
+    family: str
+    params: dict[str, Any]
+    policies: tuple[str, ...]
+    contended: bool = False
+
+    def workload(self) -> Workload:
+        p = dict(self.params)
+        fam = self.family
+        if fam == "ai-coding":
+            return ai_coding(**p)
+        if fam == "mopd":
+            return mopd(**p)
+        if fam == "deepsearch":
+            return deepsearch(**p)
+        if fam == "trace":
+            return _trace_workload(**p)
+        raise ValueError(fam)
+
+
+def _fifos(cap: int) -> tuple[str, ...]:
+    ds = sorted({d for d in (1, 2, 4, 8, 16, 32, 64) if d <= cap} | {cap})
+    return tuple(f"fifo{d}" for d in ds)
+
+
+def cells(quick: bool, seeds: int) -> list[Cell]:
+    out: list[Cell] = []
+    batch = 320 if quick else 1280
+    # pool in 256-core NUMA nodes: light 3.2x the batch in cores, medium 1.6x, contended 0.8x
+    loads = (("light", 3.2), ("medium", 1.6), ("contended", 0.8))
+    caps = (8, 16, 32, 64)
+    for seed in range(seeds):
+        for load, ratio in loads:
+            nodes = max(1, round(batch * ratio / 256))
+            for cap in caps:
+                out.append(Cell(f"ai-coding {load} cap{cap} s{seed}", "ai-coding",
+                                dict(batch=batch, nodes=nodes, seed=seed, test_max_cpus=cap),
+                                ("tangram", "static") + _fifos(cap), contended=load == "contended"))
+    for seed in range(1 if quick else seeds):
+        nodes = max(1, round(batch * 1.6 / 256))
+        out.append(Cell(f"ai-coding-slow medium cap16 s{seed}", "ai-coding",
+                        dict(batch=batch, nodes=nodes, seed=seed, test_max_cpus=16, true_parallel=0.5),
+                        ("tangram",) + _fifos(16)))
+    mb = 512 if quick else 2048
+    gpu_sizes = (10, 16) if quick else (10, 16, 24, 32, 40)
+    for seed in range(1 if quick else seeds):
+        for g in gpu_sizes:
+            for tp in (4, 1):
+                pols = ("tangram", "isolated") + (("fifo1", "fifo2", "fifo4") if tp > 1 else ("fifo1",))
+                out.append(Cell(f"mopd {g}gpu tp{tp} s{seed}", "mopd",
+                                dict(batch=mb, gpus=g, seed=seed, teacher_max_gpus=tp), pols))
+    db = 512 if quick else 2048
+    for seed in range(1 if quick else seeds):
+        out.append(Cell(f"deepsearch s{seed}", "deepsearch", dict(batch=db, seed=seed, judge_work_mean=0.5),
+                        ("tangram", "isolated", "fifo1", "fifo2", "fifo4", "fifo8")))
+    out.append(Cell("trace replay cap16", "trace", dict(batch=96 if quick else 256, seed=7),
+                    ("tangram", "static") + _fifos(16)))
+    return out
+
+
+def _trace_workload(batch: int, seed: int) -> Workload:
+    """Record an ai-coding run (fifo1 on a roomy pool) as a JSONL trace, then load it back as a
+    workload on a pool of 1.6x the batch in cores: the replay path users take with their own
+    recorded traces."""
+    from tangram_sdk.pool import Pool
+    from tangram_sdk.sim.engine import simulate
+    from tangram_sdk.sim.baselines import make_policy
+    from tangram_sdk.sim.trace import TraceRecorder, trace_workload
+
+    src = ai_coding(batch, nodes=1, cores=max(64, 4 * batch), seed=seed)
+    fd, path = tempfile.mkstemp(suffix=".jsonl")
+    os.close(fd)
+    try:
+        with TraceRecorder(path) as rec:
+            simulate(src.trajectories, make_policy("fifo1", src.pool), observers=[rec])
+        cores = int(batch * 1.6)
+        return trace_workload(path, Pool(cpus=cores))
+    finally:
+        os.unlink(path)
+
+
+def _policy_run(wl: Workload, pol: str) -> dict[str, Any]:
+    kw: dict[str, Any] = {}
+    if pol == "tangram":
+        kw.update(json.loads(os.environ.get("TANGRAM_MATRIX_OPTS", "{}")))
+    if pol == "isolated" and wl.name == "mopd":
+        kw["iso_gpus"] = None  # proportional to call share on this pool (>= 1 GPU per teacher)
+    r = run_policy(wl, pol, **kw)
+    s = summarise(r)
+    alloc = s["cpu_alloc_mean"] if s["pool_cpus"] else s["gpu_alloc_mean"]
+    busy = s["cpu_busy_mean"] if s["pool_cpus"] else s["gpu_busy_mean"]
+    return {"policy": pol, "act": s["act_mean_s"], "p99": s["act_p99_s"], "step": s["step_s"],
+            "queue": s["queue_mean_s"], "exec": s["exec_mean_s"], "alloc": alloc, "busy": busy,
+            "restores": s["restores"], "wall": s["wall_s"]}
+
+
+def run_cell(cell: Cell) -> dict[str, Any]:
+    wl = cell.workload()
+    rows = []
+    for pol in cell.policies:
+        try:
+            rows.append(_policy_run(wl, pol))
+        except ValueError as exc:  # e.g. isolated needs more GPUs than the pool has
+            rows.append({"policy": pol, "error": str(exc)})
+    return {"cell": cell.name, "family": cell.family, "contended": cell.contended, "rows": rows,
+            **judge(rows, cell.contended)}
+
+
+def judge(rows: Sequence[dict[str, Any]], contended: bool) -> dict[str, Any]:
+    ok_rows = [r for r in rows if "error" not in r]
+    t = next(r for r in ok_rows if r["policy"] == "tangram")
+    fixed = [r for r in ok_rows if r["policy"] != "tangram"]
+    best_act = min(fixed, key=lambda r: r["act"])
+    best_step = min(fixed, key=lambda r: r["step"])
+    act_ratio = t["act"] / best_act["act"]
+    step_ratio = t["step"] / best_step["step"]
+    fails = []
+    if act_ratio > ACT_BAR:
+        fails.append(f"ACT {act_ratio:.3f} > {ACT_BAR}")
+    if step_ratio > ACT_BAR:
+        fails.append(f"step {step_ratio:.3f} > {ACT_BAR}")
+    if contended and act_ratio > CONTENDED_BAR:
+        fails.append(f"contended ACT {act_ratio:.3f} > {CONTENDED_BAR}")
+    return {"best_act": best_act["policy"], "act_ratio": act_ratio, "best_step": best_step["policy"],
+            "step_ratio": step_ratio, "fails": fails}
+
+
+def render(results: Sequence[dict[str, Any]]) -> str:
+    lines = [f"{'cell':34} {'tangram ACT':>11} {'best fixed':>15} {'ACT x':>6} {'step x':>6} "
+             f"{'(best step)':>11} {'p99 x':>6} {'alloc/busy':>11}  verdict"]
+    for res in results:
+        rows = {r["policy"]: r for r in res["rows"] if "error" not in r}
+        t = rows["tangram"]
+        b = rows[res["best_act"]]
+        p99 = t["p99"] / b["p99"] if b["p99"] else math.nan
+        ab = f"{t['alloc']:.0f}/{t['busy']:.0f}"
+        verdict = "ok" if not res["fails"] else "LOSS: " + "; ".join(res["fails"])
+        lines.append(f"{res['cell']:34} {t['act']:11.3f} {res['best_act'] + ' ' + format(b['act'], '.3f'):>15} "
+                     f"{res['act_ratio']:6.3f} {res['step_ratio']:6.3f} {res['best_step']:>11} {p99:6.2f} "
+                     f"{ab:>11}  {verdict}")
+    return "\n".join(lines)
+
+
+def render_cell(res: dict[str, Any]) -> str:
+    out = [f"{res['cell']}:"]
+    for r in res["rows"]:
+        if "error" in r:
+            out.append(f"  {r['policy']:>9}  ({r['error']})")
+            continue
+        out.append(f"  {r['policy']:>9}  ACT {r['act']:.3f}  p99 {r['p99']:.2f}  queue {r['queue']:.3f}  "
+                   f"exec {r['exec']:.3f}  step {r['step']:.1f}  alloc {r['alloc']:.1f}  busy {r['busy']:.1f}"
+                   + (f"  restores {r['restores']}" if r["restores"] else ""))
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="CI size: smaller batches, one seed")
+    ap.add_argument("--seeds", type=int, default=None, help="seeds per cell (default 3; 1 with --quick)")
+    ap.add_argument("--only", default=None, help="run cells whose name contains this text")
+    ap.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1))
+    ap.add_argument("--json", dest="json_out", default=None)
+    ap.add_argument("--detail", action="store_true", help="print every policy of every cell")
+    ap.add_argument("--opts", default=None,
+                    help='JSON scheduler options for tangram (sensitivity runs), e.g. \'{"window": 8}\'')
+    args = ap.parse_args(argv)
+    if args.opts:
+        json.loads(args.opts)  # fail here, not in a worker
+        os.environ["TANGRAM_MATRIX_OPTS"] = args.opts
+    cs = cells(args.quick, args.seeds or (1 if args.quick else 3))
+    if args.only:
+        cs = [c for c in cs if args.only in c.name]
+    t0 = time.perf_counter()
+    if args.jobs > 1:
+        with ProcessPoolExecutor(args.jobs) as ex:
+            results = list(ex.map(run_cell, cs))
+    else:
+        results = [run_cell(c) for c in cs]
+    if args.detail:
+        for res in results:
+            print(render_cell(res))
+    print(render(results))
+    losses = [r for r in results if r["fails"]]
+    ratios = [r["act_ratio"] for r in results]
+    cont = [r["act_ratio"] for r in results if r["contended"]]
+    print(f"\n{len(results)} cells, {len(losses)} losing; ACT ratio worst {max(ratios):.3f}, "
+          f"geomean {statistics.geometric_mean(ratios):.3f}"
+          + (f"; contended worst {max(cont):.3f}" if cont else "")
+          + f"; step ratio worst {max(r['step_ratio'] for r in results):.3f}  ({time.perf_counter() - t0:.0f} s)")
+    if args.json_out:
+        with open(args.json_out, "w", encoding="utf-8") as f:
+            json.dump(results, f, indent=1)
+    return 1 if losses else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,244 @@
+"""Priced moldable sizing of elastic CPU actions, decided at admission.
+
+An admitted elastic CPU action gets the size that minimises ``T(m) * (1 + mu * m)`` at the current
+*clearing price* ``mu`` (:mod:`.pricing`): the lowest price at which the cores that everyone
+queued plus everyone expected to arrive over a short window would take at that price's sizes fit
+``load_target`` times what is free now plus what running actions release within the window.
+Then **start or wait**: if its node has fewer free cores than that size, it starts on what is
+free unless waiting for the expected releases finishes sooner (the reserved idle cores priced in);
+a waiting action blocks the cores for everyone behind it, as FCFS admission does for any action
+that does not fit.
+
+Why this and not a split of all free units among the current candidates (the ``estimate``
+planner): a split decided for who is here *now* drains the pool for whoever arrives a moment
+later, and its remedy (simulating expected arrivals per plan) is costly and was still beaten by a
+fixed DoP when the DoP cap is wide; the price needs no plan search, its sizes do not depend on an
+action's (unknown) length, and it falls to zero exactly when nothing else wants the cores.
+``max_price`` bounds the price: the most one core-second may cost in seconds of ACT. Without a
+bound a momentary flood prices every action down to its minimum, which for well-parallel work is
+wrong even for mean ACT (a perfectly parallel action costs the same core-seconds at any size) and
+leaves the RL step at the mercy of one long action granted one core. Durations and efficiency
+come from the kind's learned model (:mod:`.learn`).
+"""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_right
+from collections.abc import Callable
+
+from ..spec import ActionSpec
+from .action import Action
+from .placement import Placement
+from .pricing import PRICE_GRID, dops_over_grid
+
+__all__ = ["Moldable"]
+
+# expected releases of running actions: sorted end times, cumulative cores, per-node (time, cores)
+ReleaseLine = tuple[list[float], list[int], list[list[tuple[float, int]]]]
+
+
+class Moldable(Placement):
+    def _rel_fn(self, spec: ActionSpec) -> Callable[[int], float]:
+        """``m -> T(m)/T(min)`` for ``spec`` as its kind has learned it."""
+        st = self._kinds.get(spec.kind)
+        if st is None:
+            return spec.relative_duration
+        return lambda m: st.rel(spec, m)
+
+    def _dops_of(self, spec: ActionSpec) -> tuple[int, ...]:
+        """Units ``spec`` would take at each grid price, under its kind's learned efficiency
+        (memoised per spec until that moves)."""
+        st = self._kinds.get(spec.kind)
+        key = (spec, st.beta if st is not None else 1.0)
+        hit = self._dops.get(key)
+        if hit is None:
+            if len(self._dops) > 4096:
+                self._dops.clear()
+            hit = self._dops[key] = dops_over_grid(self._rel_fn(spec), range(spec.min_units, spec.max_units + 1))
+        return hit
+
+    def _spec_d0(self, spec: ActionSpec) -> float:
+        """Seconds ``spec`` runs at its minimum units, from what its kind has learned."""
+        if spec.duration is not None:
+            return spec.duration
+        st = self._kinds.get(spec.kind)
+        if st is None:
+            t1 = self.default_duration
+            return t1 / spec.speedup(spec.min_units) if spec.elastic else t1
+        return st.t1 / st.speedup_at(spec, spec.min_units) if spec.elastic else st.t1
+
+    def _release_line(self, now: float) -> ReleaseLine:
+        """Expected CPU releases of running actions, built once per round. An action past its
+        estimate is assumed half done (heavy tails: the longer it has run, the longer it will)."""
+        line = self._node_rel_all
+        if line is not None and self._node_rel_round == self.rounds:
+            return line  # type: ignore[no-any-return]
+        node_of = self.ledger.node_of
+        per_node: list[list[tuple[float, int]]] = [[] for _ in self.ledger.node_size]
+        allr: list[tuple[float, int]] = []
+        for r in self._running.values():
+            g = r.grant
+            assert g is not None
+            if not g.cpus:
+                continue
+            t = r.est_end
+            if t <= now:
+                t = now + 0.5 * (now - r.started)
+            allr.append((t, len(g.cpus)))
+            n0 = node_of[g.cpus[0]]
+            if node_of[g.cpus[-1]] == n0:
+                per_node[n0].append((t, len(g.cpus)))
+            else:  # a grant spanning nodes releases on each
+                cnt: dict[int, int] = {}
+                for c in g.cpus:
+                    cnt[node_of[c]] = cnt.get(node_of[c], 0) + 1
+                for n, k in cnt.items():
+                    per_node[n].append((t, k))
+        allr.sort()
+        times = [t for t, _ in allr]
+        cum: list[int] = []
+        acc = 0
+        for _, k in allr:
+            acc += k
+            cum.append(acc)
+        for lst in per_node:
+            lst.sort()
+        line = self._node_rel_all = (times, cum, per_node)
+        self._node_rel_round = self.rounds
+        return line
+
+    def _market(self, a: Action, now: float) -> Callable[[float], int]:
+        """``supply -> price index``: the clearing price for ``a``'s cores if ``supply`` cores
+        were free (memoised per round and spec). The lowest price at which the cores wanted by
+        everyone queued, plus everyone expected to arrive within the window (a fixed fraction of
+        ``a``'s duration at its minimum, weighted ``1 / load_target``), fit the supply."""
+        key = (self.rounds, a.spec)
+        memo = self._market_memo
+        hit: Callable[[float], int] | None = memo.get(key)
+        if hit is not None:
+            return hit
+        if len(memo) > 64:
+            memo.clear()
+        tau = self.price_horizon * self._dur_min(a)
+        ahead = 1.0 / self.load_target
+        # demand per distinct spec: a count (queued) or expected count in the window (arriving),
+        # with its size per price (elastic CPU) or its fixed need
+        fixed = 0.0
+        elastic: list[tuple[float, tuple[int, ...]]] = []
+        for spec, n in self._spec_queued.items():
+            if spec.cpus:
+                if spec.elastic_resource == "cpu":
+                    elastic.append((n, self._dops_of(spec)))
+                else:
+                    fixed += n * spec.cpus
+        backlog = fixed + sum(n * sizes[-1] for n, sizes in elastic)  # the queue at minimum sizes
+        if self.lookahead:
+            for st in self._kinds.values():
+                spec = st.spec
+                if spec is None or not spec.cpus:
+                    continue
+                n_in = st.window_rate(now) * tau * ahead
+                if n_in <= 0:
+                    continue
+                if spec.elastic_resource == "cpu":
+                    elastic.append((n_in, self._dops_of(spec)))
+                else:
+                    fixed += n_in * spec.cpus
+        top = len(PRICE_GRID) - 1
+        cap = self._price_cap
+        cap_overload = self._cap_overload
+
+        def index(supply: float) -> int:
+            def fits(gi: int) -> bool:
+                demand = fixed
+                for n, sizes in elastic:
+                    demand += n * sizes[gi]
+                return demand < supply + 1.0  # expected arrivals: less than one core is no one's
+
+            lo, hi = 0, top
+            if not fits(lo):
+                while lo < hi:  # first feasible index: demand only falls as the price rises
+                    mid = (lo + hi) // 2
+                    if fits(mid):
+                        hi = mid
+                    else:
+                        lo = mid + 1
+            if lo > cap and (lo < top or fits(top) or (cap_overload and backlog <= supply)):
+                # a flood of expected arrivals is priced at most max_price; only a backlog the
+                # pool cannot absorb even at minimum sizes (or any overload, with objective "act")
+                lo = cap
+            return lo
+
+        memo[key] = index
+        return index
+
+    def _supply_by(self, t: float, a: Action) -> float:
+        """Cores free now plus those expected back by ``t`` plus the pricing window."""
+        times, cum, _ = self._release_line(t)
+        i = bisect_right(times, t + self.price_horizon * self._dur_min(a))
+        return self.ledger.free_cpus + (cum[i - 1] if i else 0)
+
+    def _cpu_price(self, a: Action, now: float) -> int:
+        """Index in PRICE_GRID of the price ``a`` is sized at now: the clearing price for the
+        supply now, smoothed per spec (memoised per round and spec). Smoothing keeps one pair
+        of close arrivals from pricing the next action down to a sliver while the pool frees up."""
+        key = (self.rounds, a.spec)
+        memo = self._price_memo
+        hit = memo.get(key)
+        if hit is not None:
+            return hit
+        if len(memo) > 64:
+            memo.clear()
+        lo = self._market(a, now)(self._supply_by(now, a))
+        sm = self.price_smoothing
+        if sm and lo < len(PRICE_GRID) - 1:
+            prev = self._price_ewma.get(a.spec)
+            x = float(lo) if prev is None else (1 - sm) * prev + sm * lo
+            self._price_ewma[a.spec] = x
+            lo = min(int(round(x)), self._price_cap)
+        memo[key] = lo
+        return lo
+
+    def _priced_cpu_units(self, a: Action, node: int, node_free: list[int], span: bool, now: float) -> int:
+        """Cores for elastic CPU action ``a`` at its price, or 0 to wait for more. Waiting until
+        the next releases on its node is chosen when that finishes sooner, counting the wait of
+        everyone queued behind it and the idle reserved cores at the price then, than starting
+        now on what is free at the price now."""
+        gi = self._cpu_price(a, now)
+        dops = self._dops_of(a.spec)
+        want = dops[gi]
+        free = sum(node_free) if span else node_free[node]
+        start = min(want, free)
+        if not self.start_or_wait or span or start >= dops[0]:
+            return start
+        _, _, per_node = self._release_line(now)
+        market = self._market(a, now)
+        rel = self._rel_fn(a.spec)
+        d0 = self._dur_min(a)
+        behind = sum(n for spec, n in self._spec_queued.items() if spec.cpus) - 1
+        best = d0 * rel(start)
+        best_m, best_w = start, 0.0
+        have = free
+        for t, k in per_node[node]:
+            w = t - now
+            if w >= best:  # nothing that starts later can finish sooner
+                break
+            have += k
+            gk = market(self._supply_by(t, a))
+            m = min(have, dops[gk])
+            if m <= start:
+                continue
+            mu = PRICE_GRID[gk]
+            idle = 0.0 if math.isinf(mu) else mu * free * w
+            c = w * (1 + behind) + d0 * rel(m) + idle
+            if c < best:
+                best, best_m, best_w = c, m, w
+            if have >= dops[0]:
+                break
+        if best_m == start:
+            return start
+        wake = now + best_w  # re-decide when the awaited cores should be back, even if late
+        if self.next_wakeup is None or wake < self.next_wakeup:
+            self.next_wakeup = wake
+        return 0
