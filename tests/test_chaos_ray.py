@@ -125,9 +125,11 @@ async def _race_round(tg: RemoteTangram, spec: ActionSpec, *, corked: bool, jitt
     while time.perf_counter() - t0 < jitter:  # spin: the client reads nothing meanwhile, so the
         pass  # grant cannot reach the waiter first; the actor sees "cancel" `jitter` s after "rel"
     w.cancel()
-    await asyncio.wait([w])  # the waiter's cancel sent (or corked) its "cancel"
     if cork is not None:
+        while not any(b"cancel" in f for f in cork.buf):  # the waiter's cancel corked its "cancel"
+            await asyncio.sleep(0)
         cork.flush()  # "rel" + "cancel" in one write: the grant and the cancel in one actor iteration
+    await asyncio.wait([w])  # a cancelled acquire returns once the actor acked its units back
     h.result()
     return bool(got)
 

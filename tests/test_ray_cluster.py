@@ -128,6 +128,26 @@ def test_processes_share_one_pool_and_the_quotas(cluster_address: str, tmp_path:
     print(f"shared pool test: {time.monotonic() - t0:.1f} s")
 
 
+def test_concurrent_first_deploys_start_one_agent_per_node(cluster_address: str) -> None:
+    """Every worker of a job may get-or-create the pool at the same moment (the adapters' job-wide
+    pools do). The actor used to start one agent per concurrent add_node and keep the last: an
+    orphaned node runtime whose grants nobody accounted for."""
+    import concurrent.futures
+
+    rid = ray.get_runtime_context().get_node_id()
+    with concurrent.futures.ThreadPoolExecutor(6) as ex:
+        clusters = list(ex.map(lambda _i: deploy("racy", namespace=NS, nodes={"A": rid}, pool=Pool(cpus=2)),
+                               range(6)))
+    try:
+        s = clusters[0].statistics()
+        assert list(s["nodes"]) == ["A"] and s["nodes"]["A"]["agent"] == "racy.agent.A.1", s["nodes"]
+        for gen in range(2, 7):
+            with pytest.raises(ValueError):
+                ray.get_actor(f"racy.agent.A.{gen}", namespace=NS)
+    finally:
+        clusters[0].shutdown()
+
+
 def test_a_dead_or_frozen_client_gives_its_units_back(cluster_address: str) -> None:
     cl = deploy("crash", namespace=NS, pool=Pool(cpus=2), ttl=1.5, heartbeat=0.3)
     try:

@@ -7,10 +7,14 @@ killed process closes it at once). Ray still places the actor and hands out the 
 secret token; the first frame of every connection must be that token, checked before anything is
 unpickled.
 
-Client -> actor: ``("acq", key, kind, spec_bytes, timeout, node, caller_node)``, ``("rel", key, failed)``,
-``("cancel", key)``, ``("hb",)``, ``("stats", key)``.
+Client -> actor: ``("acq", key, kind, spec_bytes, timeout, node, caller_node)``, ``("rel", key, failed[, ack])``,
+``("cancel", key[, ack])``, ``("hb",)``, ``("stats", key)``.
 Actor -> client: ``("welcome", config)``, ``("grant", key, fields)``, ``("err", key, exc)``,
-``("lost", key, exc)``, ``("reply", key, value)``, ``("hb",)``.
+``("lost", key, exc)``, ``("reply", key, value)``, ``("ack", key)``, ``("hb",)``.
+
+A plain release is pipelined (nothing comes back). A cancelled, timed-out or failed action asks
+for an ``ack``: the actor answers once the units are back in the pool, and the client raises only
+then (bounded by one heartbeat), so a cancel never propagates while its units are still held.
 
 The spec travels pickled *inside* the envelope (``spec_bytes``): the envelope holds only builtins
 and always decodes, so a spec the actor cannot unpickle (a model class it cannot import, a

@@ -289,6 +289,7 @@ class SchedulerActor:
         self._server: asyncio.base_events.Server | None = None
         self._quota_rt: Tangram | None = None
         self._nodes: dict[str, _Node] = {}
+        self._node_locks: dict[str, asyncio.Lock] = {}
         self._lost_nodes: list[dict[str, Any]] = []
         self._conns: dict[int, _Conn] = {}
         self._cids = itertools.count(1)
@@ -367,6 +368,13 @@ class SchedulerActor:
         """Start the agent for ``label`` on Ray node ``ray_node_id`` and add its pool (idempotent
         while the node is alive; a lost node may be added again)."""
         await self._ensure_started()
+        # several workers of a job may get-or-create the pool at once: one agent per label
+        lock = self._node_locks.setdefault(label, asyncio.Lock())
+        async with lock:
+            return await self._add_node(label, ray_node_id, pool, managers, containers)
+
+    async def _add_node(self, label: str, ray_node_id: str, pool: Pool | Callable[[], Pool] | None,
+                        managers: Callable[[], Sequence[Manager]] | None, containers: Sequence[str]) -> dict[str, Any]:
         old = self._nodes.get(label)
         if old is not None and old.alive:
             return self._node_stats(old)
@@ -490,17 +498,20 @@ class SchedulerActor:
             _, key, kind, blob, timeout, hint, caller = msg
             conn.pending[key] = self._spawn(self._acquire(conn, key, kind, blob, timeout, hint, caller))
         elif op == "rel":
-            held = conn.held.pop(msg[1], None)
-            if held is not None:
-                self._release(held, failed=bool(msg[2]))
+            key = msg[1]
+            held = conn.held.pop(key, None)
+            undo = None if held is None else self._release(held, failed=bool(msg[2]))
+            if len(msg) > 3 and msg[3]:  # the client waits until the units are back (a failed action)
+                self._ack(conn, key, undo)
         elif op == "cancel":
             key = msg[1]
             task = conn.pending.pop(key, None)
             if task is not None:
                 task.cancel()
             held = conn.held.pop(key, None)
-            if held is not None:
-                self._release(held, failed=True)
+            undo = None if held is None else self._release(held, failed=True)
+            if len(msg) > 2 and msg[2]:
+                self._ack(conn, key, task if undo is None else undo)
         elif op == "hb":
             conn.send(("hb",))
         elif op == "stats":
@@ -710,11 +721,22 @@ class SchedulerActor:
                 await self._undo(held, failed=True)
             raise
 
-    def _release(self, held: _Held, *, failed: bool) -> None:
+    def _release(self, held: _Held, *, failed: bool) -> asyncio.Task[Any] | None:
         """Release a lease now when no manager must run (no await: the units are back before the
-        next frame is read), else in an ``undo`` task."""
+        next frame is read), else in an ``undo`` task (returned)."""
         if not self._undo_now(held, failed=failed):
-            self._spawn(self._undo(held, failed=failed), "undo")
+            return self._spawn(self._undo(held, failed=failed), "undo")
+        return None
+
+    @staticmethod
+    def _ack(conn: _Conn, key: int, pending: asyncio.Task[Any] | None) -> None:
+        """Tell the client its units are back: now, or once ``pending`` (the cancelled acquire, or
+        the undo of a held lease) has given them back. The client's cancel or failure waits for
+        this (bounded), so it propagates only after the pool has the units again."""
+        if pending is None or pending.done():
+            conn.send(("ack", key))
+        else:
+            pending.add_done_callback(lambda _t: conn.send(("ack", key)))
 
     def _undo_now(self, held: _Held, *, failed: bool) -> bool:
         ncm, qcm = held.ncm, held.qcm
@@ -753,7 +775,7 @@ class SchedulerActor:
         s.update(alive=node.alive, reason=node.reason, ray_node_id=node.ray_node_id,
                  peak_cpus_used=node.peak_cpus, peak_gpus_used=node.peak_gpus,
                  peak_memory_used=node.peak_memory, containers=sorted(node.containers),
-                 agent=node.agent_name)
+                 agent=node.agent_name, pool=node.pool)
         return s
 
     def _statistics(self) -> dict[str, Any]:

@@ -333,6 +333,7 @@ class _Link:
         self.rt = rt
         self.proto = _wire.FrameProtocol(self._on_frame, self._on_lost)
         self.waiters: dict[int, asyncio.Future[Any]] = {}
+        self.acks: dict[int, asyncio.Future[None]] = {}  # failed/cancelled actions waiting for their units to go back
         self.held: dict[int, _Held] = {}
         self.welcome: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         self.last_recv = time.monotonic()
@@ -360,6 +361,10 @@ class _Link:
             fut = self.waiters.pop(msg[1], None)
             if fut is not None and not fut.done():
                 fut.set_exception(msg[2])
+        elif op == "ack":
+            ack = self.acks.pop(msg[1], None)
+            if ack is not None and not ack.done():
+                ack.set_result(None)
         elif op == "lost":
             self._lose(msg[1], msg[2])
         elif op == "welcome" and not self.welcome.done():
@@ -387,6 +392,10 @@ class _Link:
             if not fut.done():
                 fut.set_exception(LeaseLostError(f"connection to the Tangram scheduler actor lost ({why})"))
         self.waiters.clear()
+        for ack in self.acks.values():  # the actor releases all of this connection's units itself
+            if not ack.done():
+                ack.set_result(None)
+        self.acks.clear()
         # the actor releases whatever this connection held: no action may keep running on it
         what = "this RemoteTangram was closed" if self.rt._closing else f"connection to the Tangram scheduler actor lost ({why})"
         for key in list(self.held):
@@ -406,6 +415,33 @@ class _Link:
     def abort(self) -> None:
         if self.proto.transport is not None:
             self.proto.transport.abort()
+
+    async def give_back(self, msg: tuple[Any, ...], key: int) -> bool:
+        """Send ``msg`` (a cancel or a failed release asking for an ack) and wait until the actor
+        says the units are back, at most one heartbeat (a frozen actor: the link's silence limit
+        then drops the connection, which releases them). Returns whether the caller was cancelled
+        meanwhile; the wait itself is not cut short, so the cancel propagates after the units."""
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[None] = loop.create_future()
+        if self.closed or not self.proto.send(msg):
+            return False  # no link: the actor has released (or will release) everything it held
+        self.acks[key] = fut
+        def expire() -> None:
+            if not fut.done():
+                fut.set_result(None)
+
+        handle = loop.call_later(float(self.config.get("heartbeat", 2.0)), expire)
+        cancelled = False
+        try:
+            while not fut.done():
+                try:
+                    await asyncio.shield(fut)
+                except asyncio.CancelledError:
+                    cancelled = True
+        finally:
+            handle.cancel()
+            self.acks.pop(key, None)
+        return cancelled
 
 
 class RemoteTangram:
@@ -432,6 +468,17 @@ class RemoteTangram:
         self._caller: str | None = None
         self._closing = False
         self._agents: dict[str, Any] = {}
+        self._blobs: dict[int, tuple[ActionSpec, bytes]] = {}  # rollouts send the same few specs again
+
+    def _encode(self, spec: ActionSpec) -> bytes:
+        hit = self._blobs.get(id(spec))
+        if hit is not None and hit[0] is spec:
+            return hit[1]
+        blob = _wire.encode_spec(spec)
+        if len(self._blobs) >= 1024:
+            self._blobs.clear()
+        self._blobs[id(spec)] = (spec, blob)  # holds the spec, so its id is not reused while cached
+        return blob
 
     @classmethod
     async def connect(cls, name: str = "tangram", *, namespace: str = "tangram",
@@ -551,6 +598,10 @@ class RemoteTangram:
             link.waiters.pop(key, None)
         return out
 
+    async def astatistics(self) -> dict[str, Any]:
+        """:meth:`statistics` under the name every Tangram handle shares (``AnyTangram``)."""
+        return await self.statistics()
+
     def _agent(self, name: str) -> Any:
         a = self._agents.get(name)
         if a is None:
@@ -578,7 +629,7 @@ class _RemoteAcquire:
 
     async def __aenter__(self) -> Lease:
         rt = self._rt
-        blob = _wire.encode_spec(self._spec)  # SpecError before anything is registered or sent
+        blob = rt._encode(self._spec)  # SpecError before anything is registered or sent
         link = await rt._ready()
         loop = asyncio.get_running_loop()
         key = self._key = next(rt._keys)
@@ -596,9 +647,11 @@ class _RemoteAcquire:
         try:
             # never asyncio.wait_for: a grant landing with a cancel must not swallow the cancel
             f = await wait_future(fut, grace, self._late)
-        except BaseException:
+        except BaseException as exc:
             link.waiters.pop(key, None)
-            link.send(("cancel", key))  # whatever the actor has for this key goes back (no-op if nothing)
+            # whatever the actor has for this key goes back (no-op if nothing); raise once it has
+            if await link.give_back(("cancel", key, True), key) and not isinstance(exc, asyncio.CancelledError):
+                raise asyncio.CancelledError from exc  # cancelled while giving back: the cancel wins
             raise
         link.held[key] = _Held(asyncio.current_task())
         now = loop.time()
@@ -633,7 +686,13 @@ class _RemoteAcquire:
         assert link is not None
         h = link.held.pop(self._key, None)
         if h is None or h.lost is None:
-            link.send(("rel", self._key, exc_type is not None))
+            if exc_type is None:
+                link.send(("rel", self._key, False))  # pipelined: ordered before the next request
+                return
+            # a failed or cancelled action: its exception propagates once the units are back
+            if await link.give_back(("rel", self._key, True, True), self._key) and \
+                    not isinstance(exc, asyncio.CancelledError):
+                raise asyncio.CancelledError from exc
             return
         lost = h.lost
         task = h.task
