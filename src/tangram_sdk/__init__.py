@@ -7,10 +7,12 @@ and with how many cores/GPUs, so resources are held per action instead of per tr
 
 from .errors import (
     CgroupError,
+    DeadlineError,
     DeviceError,
     DockerError,
     InfeasibleSpecError,
     ManagerError,
+    QuarantineError,
     RuntimeClosedError,
     SchedulerBrokenError,
     SpecError,
@@ -28,6 +30,7 @@ __all__ = [  # noqa: F822 (the managers are lazy attributes)
     "ActionSpec",
     "Amdahl",
     "CgroupError",
+    "DeadlineError",
     "DeviceError",
     "DockerCpuManager",
     "DockerError",
@@ -40,6 +43,7 @@ __all__ = [  # noqa: F822 (the managers are lazy attributes)
     "ManagerContext",
     "ManagerError",
     "Pool",
+    "QuarantineError",
     "Quota",
     "RuntimeClosedError",
     "SandboxPool",

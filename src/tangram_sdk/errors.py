@@ -5,12 +5,15 @@
     TangramError
     ├── SpecError (also ValueError)        a spec or pool that is invalid on its face
     ├── InfeasibleSpecError                valid, but can never fit this pool: raised by acquire at once
+    ├── DeadlineError (also TimeoutError)  cannot start, or did not start, before acquire's deadline
     ├── RuntimeClosedError                 acquire on a Tangram that is not running
     ├── SchedulerBrokenError               the scheduling task died; every waiter gets this with the cause
     └── ManagerError                       a resource manager failed to apply or release a grant
         ├── DockerError                    the Docker daemon / a container failed (names the container)
         ├── CgroupError                    a cgroup file could not be read or written (names the path)
         ├── DeviceError                    a GPU restore/evict failed (names service and device)
+        ├── ActionOOMError                 an action's command was killed for memory (names the
+        │                                  container or cgroup, the limit and the peak)
         └── QuarantineError                a release could not be undone yet: the units stay out of
                                            the pool until the resource is verifiably restored
 
@@ -22,7 +25,9 @@ manager boundary, with the original chained as ``__cause__``.
 from __future__ import annotations
 
 __all__ = [
+    "ActionOOMError",
     "CgroupError",
+    "DeadlineError",
     "DeviceError",
     "DockerError",
     "InfeasibleSpecError",
@@ -45,6 +50,12 @@ class SpecError(TangramError, ValueError):
 
 class InfeasibleSpecError(TangramError):
     """The spec is valid but can never be granted by this pool (e.g. 9 GPUs on an 8-GPU pool)."""
+
+
+class DeadlineError(TangramError, TimeoutError):
+    """``acquire(spec, deadline=t)``: the scheduler estimates the action cannot start by ``t``
+    (raised at once), or it was still queued at ``t`` (raised then). A TimeoutError too, so code
+    that already handles timeouts handles this."""
 
 
 class RuntimeClosedError(TangramError):
@@ -86,6 +97,33 @@ class CgroupError(ManagerError):
 
 class DeviceError(ManagerError):
     """Restoring or evicting a service on a device failed (e.g. out of memory after one retry)."""
+
+
+class ActionOOMError(ManagerError):
+    """An action went over its memory limit: its command was killed by the kernel's OOM killer
+    inside the action's container (or cgroup), or the limit could not be set because the sandbox
+    already holds more memory than it (``killed`` False: nothing ran).
+
+    ``limit`` is the limit in bytes that applied (None: the container had none of ours), ``peak``
+    the highest usage observed (None when the platform cannot say), ``result`` the command's
+    :class:`~tangram_sdk.lease.ExecResult` (its output up to the kill) when a command was killed.
+    The container itself survives; the next action in it runs normally."""
+
+    def __init__(self, message: str, *, resource: str | None = None, limit: int | None = None,
+                 peak: int | None = None, killed: bool = True, result: object = None) -> None:
+        super().__init__(message, resource=resource)
+        self.limit = limit
+        self.peak = peak
+        self.killed = killed
+        self.result = result
+
+    def __reduce__(self) -> tuple[object, ...]:  # keep the fields across pickling (Ray)
+        return (_rebuild_oom, (str(self), self.resource, self.limit, self.peak, self.killed, self.result))
+
+
+def _rebuild_oom(message: str, resource: str | None, limit: int | None, peak: int | None, killed: bool,
+                 result: object) -> ActionOOMError:
+    return ActionOOMError(message, resource=resource, limit=limit, peak=peak, killed=killed, result=result)
 
 
 class QuarantineError(ManagerError):

@@ -51,36 +51,63 @@ def _id_list(field: str, what: str, value: Any, bound: int) -> tuple[int, ...]:
 @attrs.frozen
 class Quota:
     """A named API quota: at most ``concurrency`` units held at once and/or a token bucket refilled
-    at ``rate`` units per second holding up to ``burst`` tokens (default ``max(1, ceil(rate))``)."""
+    at ``rate`` units (requests) per second holding up to ``burst`` of them (default
+    ``max(1, ceil(rate))``), and/or a second, weighted bucket of ``tokens_per_s`` tokens per second
+    holding up to ``token_burst`` (default one minute's worth) that an action draws from by the
+    tokens it states (``ActionSpec(tokens={name: n})``): judge and search APIs limit requests
+    *and* tokens per minute, and both hold. :meth:`per_minute` builds one from the limits an API
+    provider publishes."""
 
     concurrency: int | None = None
     rate: float | None = None
     burst: int | None = None
+    tokens_per_s: float | None = None
+    token_burst: int | None = None
 
     def __attrs_post_init__(self) -> None:
-        if self.concurrency is None and self.rate is None:
-            raise SpecError("a Quota needs concurrency=, rate= or both")
+        if self.concurrency is None and self.rate is None and self.tokens_per_s is None:
+            raise SpecError("a Quota needs concurrency=, rate=, tokens_per_s= or a combination")
         c = self.concurrency
         if c is not None and (isinstance(c, bool) or not isinstance(c, int) or c < 1):
             raise SpecError(f"quota concurrency must be an int >= 1, got {_show(c)}")
-        r = self.rate
-        if r is not None and (
-            isinstance(r, bool) or not isinstance(r, (int, float)) or not _finite(r) or r <= 0
-        ):
-            raise SpecError(f"quota rate must be a finite number > 0 per second, got {_show(r)}")
-        b = self.burst
-        if b is not None:
-            if r is None:
-                raise SpecError("quota burst only makes sense with a rate")
-            if isinstance(b, bool) or not isinstance(b, int) or b < 1:
-                raise SpecError(f"quota burst must be an int >= 1, got {_show(b)}")
+        for field, r in (("rate", self.rate), ("tokens_per_s", self.tokens_per_s)):
+            if r is not None and (
+                isinstance(r, bool) or not isinstance(r, (int, float)) or not _finite(r) or r <= 0
+            ):
+                raise SpecError(f"quota {field} must be a finite number > 0 per second, got {_show(r)}")
+        for field, b, r in (("burst", self.burst, self.rate), ("token_burst", self.token_burst, self.tokens_per_s)):
+            if b is not None:
+                if r is None:
+                    raise SpecError(f"quota {field} only makes sense with "
+                                    f"{'rate' if field == 'burst' else 'tokens_per_s'}")
+                if isinstance(b, bool) or not isinstance(b, int) or b < 1:
+                    raise SpecError(f"quota {field} must be an int >= 1, got {_show(b)}")
+
+    @classmethod
+    def per_minute(cls, requests: int | None = None, tokens: int | None = None, *,
+                   concurrency: int | None = None) -> Quota:
+        """Limits as API providers state them: ``requests`` and ``tokens`` per minute (a bucket
+        holding one minute's worth, refilled continuously), plus optional ``concurrency``."""
+        for what, v in (("requests", requests), ("tokens", tokens)):
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+                raise SpecError(f"per_minute {what} must be an int >= 1, got {_show(v)}")
+        return cls(concurrency=concurrency,
+                   rate=None if requests is None else requests / 60.0, burst=requests,
+                   tokens_per_s=None if tokens is None else tokens / 60.0, token_burst=tokens)
 
     @property
     def bucket(self) -> int | None:
-        """Token-bucket capacity, or None when the quota has no rate limit."""
+        """Request token-bucket capacity, or None when the quota has no request-rate limit."""
         if self.rate is None:
             return None
         return self.burst if self.burst is not None else max(1, math.ceil(self.rate))
+
+    @property
+    def token_bucket(self) -> int | None:
+        """Weighted (token) bucket capacity, or None when the quota has no token-rate limit."""
+        if self.tokens_per_s is None:
+            return None
+        return self.token_burst if self.token_burst is not None else max(1, math.ceil(60 * self.tokens_per_s))
 
 
 def _cpus(value: int | str | Sequence[int]) -> tuple[int, ...]:

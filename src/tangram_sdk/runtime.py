@@ -23,6 +23,7 @@ from typing import Any
 from ._deadline import check_timeout, settle, wait_future
 from ._shield import finish
 from .errors import (
+    DeadlineError,
     InfeasibleSpecError,
     ManagerError,
     QuarantineError,
@@ -35,8 +36,8 @@ from .lease import Lease
 from .managers.base import Manager, ManagerContext
 from .pool import Pool
 from .scheduler.core import Scheduler
-from .scheduler.decisions import Decision, Grant
-from .scheduler.events import Cancelled, Event, Released, Submitted, Tick
+from .scheduler.decisions import Decision, Grant, Reject
+from .scheduler.events import Cancelled, Event, Released, Submitted, Tick, TokensUsed
 from .spec import ActionSpec
 
 __all__ = ["Tangram", "Observer"]
@@ -211,13 +212,28 @@ class Tangram:
         self._started_managers.clear()
 
     # ------------------------------------------------------------------------------ public API
-    def acquire(self, spec: ActionSpec, *, timeout: float | None = None) -> _Acquire:
+    def acquire(self, spec: ActionSpec, *, timeout: float | None = None,
+                deadline: float | None = None) -> _Acquire:
         """Wait for ``spec``'s resources; an async context manager yielding a :class:`Lease`.
 
         Raises SpecError / InfeasibleSpecError at once for specs this pool can never serve,
         TimeoutError after ``timeout`` seconds of queueing, RuntimeClosedError when closed.
+        ``deadline`` (absolute, on the event loop's clock, ``loop.time()``): DeadlineError at once
+        when the scheduler estimates the action cannot start by then, or when it is still queued
+        then (the queue drops it; nothing is held).
         """
-        return _Acquire(self, spec, timeout)
+        return _Acquire(self, spec, timeout, check_deadline(deadline))
+
+    def report_tokens(self, lease: Lease, quota: str, used: int) -> None:
+        """The call behind ``lease`` really drew ``used`` tokens of weighted quota ``quota`` (its
+        spec stated a guess): the bucket is corrected, so later acquires wait for the truth."""
+        stated = dict(lease.spec.tokens).get(quota)
+        if stated is None:
+            raise SpecError(f"{lease.spec.kind}: its spec draws no tokens of quota {quota!r}")
+        if isinstance(used, bool) or not isinstance(used, int) or used < 0:
+            raise SpecError(f"tokens used must be an int >= 0, got {used!r}")
+        if used != stated:
+            self._post(TokensUsed(quota, float(used - stated)))
 
     def statistics(self) -> dict[str, Any]:
         """A snapshot: free/used per resource, running, queued, completed, mean ACT and queueing;
@@ -386,14 +402,14 @@ class Tangram:
                     self._immediate[aid] = d
                 else:
                     del waiters[aid]
-                    self._rejected[aid] = InfeasibleSpecError(d.reason)
+                    self._rejected[aid] = _refusal(d)
             elif isinstance(d, Grant):
                 if fut.done():  # cancelled/timed out between grant and wake-up
                     self._pending.append(Cancelled(aid))
                 else:
                     fut.set_result(d)
             elif not fut.done():
-                fut.set_exception(InfeasibleSpecError(d.reason))
+                fut.set_exception(_refusal(d))
         for obs in self.observers:
             obs(events, now, decisions)
 
@@ -463,13 +479,17 @@ class Tangram:
                 if self._state == "new" else "this Tangram has been closed"
             )
 
-    def _submit(self, spec: ActionSpec, now: float) -> tuple[int, Grant | asyncio.Future[Grant]]:
+    def _submit(self, spec: ActionSpec, now: float,
+                deadline: float | None = None) -> tuple[int, Grant | asyncio.Future[Grant]]:
         self._check_spec(spec)
         aid = next(self._ids)
         # Register a placeholder first: if the core grants inline, _dispatch parks the grant in
         # _immediate and no future is ever created (the uncontended fast path).
         self._waiters[aid] = None
-        self._feed(None, aid, spec, False, now)
+        if deadline is None:
+            self._feed(None, aid, spec, False, now)
+        else:
+            self._post(Submitted(aid, spec, deadline), now)
         done = self._immediate.pop(aid, None)
         if done is not None:
             self._waiters.pop(aid, None)
@@ -492,13 +512,37 @@ class Tangram:
             self._post(Cancelled(aid))
 
 
+def _refusal(d: Reject) -> TangramError:
+    """The error a waiter gets for a Reject: its code says which."""
+    if d.code == "deadline":
+        return DeadlineError(d.reason)
+    return InfeasibleSpecError(d.reason)
+
+
+def check_deadline(deadline: object) -> float | None:
+    """A deadline is an absolute time on the loop's clock (a finite number), or None."""
+    if deadline is None:
+        return None
+    if isinstance(deadline, bool) or not isinstance(deadline, (int, float)):
+        raise SpecError(f"deadline must be a loop.time() value (a number) or None, got {deadline!r}")
+    try:
+        d = float(deadline)
+    except OverflowError:
+        d = float("inf")
+    if d != d or d in (float("inf"), float("-inf")):
+        raise SpecError(f"deadline must be a finite loop.time() value, got {deadline!r}")
+    return d
+
+
 class _Acquire:
     """The async context manager returned by :meth:`Tangram.acquire`."""
 
-    __slots__ = ("_rt", "_spec", "_timeout", "_aid", "_grant", "_lease", "_applied", "_left")
+    __slots__ = ("_rt", "_spec", "_timeout", "_deadline", "_aid", "_grant", "_lease", "_applied", "_left")
 
-    def __init__(self, rt: Tangram, spec: ActionSpec, timeout: float | None) -> None:
+    def __init__(self, rt: Tangram, spec: ActionSpec, timeout: float | None,
+                 deadline: float | None = None) -> None:
         self._rt = rt
+        self._deadline = deadline
         self._spec = spec
         self._timeout = check_timeout(timeout) if timeout is not None else None
         self._aid = 0
@@ -512,7 +556,7 @@ class _Acquire:
         if rt._state != "open" or rt._broken is not None:
             rt._ensure_open()
         t0 = rt._clock()
-        aid, fut = rt._submit(self._spec, t0)
+        aid, fut = rt._submit(self._spec, t0, self._deadline)
         self._aid = aid
         if isinstance(fut, Grant):  # granted inline, at t0: no wait, no second clock read
             grant = fut

@@ -216,11 +216,22 @@ def _freeze_quotas(value: Mapping[str, int] | tuple[tuple[str, int], ...] | None
     return tuple(sorted(out.items()))
 
 
+def _freeze_tokens(value: Mapping[str, int] | tuple[tuple[str, int], ...] | None) -> tuple[tuple[str, int], ...]:
+    """Tokens an action draws from weighted quotas, frozen like ``quotas`` (same checks)."""
+    try:
+        return _freeze_quotas(value)
+    except SpecError as exc:
+        raise SpecError(str(exc).replace("quota", "tokens")) from None
+
+
 @attrs.frozen(cache_hash=True)
 class ActionSpec:
     """One action's demand: minimum CPU cores, GPUs, memory bytes and named quota units, plus an
     optional elastic resource. ``duration`` is seconds at the minimum units (learned per ``kind``
     when omitted). ``quotas`` is stored as sorted ``(name, amount)`` pairs so specs stay hashable.
+    ``tokens`` names how many tokens the action draws from weighted quotas (a judge call of ~1200
+    tokens: ``quotas={"judge": 1}, tokens={"judge": 1200}``); spent, not returned, and correctable
+    after the call with ``lease.report_tokens``.
     """
 
     kind: str
@@ -233,6 +244,7 @@ class ActionSpec:
     priority: int = 0
     container: str | None = None
     service: str | None = None
+    tokens: tuple[tuple[str, int], ...] = attrs.field(default=(), converter=_freeze_tokens)
 
     def __attrs_post_init__(self) -> None:
         if not isinstance(self.kind, str) or not _NAME_RE.fullmatch(self.kind):

@@ -50,6 +50,8 @@ def resource_keys(spec: ActionSpec) -> frozenset[str]:
         keys.add("mem")
     for name, _ in spec.quotas:
         keys.add("q:" + name)
+    for name, _ in spec.tokens:
+        keys.add("q:" + name)
     if spec.service is not None:
         keys.add(f"svc:{spec.service}:{spec.gpus}")
     return frozenset(keys)

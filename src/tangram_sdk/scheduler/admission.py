@@ -6,13 +6,13 @@ bookkeeping, by the same fit rules."""
 from __future__ import annotations
 
 from .action import Action
+from .deadlines import Deadlines
 from .decisions import Decision, Grant
-from .planning import Planning
 
 __all__ = ["Admission"]
 
 
-class Admission(Planning):
+class Admission(Deadlines):
     _nqueued: int
     _newest: Action | None
     _need_round: bool
@@ -23,27 +23,16 @@ class Admission(Planning):
     granted: int
     _sum_queue: float
 
-    def _dequeue(self, a: Action) -> None:
-        del self._queues[a.spec.priority][a.id]
-        self._nqueued -= 1
-        kc = self._sig_count
-        n = kc[a.keys] - 1
-        if n:
-            kc[a.keys] = n
-        else:
-            del kc[a.keys]
-        sq = self._spec_queued
-        n = sq[a.spec] - 1
-        if n:
-            sq[a.spec] = n
-        else:
-            del sq[a.spec]
-        svc = a.spec.service
-        if svc is not None:
-            self._svc_queued[svc] -= 1
-
     # ------------------------------------------------------------------------------ the round
     def _round(self, now: float) -> list[Decision]:
+        if self._deadlines:  # rare: only actions submitted with a deadline put entries here
+            out = self._expire(now)
+            out.extend(self._round_fcfs(now))
+            self._arm_deadlines()
+            return out
+        return self._round_fcfs(now)
+
+    def _round_fcfs(self, now: float) -> list[Decision]:
         if not self._nqueued:
             self.next_wakeup = None
             return []
@@ -120,6 +109,8 @@ class Admission(Planning):
                 q_used[name] += q
                 if name in tokens:
                     tokens[name] -= q
+            for name, n in a.spec.tokens:
+                tokens["#" + name] -= n
             if a.spec.memory and mem is not None:
                 mem -= a.spec.memory
             if span:
@@ -181,6 +172,18 @@ class Admission(Planning):
                     rate = L.q_rate[name]
                     assert rate is not None
                     t = now + (q - tokens[name]) / rate
+                    if self.next_wakeup is None or t < self.next_wakeup:
+                        self.next_wakeup = t
+        if spec.tokens:
+            L = self.ledger
+            for name, n in spec.tokens:
+                key = "#" + name
+                if tokens[key] + 1e-9 < n:
+                    if "q:" + name not in lack:
+                        lack.append("q:" + name)
+                    rate = L.q_rate[key]
+                    assert rate is not None
+                    t = now + (n - tokens[key]) / rate
                     if self.next_wakeup is None or t < self.next_wakeup:
                         self.next_wakeup = t
         if spec.memory and mem is not None and spec.memory > mem:
@@ -262,7 +265,7 @@ class Admission(Planning):
                 self._resident.add(key, now)
             for p in pos:
                 self._gpu_holder[p] = a
-        g = Grant(a.id, cpus, gpus, units if a.eres else 0, spec.memory, spec.quotas, restore)
+        g = Grant(a.id, cpus, gpus, units if a.eres else 0, spec.memory, spec.quotas, restore, spec.tokens)
         L.take(g)
         if queued:
             self._dequeue(a)

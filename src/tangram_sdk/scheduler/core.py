@@ -38,7 +38,7 @@ from ..pool import Pool
 from ..spec import ActionSpec
 from .action import Action, Shape, resource_keys
 from .decisions import Decision, Grant, Reject
-from .events import Cancelled, Event, Released, ServiceResidency, Submitted, Tick
+from .events import Cancelled, Event, Released, ServiceResidency, Submitted, Tick, TokensUsed
 from .learn import KindStats
 from .ledger import Ledger
 from .admission import Admission
@@ -141,6 +141,7 @@ class Scheduler(Admission):
         self._node_rel_all: Any = None  # expected releases, per round (moldable sizing)
         self._node_rel_round = -1
         self._price_memo: dict[tuple[int, ActionSpec], int] = {}
+        self._deadlines: list[tuple[float, int, int]] = []
         self._market_memo: dict[tuple[int, ActionSpec], Any] = {}
         self.ledger = Ledger(pool)
         # FIFO per priority. OrderedDict, not dict: a dict drained from the front keeps its dead
@@ -230,12 +231,20 @@ class Scheduler(Admission):
             b = self.ledger.q_bucket[name]
             if b is not None and q > b:
                 return f"quota {name!r}: {q} units exceed its burst {b}"
+        for name, n in spec.tokens:
+            key = "#" + name
+            if key not in self.ledger.tokens:
+                weighted = sorted(k[1:] for k in self.ledger.tokens if k.startswith("#"))
+                return f"tokens of quota {name!r}: the pool has no token-rate limit by that name (has {weighted})"
+            b = self.ledger.q_bucket[key]
+            if b is not None and n > b:
+                return f"tokens of quota {name!r}: {n} tokens exceed its token burst {b}"
         return None
 
     def handle(self, event: Event, now: float) -> list[Decision]:
         """Apply one event at time ``now`` and run a scheduling round."""
         if type(event) is Submitted:
-            return self.submit(event.action_id, event.spec, now)
+            return self.submit(event.action_id, event.spec, now, deadline=event.deadline)
         if type(event) is Released:
             return self.release(event.action_id, now, failed=event.failed)
         out: list[Decision] = []
@@ -243,19 +252,30 @@ class Scheduler(Admission):
         out.extend(self._round(now))
         return out
 
-    def submit(self, action_id: int, spec: ActionSpec, now: float) -> list[Decision]:
-        """``handle(Submitted(action_id, spec), now)`` without building the event (the runtime's
-        hot path when nobody records events). An action arriving at an empty queue is decided on
-        the spot, by the same rules as a round, without entering the queue."""
+    def submit(self, action_id: int, spec: ActionSpec, now: float, *,
+               deadline: float | None = None) -> list[Decision]:
+        """``handle(Submitted(action_id, spec, deadline), now)`` without building the event (the
+        runtime's hot path when nobody records events). An action arriving at an empty queue is
+        decided on the spot, by the same rules as a round, without entering the queue."""
         out: list[Decision] = []
+        if deadline is not None and deadline <= now:
+            self.submitted += 1
+            self.rejected += 1
+            return [Reject(action_id, f"{spec.kind}: its deadline has already passed", "deadline")]
         a = self._submit(action_id, spec, now, out, direct=True)
         if a is not None and a.grant is not None:
             return out
         r = self._round(now)
         if out:
             out.extend(r)
-            return out
+            r = out
+        if deadline is not None and a is not None and a.grant is None and a.id in self._live:
+            self._admit_deadline(a, deadline, now, r)
         return r
+
+    def tokens_used(self, quota: str, delta: float, now: float) -> list[Decision]:
+        """``handle(TokensUsed(quota, delta), now)``: correct a weighted bucket after a call."""
+        return self.handle(TokensUsed(quota, delta), now)
 
     def release(self, action_id: int, now: float, *, failed: bool = False) -> list[Decision]:
         """``handle(Released(action_id, failed), now)`` without building the event."""
@@ -266,9 +286,22 @@ class Scheduler(Admission):
     def handle_many(self, events: Iterable[Event], now: float) -> list[Decision]:
         """Apply several simultaneous events, then run one round (what a busy runtime does)."""
         out: list[Decision] = []
+        timed: list[Submitted] = []
         for ev in events:
+            if type(ev) is Submitted and ev.deadline is not None:
+                if ev.deadline <= now:
+                    self.submitted += 1
+                    self.rejected += 1
+                    out.append(Reject(ev.action_id, f"{ev.spec.kind}: its deadline has already passed", "deadline"))
+                    continue
+                timed.append(ev)
             self._apply(ev, now, out)
         out.extend(self._round(now))
+        for ev in timed:
+            a = self._live.get(ev.action_id)
+            if a is not None and a.grant is None:
+                assert ev.deadline is not None
+                self._admit_deadline(a, ev.deadline, now, out)
         return out
 
     @property
@@ -308,7 +341,9 @@ class Scheduler(Admission):
             gpus_total=len(pool.gpus), gpus_free=L.free_gpus,
             memory_total=pool.memory, memory_free=L.mem_free,
             quotas={n: {"used": L.q_used[n], "concurrency": L.q_conc[n],
-                        "tokens": (round(L.tokens[n], 3) if n in L.tokens else None)} for n in L.q_used},
+                        "tokens": (round(L.tokens[n], 3) if n in L.tokens else None),
+                        "token_level": (round(L.tokens["#" + n], 3) if "#" + n in L.tokens else None)}
+                    for n in L.q_used},
             running=len(self._running), queued=self._nqueued,
             submitted=self.submitted, granted=self.granted, released=self.released,
             cancelled=self.cancelled, rejected=self.rejected, failed=self.failed,
@@ -383,6 +418,11 @@ class Scheduler(Admission):
             self._residency(ev, now)
         elif isinstance(ev, Tick):
             pass
+        elif isinstance(ev, TokensUsed):
+            if "#" + ev.quota not in self.ledger.tokens:
+                raise KeyError(f"tokens used of unknown weighted quota {ev.quota!r}")
+            self.ledger.refill(now)
+            self.ledger.correct_tokens(ev.quota, ev.delta)
         else:
             raise TypeError(f"unknown event {ev!r}")
 

@@ -17,7 +17,8 @@ __all__ = ["Decision", "Grant", "Reject"]
 class Grant(NamedTuple):
     """Hand ``action_id`` these concrete cores and GPUs, ``units`` of its elastic resource (0 when
     not elastic), ``memory`` bytes and quota units. ``restore`` is True when the action's GPU service
-    is not known to be resident on ``gpus`` (the manager must restore it first)."""
+    is not known to be resident on ``gpus`` (the manager must restore it first). ``tokens`` are drawn
+    from weighted quotas (spent, not returned)."""
 
     action_id: int
     cpus: tuple[int, ...] = ()
@@ -26,6 +27,7 @@ class Grant(NamedTuple):
     memory: int = 0
     quotas: tuple[tuple[str, int], ...] = ()
     restore: bool = False
+    tokens: tuple[tuple[str, int], ...] = ()
 
     def __eq__(self, other: object) -> bool:
         return type(other) is Grant and tuple.__eq__(self, other)
@@ -38,10 +40,13 @@ class Grant(NamedTuple):
 
 
 class Reject(NamedTuple):
-    """``action_id`` can never be granted by this pool; ``reason`` says which demand is too large."""
+    """``action_id`` will not be granted: ``code`` "infeasible" (this pool can never serve it;
+    ``reason`` says which demand is too large) or "deadline" (it cannot start, or did not start,
+    before the deadline it was submitted with)."""
 
     action_id: int
     reason: str
+    code: str = "infeasible"
 
     def __eq__(self, other: object) -> bool:
         return type(other) is Reject and tuple.__eq__(self, other)

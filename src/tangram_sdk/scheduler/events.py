@@ -8,15 +8,18 @@ import attrs
 
 from ..spec import ActionSpec
 
-__all__ = ["Cancelled", "Event", "Released", "ServiceResidency", "Submitted", "Tick"]
+__all__ = ["Cancelled", "Event", "Released", "ServiceResidency", "Submitted", "Tick", "TokensUsed"]
 
 
 @attrs.frozen
 class Submitted:
-    """An action asks for resources. ``action_id`` is unique for the scheduler's lifetime."""
+    """An action asks for resources. ``action_id`` is unique for the scheduler's lifetime.
+    ``deadline`` (same clock as ``now``): refuse it if it cannot start by then, drop it from the
+    queue when it passes."""
 
     action_id: int
     spec: ActionSpec
+    deadline: float | None = None
 
 
 @attrs.frozen
@@ -40,6 +43,15 @@ class Tick:
 
 
 @attrs.frozen
+class TokensUsed:
+    """An action drew ``delta`` more tokens of weighted quota ``quota`` than its spec stated
+    (fewer when negative): the bucket is corrected to what was really used."""
+
+    quota: str
+    delta: float
+
+
+@attrs.frozen
 class ServiceResidency:
     """A GPU manager reports that ``service`` is (no longer) resident on ``gpus``, and optionally how
     long its last restore took, so placement can prefer warm copies and price cold ones."""
@@ -50,4 +62,4 @@ class ServiceResidency:
     restore_s: float | None = None
 
 
-Event = Union[Submitted, Released, Cancelled, Tick, ServiceResidency]
+Event = Union[Submitted, Released, Cancelled, Tick, ServiceResidency, TokensUsed]

@@ -1,5 +1,6 @@
 """The ledger of free units: concrete cores per NUMA node, GPU positions as a bitmask, memory bytes,
-quota concurrency and token buckets. Only the core mutates it, and only through take/give, so the
+quota concurrency and token buckets (requests under the quota's name, weighted tokens under
+``"#" + name``, a key no quota name can take). Only the core mutates it, and only through take/give, so the
 invariant "free + granted = pool" has exactly two places to break."""
 
 from __future__ import annotations
@@ -38,9 +39,24 @@ class Ledger:
             self.q_used[name] = 0
             if q.bucket is not None:
                 self.tokens[name] = float(q.bucket)
+            tb = q.token_bucket
+            if tb is not None:  # the weighted bucket, kept beside the request bucket as "#name"
+                key = "#" + name
+                self.q_rate[key] = q.tokens_per_s
+                self.q_bucket[key] = tb
+                self.tokens[key] = float(tb)
         self.refilled_at = now
 
     # -- time ------------------------------------------------------------------------------------
+    def correct_tokens(self, name: str, delta: float) -> None:
+        """An action used ``delta`` more tokens of quota ``name`` than it stated (fewer when
+        negative): the bucket pays for the truth, and may go below zero (an overdraft the next
+        grants wait out)."""
+        key = "#" + name
+        cap = self.q_bucket[key]
+        assert cap is not None
+        self.tokens[key] = min(float(cap), self.tokens[key] - delta)
+
     def refill(self, now: float) -> None:
         dt = now - self.refilled_at
         if dt <= 0:
@@ -77,6 +93,8 @@ class Ledger:
             self.q_used[name] += q
             if name in self.tokens:
                 self.tokens[name] -= q
+        for name, n in g.tokens:
+            self.tokens["#" + name] -= n
 
     def give(self, g: Grant) -> None:
         for c in g.cpus:

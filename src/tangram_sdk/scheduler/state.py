@@ -63,6 +63,10 @@ class SchedulerState:
     _krates_at: float
     _svc_queued: dict[str, int]
     _now: float
+    _live: dict[int, Action]
+    _nqueued: int
+    _need_round: bool
+    rejected: int
     planner: str
     load_target: float
     price_horizon: float
@@ -81,6 +85,25 @@ class SchedulerState:
     _node_rel_round: int
     _price_memo: dict[tuple[int, ActionSpec], int]
     _market_memo: dict[tuple[int, ActionSpec], Any]
+
+    def _dequeue(self, a: Action) -> None:
+        del self._queues[a.spec.priority][a.id]
+        self._nqueued -= 1
+        kc = self._sig_count
+        n = kc[a.keys] - 1
+        if n:
+            kc[a.keys] = n
+        else:
+            del kc[a.keys]
+        sq = self._spec_queued
+        n = sq[a.spec] - 1
+        if n:
+            sq[a.spec] = n
+        else:
+            del sq[a.spec]
+        svc = a.spec.service
+        if svc is not None:
+            self._svc_queued[svc] -= 1
 
     def _iter_queue(self) -> Iterator[Action]:
         for p in self._prios:
