@@ -122,8 +122,8 @@ def test_scheduler_grants_fewer_cores_to_a_kind_that_does_not_speed_up():
 
     (learned, beta), (declared, _) = sizes(True), sizes(False)
     assert beta <= 0.2
-    # learned: the minimum whenever others want cores (all 16 only when nobody does: idle
-    # cores cost nothing); declared: in between, believing more cores help
-    assert learned.count(1) / len(learned) > 0.5
+    # learned: the minimum, but for a re-check of the declared size now and then while the pool
+    # is idle anyway (how a machine that has become fast again is noticed); declared: more
+    assert learned.count(1) / len(learned) > 0.8
     assert declared.count(1) / len(declared) < 0.1
     assert set(learned) == {1, 16}

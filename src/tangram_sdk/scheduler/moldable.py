@@ -30,9 +30,11 @@ from collections.abc import Callable
 from ..spec import ActionSpec
 from .action import Action
 from .placement import Placement
-from .pricing import PRICE_GRID, dops_over_grid
+from .pricing import PRICE_GRID, dop_at_price, dops_over_grid
 
 __all__ = ["Moldable"]
+
+_EXPLORE_EVERY = 16  # every n-th arrival of a kind at price 0 re-checks its declared size
 
 # expected releases of running actions: sorted end times, cumulative cores, per-node (time, cores)
 ReleaseLine = tuple[list[float], list[int], list[list[tuple[float, int]]]]
@@ -208,6 +210,13 @@ class Moldable(Placement):
         gi = self._cpu_price(a, now)
         dops = self._dops_of(a.spec)
         want = dops[gi]
+        st = a.stats
+        if gi == 0 and st.beta < 1.0 and st.arrivals % _EXPLORE_EVERY == 0:
+            # a kind learned to gain less than declared still gets, now and then while cores are
+            # idle anyway, the size its declaration asks for: how a machine that has become fast
+            # again is noticed
+            want = max(want, dop_at_price(a.spec.relative_duration,
+                                          range(a.spec.min_units, a.spec.max_units + 1), 0.0))
         free = sum(node_free) if span else node_free[node]
         start = min(want, free)
         if not self.start_or_wait or span or start >= dops[0]:

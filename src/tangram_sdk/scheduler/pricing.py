@@ -26,23 +26,32 @@ PRICE_GRID: tuple[float, ...] = (0.0,) + tuple(0.0005 * 1.5 ** k for k in range(
 
 def dop_at_price(rel: Callable[[int], float], sizes: Sequence[int], mu: float) -> int:
     """The size in ``sizes`` (ascending, legal shapes) minimising ``rel(m) * (1 + mu * m)``;
-    ``rel(m)`` is the duration at ``m`` relative to any fixed reference. Ties go to the larger
-    size at price 0 (idle units cost nothing, and a larger grant is how a model learns whether
-    more units help) and to the smaller one otherwise; ``mu = inf`` is the smallest size."""
+    ``rel(m)`` is the duration at ``m`` relative to any fixed reference. Ties go to the smaller
+    size; at price 0 so does anything within 0.5 % of the fastest: units that barely help are
+    not taken even when nobody else wants them now (someone may, a moment later), and a kind
+    learned to gain nothing from more units gets its minimum. ``mu = inf`` is the smallest."""
     if math.isinf(mu):
         return sizes[0]
+    if mu == 0.0:
+        durs = [rel(m) for m in sizes]
+        limit = min(durs) * 1.005
+        for m, d in zip(sizes, durs):
+            if d <= limit:
+                return m
     best_m = sizes[0]
     best = rel(best_m) * (1.0 + mu * best_m)
     for m in sizes[1:]:
         c = rel(m) * (1.0 + mu * m)
-        if c < best - 1e-12 * best or (mu == 0.0 and c <= best + 1e-12 * best):
+        if c < best * (1.0 - 1e-12):
             best, best_m = c, m
     return best_m
 
 
 def dops_over_grid(rel: Callable[[int], float], sizes: Sequence[int],
                    grid: Sequence[float] = PRICE_GRID) -> tuple[int, ...]:
-    """``dop_at_price`` for every price of ``grid`` (non-increasing in the price)."""
+    """``dop_at_price`` for every price of ``grid``, made non-increasing in the price (the
+    clearing search relies on demand falling as the price rises; only the price-0 tolerance can
+    break that, by a size or two)."""
     out = []
     hi = len(sizes)
     for mu in grid:
