@@ -372,6 +372,36 @@ async def test_link_loss_and_scheduler_death(cluster_address: str) -> None:
 
 
 # ---------------------------------------------------------------------------------------- clients
+def test_weighted_token_quota_is_shared_across_processes(cluster_address: str, tmp_path: Path) -> None:
+    # 400 tokens/s, bucket 1000; two processes draw 6 calls of 250 tokens each (half of them on a
+    # core too, so the spec is split between the quota runtime and a node): together they get at
+    # most 1000 + 400 t tokens by time t, not twice that
+    rate, burst, each = 400.0, 1000, 250
+    cl = deploy("tokens", namespace=NS, pool=Pool(cpus=2),
+                quotas={"judge": Quota(tokens_per_s=rate, token_burst=burst)})
+    try:
+        procs = [_spawn(cluster_address, "tokens", "tokens", tmp_path / f"tok{i}.txt") for i in range(2)]
+        _wait_all(procs)
+        times = sorted(float(x) for i in range(2) for x in (tmp_path / f"tok{i}.txt").read_text().split())
+        assert len(times) == 12
+        t0 = times[0]
+        for i, t in enumerate(times):  # the (i+1)-th grant needs (i+1)*each tokens by then
+            assert (i + 1) * each <= burst + rate * (t - t0) + each + 1e-6, (i, t - t0)
+        assert times[-1] - t0 >= ((12 * each - burst) / rate) * 0.85
+    finally:
+        cl.shutdown()
+
+
+async def _client_tokens(name: str, out: str) -> None:
+    times = []
+    async with RemoteTangram(name, namespace=NS) as tg:
+        for k in range(6):
+            spec = ActionSpec(kind="judge", cpus=k % 2, quotas={"judge": 1}, tokens={"judge": 250})
+            async with tg.acquire(spec):
+                times.append(time.monotonic())
+    Path(out).write_text("\n".join(map(repr, times)) + "\n")
+
+
 async def _client_share(name: str, out: str, seed: int) -> None:
     rng = random.Random(seed)
     lines = []
@@ -410,5 +440,7 @@ if __name__ == "__main__":
     mode, *rest = sys.argv[1:]
     if mode == "share":
         asyncio.run(_client_share(rest[0], rest[1], int(rest[2])))
+    elif mode == "tokens":
+        asyncio.run(_client_tokens(rest[0], rest[1]))
     elif mode == "hold":
         asyncio.run(_client_hold(rest[0], int(rest[1])))

@@ -550,10 +550,11 @@ class SchedulerActor:
         needs_node = bool(spec.cpus or spec.gpus or spec.memory or spec.container or spec.service)
         if not needs_node:
             return spec, None
-        if not spec.quotas:
+        if not spec.quotas and not spec.tokens:
             return None, spec
-        qspec = ActionSpec(kind=spec.kind, quotas=spec.quotas, duration=spec.duration, priority=spec.priority)
-        return qspec, attrs.evolve(spec, quotas=())
+        qspec = ActionSpec(kind=spec.kind, quotas=spec.quotas, tokens=spec.tokens, duration=spec.duration,
+                           priority=spec.priority)
+        return qspec, attrs.evolve(spec, quotas=(), tokens=())
 
     def _route(self, spec: ActionSpec, hint: str | None, caller: str | None) -> _Node:
         """Which node serves ``spec``: the one named, the container's, else the feasible nodes
