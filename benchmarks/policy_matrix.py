@@ -108,9 +108,10 @@ def cells(quick: bool, seeds: int) -> list[Cell]:
 
 
 def _trace_workload(batch: int, seed: int) -> Workload:
-    """Record an ai-coding run (fifo1 on a roomy pool) as a JSONL trace, then load it back as a
+    """Record an ai-coding run (tangram on a roomy pool; its specs are the workload's own, where
+    a fifo policy's would be rewritten to a fixed DoP) as a JSONL trace, then load it back as a
     workload on a pool of 1.6x the batch in cores: the replay path users take with their own
-    recorded traces."""
+    recorded traces. Lines carry no ``traj``, so the replay is open-loop at the recorded times."""
     from tangram_sdk.pool import Pool
     from tangram_sdk.sim.engine import simulate
     from tangram_sdk.sim.baselines import make_policy
@@ -121,7 +122,7 @@ def _trace_workload(batch: int, seed: int) -> Workload:
     os.close(fd)
     try:
         with TraceRecorder(path) as rec:
-            simulate(src.trajectories, make_policy("fifo1", src.pool), observers=[rec])
+            simulate(src.trajectories, make_policy("tangram", src.pool), observers=[rec])
         cores = int(batch * 1.6)
         return trace_workload(path, Pool(cpus=cores))
     finally:
