@@ -6,6 +6,7 @@ and with how many cores/GPUs, so resources are held per action instead of per tr
 """
 
 from .errors import (
+    ActionOOMError,
     CgroupError,
     DeadlineError,
     DeviceError,
@@ -27,6 +28,7 @@ from .scheduler.core import Scheduler
 from .spec import ActionSpec, Amdahl, Elasticity, Table
 
 __all__ = [  # noqa: F822 (the managers are lazy attributes)
+    "ActionOOMError",
     "ActionSpec",
     "Amdahl",
     "CgroupError",
