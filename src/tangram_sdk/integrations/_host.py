@@ -156,6 +156,10 @@ async def _from_factory(source: str | Callable[[], Any]) -> AnyTangram:
 
 async def resolve_runtime(runtime: RuntimeSource | None = None) -> AnyTangram:
     """The Tangram an adapter should use now: an explicit object > :func:`install` > config."""
+    if type(runtime) is PoolDef:  # the adapters' per-call path: a pool named in config
+        if _default is not None:
+            return _default
+        return await open_pool(runtime)
     if runtime is not None and (isinstance(runtime, Tangram) or is_tangram(runtime)):
         return runtime  # type: ignore[return-value]
     if _default is not None:

@@ -154,7 +154,8 @@ _local: dict[str, _Local] = {}
 #: name -> the latest definition this process's config gave (an attach by name uses it)
 _defined: dict[str, PoolDef] = {}
 #: per event loop: (namespace, name) -> that loop's handle on the job-wide actor
-_remote: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[tuple[str, str], Any]] = weakref.WeakKeyDictionary()
+_remote: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[tuple[str | None, str], Any]] = (
+    weakref.WeakKeyDictionary())
 _locks: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock] = weakref.WeakKeyDictionary()
 _deployed: dict[tuple[str, str], PoolDef] = {}  # actors this process got-or-created, and from what
 _guard = threading.Lock()
@@ -210,9 +211,9 @@ def _fast(defn: PoolDef, loop: asyncio.AbstractEventLoop) -> AnyTangram | None:
         return entry.host.tangram
     handles = _remote.get(loop)
     if handles:
-        for (ns, name), handle in handles.items():
-            if name == defn.name and not handle._closing and (defn.namespace is None or defn.namespace == ns):
-                return handle  # type: ignore[no-any-return]
+        handle = handles.get((defn.namespace, defn.name))  # as named in config (namespace None: the job's)
+        if handle is not None and not handle._closing:
+            return handle  # type: ignore[no-any-return]
     return None
 
 
@@ -300,7 +301,8 @@ async def _job_pool(defn: PoolDef, loop: asyncio.AbstractEventLoop) -> Any:
             raise SpecError(f"no pool named {defn.name!r} in Ray namespace {namespace!r}: define it in one "
                             f"adapter's config (pool: {{name: {defn.name}, cpus: ...}}) or deploy() it") from None
         raise
-    _remote.setdefault(loop, {})[key] = handle
+    handles = _remote.setdefault(loop, {})
+    handles[key] = handles[(defn.namespace, defn.name)] = handle  # by resolved and by configured namespace
     return handle
 
 
@@ -316,6 +318,6 @@ async def close_loop_pools() -> None:
     for _name, e in mine:
         with contextlib.suppress(BaseException):
             await e.host.task
-    for handle in list((_remote.pop(loop, None) or {}).values()):
+    for handle in {id(h): h for h in (_remote.pop(loop, None) or {}).values()}.values():
         with contextlib.suppress(Exception):
             await handle.aclose()

@@ -504,6 +504,7 @@ class RemoteTangram:
             if link.hb is not None:
                 link.hb.cancel()
             if link.proto.transport is not None:
+                link.proto.flush()  # the releases queued in this iteration go out before the close
                 link.proto.transport.close()
 
     async def _ready(self) -> _Link:
