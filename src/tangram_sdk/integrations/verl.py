@@ -47,7 +47,8 @@ __all__ = [
     "tangram_tool",
 ]
 
-INSTALL = "pip install verl  (the tool/reward interfaces need verl, torch, ray, pydantic, omegaconf)"
+INSTALL = ("pip install verl cachetools fastapi uvicorn  (veRL's agent-loop modules import the last three, "
+           "which `pip install verl` leaves out; the CPU build of torch is enough)")
 _TANGRAM_KEYS = {"spec", "spec_for", "from_parameters", "timeout", "runtime", "pool", "options", "wraps"}
 
 T = TypeVar("T")
