@@ -24,6 +24,8 @@ manager boundary, with the original chained as ``__cause__``.
 
 from __future__ import annotations
 
+from typing import Any
+
 __all__ = [
     "ActionOOMError",
     "CgroupError",
@@ -115,7 +117,7 @@ class ActionOOMError(ManagerError):
         self.limit = limit
         self.peak = peak
         self.killed = killed
-        self.result = result
+        self.result: Any = result  # an ExecResult (errors.py imports nothing of the package)
 
     def __reduce__(self) -> tuple[object, ...]:  # keep the fields across pickling (Ray)
         return (_rebuild_oom, (str(self), self.resource, self.limit, self.peak, self.killed, self.result))

@@ -3,7 +3,8 @@ whatever handles the managers attached (a container to exec in, a restored GPU s
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import os
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -11,7 +12,32 @@ import attrs
 from .errors import ManagerError
 from .spec import ActionSpec
 
-__all__ = ["ExecResult", "Lease"]
+__all__ = ["THREAD_ENV_VARS", "ExecResult", "Lease", "thread_env"]
+
+# Libraries that size their thread pools from the host's core count unless told otherwise; inside a
+# cpuset-limited sandbox that oversubscribes the granted cores (NeMo-Gym cut sandbox-fatal failures
+# by ~94 % by capping these).
+THREAD_ENV_VARS = (
+    "OMP_NUM_THREADS",         # OpenMP: numpy/scipy builds, torch CPU ops, scikit-learn, many C/C++ tools
+    "MKL_NUM_THREADS",         # Intel MKL
+    "OPENBLAS_NUM_THREADS",    # OpenBLAS (numpy's default wheel BLAS)
+    "BLIS_NUM_THREADS",        # BLIS / AOCL
+    "VECLIB_MAXIMUM_THREADS",  # Apple Accelerate
+    "NUMEXPR_NUM_THREADS",     # numexpr (pandas eval)
+    "NUMEXPR_MAX_THREADS",
+    "RAYON_NUM_THREADS",       # Rust rayon (polars, tokenizers, ruff, ...)
+    "POLARS_MAX_THREADS",
+    "TOKIO_WORKER_THREADS",    # Rust tokio runtimes
+    "GOMAXPROCS",              # Go
+    "JULIA_NUM_THREADS",
+    "TF_NUM_INTRAOP_THREADS",  # TensorFlow
+    "CARGO_BUILD_JOBS",        # cargo builds
+)
+
+
+def thread_env(cores: int) -> dict[str, str]:
+    """Every :data:`THREAD_ENV_VARS` set to ``cores`` (empty when ``cores`` < 1)."""
+    return {} if cores < 1 else dict.fromkeys(THREAD_ENV_VARS, str(cores))
 
 
 @attrs.frozen
@@ -38,7 +64,7 @@ class Lease:
     """
 
     __slots__ = ("action_id", "spec", "cpus", "gpus", "units", "memory", "quotas", "queued_s",
-                 "granted_at", "_attached")
+                 "granted_at", "_attached", "_memscope")
 
     def __init__(
         self,
@@ -63,6 +89,7 @@ class Lease:
         self.queued_s = queued_s
         self.granted_at = granted_at
         self._attached: dict[str, Any] = {}
+        self._memscope: Any = None  # process.MemoryScope shared by this lease's runs
 
     # -- for managers ---------------------------------------------------------------------------
     def attach(self, key: str, value: Any) -> None:
@@ -90,21 +117,52 @@ class Lease:
         fn = self.attachment("call")
         return await fn(*args, **kwargs)
 
+    def thread_env(self) -> dict[str, str]:
+        """The thread-cap variables ``exec``/``run`` add: each of :data:`THREAD_ENV_VARS` set to
+        the number of granted cores (``len(lease.cpus)``; none when the lease holds no cores)."""
+        return thread_env(len(self.cpus))
+
     async def exec(
-        self, cmd: Sequence[str], *, timeout: float | None = None, max_output: int = 1 << 20, **kw: Any
+        self, cmd: Sequence[str], *, timeout: float | None = None, max_output: int = 1 << 20,
+        env: Mapping[str, str] | None = None, thread_caps: bool = True, **kw: Any
     ) -> ExecResult:
-        """Run ``cmd`` (an argv list, never a shell string) inside the action's container."""
+        """Run ``cmd`` (an argv list, never a shell string) inside the action's container.
+
+        The command sees :meth:`thread_env` (OMP_NUM_THREADS=<granted cores> and the like) on top
+        of the container's environment, and ``env`` on top of that (your values win);
+        ``thread_caps=False`` adds none. A command killed for memory raises ActionOOMError."""
         fn = self.attachment("exec")
-        result: ExecResult = await fn(cmd, timeout=timeout, max_output=max_output, **kw)
+        merged = {**(self.thread_env() if thread_caps else {}), **(env or {})}
+        if not thread_caps:
+            kw["thread_caps"] = False  # a remote lease's agent must not add them back
+        result: ExecResult = await fn(cmd, timeout=timeout, max_output=max_output, env=merged or None, **kw)
         return result
 
     async def run(
-        self, cmd: Sequence[str], *, timeout: float | None = None, max_output: int = 1 << 20, **kw: Any
+        self, cmd: Sequence[str], *, timeout: float | None = None, max_output: int = 1 << 20,
+        env: Mapping[str, str] | None = None, thread_caps: bool = True, **kw: Any
     ) -> ExecResult:
-        """Run ``cmd`` as a local subprocess pinned to ``lease.cpus`` (no Docker needed)."""
-        from .managers.process import run_pinned
+        """Run ``cmd`` as a local subprocess pinned to ``lease.cpus`` (no Docker needed).
 
-        return await run_pinned(cmd, self.cpus, timeout=timeout, max_output=max_output, **kw)
+        Its environment is ``env`` when given, else this process's; :meth:`thread_env` is added
+        under it (a variable ``env`` sets wins; one merely inherited is overridden), unless
+        ``thread_caps=False``. ``lease.memory`` > 0 holds the command to that many bytes where
+        the platform allows (``tangram_sdk.managers.process.memory_enforcement()``); a command
+        killed for memory raises ActionOOMError."""
+        from .managers.process import MemoryScope, run_pinned
+
+        caps = self.thread_env() if thread_caps else {}
+        if env is None:
+            full: Mapping[str, str] | None = {**os.environ, **caps} if caps else None
+        else:
+            full = {**caps, **env}
+        memory = None
+        if self.memory > 0:
+            if self._memscope is None:
+                self._memscope = MemoryScope(self.memory)
+            memory = self._memscope
+        return await run_pinned(cmd, self.cpus, timeout=timeout, max_output=max_output, env=full,
+                                memory=memory, **kw)
 
     def __repr__(self) -> str:
         from ._cpuset import format_cpuset

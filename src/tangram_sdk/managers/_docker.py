@@ -5,7 +5,9 @@ Why a wrapper at all: (1) one place translates every aiodocker/aiohttp/OS/timeou
 has a deadline, so a hung or dead daemon yields a clear error instead of a hang; (3) after a
 connection failure the next call opens a fresh session, so the client recovers when the daemon is
 restarted; (4) the private ``POST /containers/{id}/update`` call lives in exactly one function,
-:meth:`DockerClient.update_cpu`; (5) container ids and names are validated before they reach a URL.
+:meth:`DockerClient.update` (``update_cpu``/``update_memory`` call it; the one-shot stats sample
+and the bounded ``oom`` events query also use aiodocker's ``_query``, which has no wrapper taking
+``one-shot``/``until``); (5) container ids and names are validated before they reach a URL.
 
 Deadlines: every call has a *total* deadline of ``api_timeout`` (a retry after a refused connection
 only uses what is left of it; a call that timed out is not retried). ``exec(timeout=T)`` returns
@@ -39,9 +41,13 @@ from ..errors import DockerError, SpecError
 from ..lease import ExecResult
 from .process import check_argv as _check_argv
 
-__all__ = ["LABEL", "ContainerInfo", "DockerClient", "is_connection_error", "is_not_found", "kill_tree", "validate_ref"]
+__all__ = ["LABEL", "UNLIMITED", "ContainerInfo", "DockerClient", "is_connection_error",
+           "is_memory_busy", "is_not_found", "kill_tree", "validate_ref"]
 
 LABEL = "tangram_sdk"  # every container we create carries ``tangram_sdk=1`` so leaks can be found
+# The Engine API refuses Memory=-1 ("Minimum memory limit allowed is 6MB") and reads 0 as
+# "unchanged", so "no limit" is sent as the kernel's own unlimited value (PAGE_COUNTER_MAX pages).
+UNLIMITED = 9223372036854771712
 _REF_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 _IMAGE_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_./:@+-]{0,254}")
 _FULL_ID_RE = re.compile(r"[0-9a-f]{64}")
@@ -70,6 +76,14 @@ class ContainerInfo:
     cpu_quota: int
     cpu_period: int
     labels: Mapping[str, str]
+    memory: int | None = None  # HostConfig.Memory; None: unlimited (0 or the kernel's unlimited value)
+    memory_swap: int | None = None  # HostConfig.MemorySwap (memory + swap); None: unlimited or unset
+
+
+def _limit(value: Any) -> int | None:
+    """Docker's memory numbers -> bytes, or None for unlimited (0, -1, or the kernel's maximum)."""
+    v = int(value or 0)
+    return None if v <= 0 or v >= UNLIMITED else v
 
 
 def _info(data: Mapping[str, Any]) -> ContainerInfo:
@@ -85,6 +99,8 @@ def _info(data: Mapping[str, Any]) -> ContainerInfo:
         cpu_quota=int(hc.get("CpuQuota") or 0),
         cpu_period=int(hc.get("CpuPeriod") or 0),
         labels=dict((data.get("Config") or {}).get("Labels") or {}),
+        memory=_limit(hc.get("Memory")),
+        memory_swap=_limit(hc.get("MemorySwap")),
     )
 
 
@@ -272,18 +288,58 @@ class DockerClient:
         items = await self._call("list", None, lambda d: d.containers.list(all=True, filters=filters), retry=True)
         return [str(c.id) for c in items]
 
-    async def update_cpu(self, ref: str, cpuset: str, quota_us: int, period_us: int) -> None:
-        """The one private-API call: ``POST /containers/{id}/update`` with the CPU fields.
+    async def update(self, ref: str, body: Mapping[str, Any]) -> None:
+        """The one private-API call: ``POST /containers/{id}/update`` with resource fields.
 
         aiodocker has no public wrapper for it, so it goes through ``_query_json`` here and
         nowhere else. The daemon both writes the cgroup files and records the new HostConfig."""
         validate_ref(ref)
-        body = {"CpusetCpus": cpuset, "CpuQuota": quota_us, "CpuPeriod": period_us}
+        data = dict(body)
         await self._call(
             "update", ref,
-            lambda d: d._query_json(f"containers/{ref}/update", method="POST", data=body),
+            lambda d: d._query_json(f"containers/{ref}/update", method="POST", data=data),
             retry=True,
         )
+
+    async def update_cpu(self, ref: str, cpuset: str, quota_us: int, period_us: int) -> None:
+        """Set the cpuset and CFS bandwidth (see :meth:`update`)."""
+        await self.update(ref, {"CpusetCpus": cpuset, "CpuQuota": quota_us, "CpuPeriod": period_us})
+
+    async def update_memory(self, ref: str, memory: int | None, memory_swap: int | None) -> None:
+        """Set the memory limit and memory + swap (None: unlimited, sent as :data:`UNLIMITED`).
+
+        A limit below what the container holds and cannot free makes the daemon (runc) fail with
+        "unable to set memory limit"; that DockerError is passed on (see :func:`is_memory_busy`)."""
+        mem = UNLIMITED if memory is None else int(memory)
+        swap = UNLIMITED if memory_swap is None else int(memory_swap)
+        await self.update(ref, {"Memory": mem, "MemorySwap": max(mem, swap)})
+
+    async def memory_stats(self, ref: str) -> dict[str, Any]:
+        """One ``GET /containers/{id}/stats?stream=false&one-shot=true`` sample's ``memory_stats``
+        (``usage``, ``limit``, and ``max_usage`` on cgroup v1: the container's lifetime peak)."""
+        validate_ref(ref)
+        data = await self._call(
+            "stats", ref,
+            lambda d: d._query_json(f"containers/{ref}/stats", params={"stream": "false", "one-shot": "true"}),
+            retry=True,
+        )
+        return dict((data or {}).get("memory_stats") or {})
+
+    async def oom_events(self, container_id: str, since: float, until: float) -> int:
+        """How many ``oom`` events the daemon logged for the container in [since, until] (unix
+        seconds). ``until`` may lie a little in the future: the call then waits for it, so an
+        event still on its way from containerd is counted."""
+        validate_ref(container_id)
+        params = {"since": f"{since:.6f}", "until": f"{until:.6f}",
+                  "filters": json.dumps({"container": [container_id], "event": ["oom"]})}
+
+        async def count(d: aiodocker.Docker) -> int:
+            async with d._query("events", params=params) as resp:
+                body = await resp.text()
+            return sum(1 for line in body.splitlines() if '"oom"' in line)
+
+        return int(await self._call("events", container_id, count,
+                                    timeout=max(self.api_timeout, until - time.time() + self.api_timeout)))
 
     async def exec(
         self,
@@ -507,6 +563,11 @@ def _descendants(root: int, proc: Path) -> list[int]:
     return out
 
 
+
+
+def is_memory_busy(exc: DockerError) -> bool:
+    """True when an update failed because the container holds more memory than the new limit."""
+    return "unable to set memory limit" in str(exc) or "device or resource busy" in str(exc).lower()
 
 
 def is_not_found(exc: DockerError) -> bool:

@@ -27,6 +27,17 @@ raises :class:`~tangram_sdk.errors.QuarantineError` and the runtime keeps the ac
 of the pool while this manager re-parks the container in the background (backoff up to 5 s) and
 *verifies* it (Docker's record or the cgroup files read back); then the cores return. Quarantined
 containers are listed in ``statistics()["quarantined"]``.
+
+Memory: an action that declares ``memory`` gets it as its container's memory limit (memory + swap
+= memory: no swap) for as long as it holds the lease, then the container's *parked* limit (what
+Docker recorded for it when the manager first saw it) comes back. A command the kernel kills for
+memory raises :class:`~tangram_sdk.errors.ActionOOMError` from ``lease.exec`` with the limit and
+the peak; the container lives on. Two actions in one container share the sum of their memory; an
+action that declares none leaves the container at its parked limit.
+
+Sandbox quotas: ``max_sandboxes`` caps the containers SandboxPools create through this manager
+that exist at once, ``create_rate`` (containers/s, ``create_burst``) paces their creation; both
+apply to ``SandboxPool.create`` and on-demand ``SandboxPool.add``, with bounded, cancel-safe waits.
 """
 
 from __future__ import annotations
@@ -41,13 +52,16 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal
 
 from .._cpuset import format_cpuset, parse_cpuset
-from ..errors import CgroupError, DockerError, QuarantineError, SpecError
+from .._deadline import check_timeout
+from ..errors import ActionOOMError, CgroupError, DockerError, QuarantineError, SpecError
 from . import _cgroup
-from ._docker import DockerClient, is_not_found, validate_ref
+from ._cgroup import MemoryBusyError, MemoryLimits
+from ._docker import KILLED, DockerClient, is_memory_busy, is_not_found, validate_ref
+from ._limits import CreationGate
 from .base import ManagerContext
 
 if TYPE_CHECKING:
-    from ..lease import Lease
+    from ..lease import ExecResult, Lease
     from ..scheduler.decisions import Grant
     from ..spec import ActionSpec
 
@@ -61,7 +75,7 @@ Backend = Literal["auto", "api", "cgroup"]
 class _Box:
     """What the manager knows about one container: full id, located cgroup, active grants."""
 
-    __slots__ = ("active", "backend", "cgroup", "id", "lock")
+    __slots__ = ("active", "backend", "cgroup", "id", "lock", "mem", "mem_now", "parked_mem", "peak", "shared")
 
     def __init__(self, full_id: str, backend: Literal["api", "cgroup"]) -> None:
         self.id = full_id
@@ -69,6 +83,18 @@ class _Box:
         self.lock = asyncio.Lock()
         self.active: dict[int, tuple[int, ...]] = {}  # action id -> cores (usually one action)
         self.backend = backend
+        self.mem: dict[int, int] = {}  # action id -> memory bytes it declared (0: none)
+        self.parked_mem: MemoryLimits | None = None  # Docker's record before we touched it
+        self.mem_now: MemoryLimits | None = None  # what we set; None: the parked limit holds
+        self.peak: _cgroup.PeakWatch | None = None  # peak since the first live grant (cgroup backend)
+        self.shared = False  # two actions overlapped: the peak is not one action's
+
+
+_MAX_KINDS = 256  # per-kind memory peaks kept (least recently updated dropped first)
+
+
+def _mib(n: int | None) -> str:
+    return "unknown" if n is None else f"{n / 2**20:.1f} MiB"
 
 
 class _Quarantine:
@@ -99,6 +125,9 @@ class DockerCpuManager:
     minimum 1000 us). ``docker_url``: e.g. ``unix:///var/run/docker.sock``; None uses
     ``DOCKER_HOST`` when set, else the default socket. ``api_timeout``: the total deadline of every
     Docker call (a frozen or overloaded daemon gives DockerError after it, never a hang).
+    ``max_sandboxes`` / ``create_rate`` (containers/s) / ``create_burst``: quotas on the containers
+    SandboxPools create through this manager (None: none); ``create_timeout`` is how long a
+    creation may wait for them by default (TimeoutError after it).
     """
 
     name = "docker-cpu"
@@ -112,6 +141,10 @@ class DockerCpuManager:
         docker_url: str | None = None,
         *,
         api_timeout: float = 30.0,
+        max_sandboxes: int | None = None,
+        create_rate: float | None = None,
+        create_burst: int | None = None,
+        create_timeout: float | None = 60.0,
     ) -> None:
         if backend not in ("auto", "api", "cgroup"):
             raise SpecError(f"backend must be 'auto', 'api' or 'cgroup', got {backend!r}")
@@ -133,7 +166,10 @@ class DockerCpuManager:
         self._active_backend: Literal["api", "cgroup"] = "api"
         self._boxes: dict[str, _Box] = {}  # keyed by every ref seen (name, short id, full id)
         self._stats = {"applies": 0, "releases": 0, "api_updates": 0, "cgroup_writes": 0, "fallbacks": 0,
-                       "park_failures": 0}
+                       "park_failures": 0, "memory_updates": 0, "memory_restore_failures": 0, "oom_kills": 0}
+        self._gate = CreationGate(max_sandboxes, create_rate, create_burst)
+        self.create_timeout = check_timeout(create_timeout, "create_timeout")
+        self._peaks: dict[str, dict[str, int]] = {}  # kind -> {"max", "last", "n"} (bytes, actions)
         self._quarantined: dict[str, _Quarantine] = {}  # by full container id
         self._read_layout: _cgroup.CgroupLayout | None = None  # for reading cgroup.procs (any backend)
         self._closed = False
@@ -169,6 +205,10 @@ class DockerCpuManager:
             "quarantined": {cid: {"cpus": sorted(q.cpus), "since_s": round(now - q.since, 3),
                                   "attempts": q.attempts, "error": q.error}
                             for cid, q in self._quarantined.items()},
+            # memory limits held by containers right now (bytes), and the peak per action kind
+            "memory_limited": {b.id: b.mem_now.memory for b in boxes.values() if b.mem_now is not None},
+            "memory_peaks": {k: dict(v) for k, v in self._peaks.items()},
+            "sandboxes": self._gate.statistics(),
         }
 
     def __repr__(self) -> str:
@@ -224,16 +264,27 @@ class DockerCpuManager:
         if not grant.cpus:
             raise SpecError(f"grant for container {ref!r} has no cores")
         box = await self._box(ref)
+        aid = grant.action_id
         async with box.lock:
-            box.active[grant.action_id] = tuple(grant.cpus)
+            if box.active:
+                box.shared = True
+            box.active[aid] = tuple(grant.cpus)
+            box.mem[aid] = max(0, int(grant.memory or 0))
             try:
+                # memory first: a limit the container cannot meet refuses the action before its
+                # cores change, and the cores are the part that must never be left granted
+                await self._settle_memory(box)
                 await self._set(box, self._granted_cpus(box), len(self._granted_cpus(box)) * self.period_us)
             except BaseException:
-                box.active.pop(grant.action_id, None)
+                box.active.pop(aid, None)
+                box.mem.pop(aid, None)
+                await self._restore_memory_quietly(box)
                 raise
+            if len(box.active) == 1:
+                self._watch_peak(box)
         self._stats["applies"] += 1
         lease.attach("container", box.id)
-        lease.attach("exec", functools.partial(self.client.exec, box.id, procs=functools.partial(self._pids, box)))
+        lease.attach("exec", functools.partial(self._exec, box))
 
     async def release(self, grant: Grant, lease: Lease) -> None:
         """Park the container again (or shrink to the cores of its other live grants).
@@ -247,12 +298,13 @@ class DockerCpuManager:
         box = self._boxes[ref]
         async with box.lock:
             cores = box.active.pop(grant.action_id, None)
+            declared = box.mem.pop(grant.action_id, 0)
             if cores is None:
                 return
             self._stats["releases"] += 1
+            self._learn_peak(box, lease.spec.kind, declared)
             try:
                 await self._settle(box)
-                return
             except DockerError as exc:
                 if _gone(exc):
                     self._forget(box)
@@ -260,6 +312,9 @@ class DockerCpuManager:
                 failure: Exception = exc
             except CgroupError as exc:  # backend="cgroup" refuses the API fallback
                 failure = exc
+            else:
+                await self._restore_memory_quietly(box)
+                return
         self._stats["park_failures"] += 1
         until = self._quarantine(box, cores, failure)
         raise QuarantineError(
@@ -275,10 +330,15 @@ class DockerCpuManager:
             if q.task is not None:
                 q.task.cancel()
         await asyncio.gather(*(q.task for q in quarantined if q.task is not None), return_exceptions=True)
-        boxes = list({b.id: b for b in self._boxes.values() if b.active or b.id in self._quarantined}.values())
+        boxes = list({b.id: b for b in self._boxes.values()
+                      if b.active or b.id in self._quarantined or b.mem_now is not None}.values())
         results = await asyncio.gather(*(self._park_api(b) for b in boxes), return_exceptions=True)
         for b, r in zip(boxes, results):
             b.active.clear()
+            b.mem.clear()
+            if b.peak is not None:
+                b.peak.close()
+                b.peak = None
             held = self._quarantined.pop(b.id, None)
             if isinstance(r, BaseException):
                 log.warning("could not re-park container %s at close: %s", b.id[:12], r)
@@ -325,6 +385,7 @@ class DockerCpuManager:
                 try:
                     cpus, quota = await self._settle(box)
                     await self._verify(box, cpus, quota)
+                    await self._restore_memory_quietly(box)
                 except DockerError as exc:
                     if not _gone(exc):
                         q.attempts += 1
@@ -408,6 +469,10 @@ class DockerCpuManager:
     async def _park_api(self, box: _Box) -> None:
         await self.client.update_cpu(box.id, format_cpuset(self.park_cpus), self.park_quota_us, self.period_us)
         self._stats["api_updates"] += 1
+        if box.mem_now is not None and box.parked_mem is not None:
+            await self.client.update_memory(box.id, box.parked_mem.memory, box.parked_mem.memory_swap)
+            self._stats["api_updates"] += 1
+            box.mem_now = None
 
     async def _set(self, box: _Box, cpus: Sequence[int], quota_us: int) -> None:
         if box.backend == "cgroup":
@@ -425,17 +490,26 @@ class DockerCpuManager:
         await self.client.update_cpu(box.id, format_cpuset(cpus), quota_us, self.period_us)
         self._stats["api_updates"] += 1
 
+    async def _locate(self, box: _Box) -> _cgroup.ContainerCgroup:
+        """The container's cgroup (located once, from its init pid); its record's memory limits
+        are taken as the parked ones on the way, before we ever change them."""
+        assert self._layout is not None
+        if box.cgroup is None:
+            info = await self.client.inspect(box.id)
+            if not info.running:
+                raise DockerError(f"container {box.id[:12]} is {info.status}, not running", resource=box.id)
+            if box.parked_mem is None and box.mem_now is None:
+                box.parked_mem = MemoryLimits(info.memory, info.memory_swap)
+            box.cgroup = _cgroup.locate(self._layout, box.id, pid=info.pid)
+        return box.cgroup
+
     async def _set_cgroup(self, box: _Box, cpus: Sequence[int], quota_us: int) -> None:
         """Two (or three) synchronous writes: far cheaper than a thread hop, so no executor."""
         assert self._layout is not None
         for attempt in (0, 1):
             try:
-                if box.cgroup is None:
-                    info = await self.client.inspect(box.id)
-                    if not info.running:
-                        raise DockerError(f"container {box.id[:12]} is {info.status}, not running", resource=box.id)
-                    box.cgroup = _cgroup.locate(self._layout, box.id, pid=info.pid)
-                box.cgroup.set_cpu(cpus, quota_us, self.period_us)
+                cg = await self._locate(box)
+                cg.set_cpu(cpus, quota_us, self.period_us)
                 self._stats["cgroup_writes"] += 1
                 return
             except CgroupError:
@@ -446,6 +520,163 @@ class DockerCpuManager:
                     raise DockerError(f"container {box.id[:12]} is {info.status}, not running", resource=box.id) from None
                 if attempt:
                     raise
+
+
+    # -- memory -------------------------------------------------------------------------------
+    @staticmethod
+    def _mem_target(box: _Box) -> MemoryLimits | None:
+        """What the live grants say: the sum of their memory (no swap), or None (parked limit)
+        when there is no grant or one of them declared no memory."""
+        if not box.active:
+            return None
+        amounts = [box.mem.get(a, 0) for a in box.active]
+        if not amounts or min(amounts) <= 0:
+            return None
+        total = sum(amounts)
+        return MemoryLimits(total, total)
+
+    async def _parked_memory(self, box: _Box) -> MemoryLimits:
+        if box.parked_mem is None:
+            info = await self.client.inspect(box.id)
+            box.parked_mem = MemoryLimits(info.memory, info.memory_swap)
+        return box.parked_mem
+
+    async def _settle_memory(self, box: _Box) -> None:
+        """Give ``box`` the memory limit its live grants say (or its parked one), if it differs
+        from what it holds. ActionOOMError (killed=False) when the container already holds more
+        than the new limit and cannot free it; nothing is changed then."""
+        target = self._mem_target(box)
+        if target == box.mem_now:
+            return
+        parked = await self._parked_memory(box)
+        want = parked if target is None else target
+        try:
+            await self._set_memory(box, want)
+        except MemoryBusyError as exc:
+            raise self._refused(box, want, exc.usage) from exc
+        except DockerError as exc:
+            if not is_memory_busy(exc):
+                raise
+            raise self._refused(box, want, None) from exc
+        box.mem_now = target
+        self._stats["memory_updates"] += 1
+
+    def _refused(self, box: _Box, want: MemoryLimits, usage: int | None) -> ActionOOMError:
+        held = "" if usage is None or usage < 0 else f" (it holds {_mib(usage)} it cannot free)"
+        return ActionOOMError(
+            f"container {box.id[:12]}: cannot set its memory limit to {_mib(want.memory)}: it already "
+            f"uses more{held}; processes or tmpfs files left by earlier actions count against the limit",
+            resource=box.id, limit=want.memory, peak=usage, killed=False)
+
+    async def _set_memory(self, box: _Box, want: MemoryLimits) -> None:
+        if box.backend == "cgroup":
+            cg = await self._locate(box)
+            try:
+                if cg.memory is None:
+                    raise CgroupError(f"container {box.id[:12]} has no memory cgroup to write", resource=box.id)
+                cg.memory.set_limits(want)
+                self._stats["cgroup_writes"] += 1
+                return
+            except MemoryBusyError:
+                raise
+            except CgroupError:
+                if self.backend == "cgroup":
+                    raise
+                self._stats["fallbacks"] += 1  # auto: the daemon sets this one (not writable from here)
+        await self.client.update_memory(box.id, want.memory, want.memory_swap)
+        self._stats["api_updates"] += 1
+
+    async def _restore_memory_quietly(self, box: _Box) -> None:
+        """Settle memory after a release (or a failed apply) without failing it: the cores are
+        what the pool accounts for; a limit that cannot come back yet is logged, counted, and
+        retried at the container's next release."""
+        if self._mem_target(box) == box.mem_now:
+            return
+        try:
+            await self._settle_memory(box)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - logged and counted; the next settle retries
+            if isinstance(exc, DockerError) and _gone(exc):
+                return
+            self._stats["memory_restore_failures"] += 1
+            log.warning("container %s: memory limit not restored to its parked value yet: %s", box.id[:12], exc)
+
+    def _watch_peak(self, box: _Box) -> None:
+        """Start measuring the container's peak (cgroup backend only: one write)."""
+        if box.peak is not None:
+            box.peak.close()
+            box.peak = None
+        box.shared = False
+        cg = box.cgroup
+        if box.backend == "cgroup" and cg is not None and cg.memory is not None:
+            box.peak = cg.memory.watch_peak()
+
+    def _learn_peak(self, box: _Box, kind: str, declared: int) -> None:
+        """Record the action's peak for its kind (when it had the container to itself)."""
+        if box.peak is None:
+            return
+        if not box.shared and box.peak.since_reset:
+            peak = box.peak.read()
+            if peak is not None:
+                entry = self._peaks.pop(kind, None) or {"max": 0, "last": 0, "n": 0, "declared": 0}
+                entry["max"] = max(entry["max"], peak)
+                entry["last"] = peak
+                entry["n"] += 1
+                entry["declared"] = declared
+                self._peaks[kind] = entry  # re-inserted: most recently updated last
+                while len(self._peaks) > _MAX_KINDS:
+                    self._peaks.pop(next(iter(self._peaks)))
+        if not box.active:
+            box.peak.close()
+            box.peak = None
+
+    async def _exec(self, box: _Box, cmd: Sequence[str], **kw: Any) -> ExecResult:
+        """``lease.exec``: run the command; if the kernel killed it for memory, raise
+        ActionOOMError (the cgroup's oom_kill counter, or the daemon's ``oom`` event on the
+        ``api`` backend) with the limit and the peak."""
+        kw.pop("thread_caps", None)  # consumed by Lease.exec (the env already says it)
+        mem = box.cgroup.memory if box.backend == "cgroup" and box.cgroup is not None else None
+        before = _quiet(mem.oom_kills) if mem is not None else None
+        t0 = time.time()
+        result = await self.client.exec(box.id, cmd, procs=functools.partial(self._pids, box), **kw)
+        if result.exit_code == 0 or result.timed_out:
+            return result
+        limit: int | None
+        peak: int | None
+        if mem is not None and before is not None:
+            after = _quiet(mem.oom_kills)
+            if after is None or after <= before:
+                return result
+            limits = _quiet(mem.limits)
+            limit = None if limits is None else limits.memory
+            peak = box.peak.read() if box.peak is not None else None
+            where = f"peak {_mib(peak)}" + ("" if box.peak is None or box.peak.since_reset else " (lifetime)")
+        elif result.exit_code == KILLED:
+            try:
+                if await self.client.oom_events(box.id, t0 - 0.05, time.time() + 0.3) == 0:
+                    return result
+                stats = await self.client.memory_stats(box.id)
+            except DockerError:
+                return result  # the daemon cannot tell us: the plain result stands
+            held = box.mem_now if box.mem_now is not None else box.parked_mem
+            limit = held.memory if held is not None else None
+            peak = int(stats["max_usage"]) if stats.get("max_usage") else None
+            where = f"peak {_mib(peak)} (the container's lifetime peak: the Docker API cannot reset it)"
+        else:
+            return result
+        self._stats["oom_kills"] += 1
+        raise ActionOOMError(
+            f"container {box.id[:12]}: {list(cmd)[:3]} was killed for memory (limit {_mib(limit)}, {where}); "
+            f"the container lives on", resource=box.id, limit=limit, peak=peak, killed=True, result=result)
+
+
+def _quiet(fn: Any) -> Any:
+    """A cgroup read that may fail (container gone): None instead of an error."""
+    try:
+        return fn()
+    except CgroupError:
+        return None
 
 
 class Sandbox:
@@ -462,18 +693,25 @@ class Sandbox:
         return f"<Sandbox {self.name or self.id[:12]}{'' if self.created else ' adopted'}>"
 
 
+_UNSET: Any = object()
+
+
 class SandboxPool:
     """A set of parked containers, one per trajectory.
 
     ``await SandboxPool.create(manager, image=..., count=N)`` creates and starts N containers
     running ``cmd`` (a long sleep), already parked, with no network and the ``tangram_sdk=1``
-    label; ``SandboxPool.adopt(manager, ids)`` takes existing ones (parked on first use).
+    label; ``await pool.add()`` creates one more on demand and ``await pool.remove(sandbox)``
+    removes one (both under the manager's ``max_sandboxes`` / ``create_rate``);
+    ``SandboxPool.adopt(manager, ids)`` takes existing ones (parked on first use, outside the cap).
     ``aclose()`` (or ``async with``) removes what it created — never adopted containers.
     """
 
     def __init__(self, manager: DockerCpuManager, sandboxes: Sequence[Sandbox]) -> None:
         self.manager = manager
         self.sandboxes = list(sandboxes)
+        self._recipe: dict[str, Any] | None = None  # how create() made its containers, for add()
+        self._next = len(self.sandboxes)
 
     @classmethod
     async def create(
@@ -488,30 +726,33 @@ class SandboxPool:
         env: dict[str, str] | None = None,
         init: bool = True,
         concurrency: int = 8,
+        timeout: float | None = _UNSET,
     ) -> SandboxPool:
-        """Create ``count`` containers concurrently; on any failure remove those made and raise."""
+        """Create ``count`` containers concurrently; on any failure remove those made and raise.
+
+        Each creation first waits for the manager's sandbox quotas; ``timeout`` (default: the
+        manager's ``create_timeout``) bounds those waits for the whole batch (TimeoutError). A
+        ``count`` above ``max_sandboxes`` is refused at once (SpecError)."""
         if isinstance(count, bool) or not isinstance(count, int) or count < 0:
             raise SpecError(f"count must be an int >= 0, got {count!r}")
         if name_prefix is not None:
             validate_ref(name_prefix)
+        if memory is not None and (isinstance(memory, bool) or not isinstance(memory, int) or memory < 6 * 2**20):
+            raise SpecError(f"memory must be None or an int of bytes >= 6 MiB (Docker's minimum), got {memory!r}")
+        limit = manager.create_timeout if timeout is _UNSET else check_timeout(timeout)
+        manager._gate.check_fits(count)
         pool = cls(manager, [])
+        pool._recipe = {"image": image, "cmd": tuple(cmd), "name_prefix": name_prefix, "memory": memory,
+                        "env": None if env is None else dict(env), "init": init}
+        pool._next = count
         gate = asyncio.Semaphore(max(1, concurrency))
         slots: list[Sandbox | None] = [None] * count
+        loop = asyncio.get_running_loop()
+        deadline = None if limit is None else loop.time() + limit
 
         async def one(i: int) -> None:
-            name = f"{name_prefix}-{i}" if name_prefix else None
             async with gate:
-                cid = await manager.client.create(
-                    image, cmd, name=name, cpuset=format_cpuset(manager.park_cpus),
-                    cpu_quota=manager.park_quota_us, cpu_period=manager.period_us,
-                    memory=memory, env=env, init=init,
-                )
-                sandbox = slots[i] = Sandbox(cid, name or "", True)
-                pool.sandboxes.append(sandbox)  # so aclose() removes it even if start fails
-                await manager.client.start(cid)
-                if name is None:
-                    sandbox.name = (await manager.client.inspect(cid)).name
-            manager.register(cid, *([name] if name else []))
+                slots[i] = await pool._make(i, None if deadline is None else max(0.0, deadline - loop.time()))
 
         try:
             results = await asyncio.gather(*(one(i) for i in range(count)), return_exceptions=True)
@@ -523,6 +764,60 @@ class SandboxPool:
             raise
         pool.sandboxes = [s for s in slots if s is not None]  # index order, whatever finished first
         return pool
+
+    async def _make(self, i: int, timeout: float | None) -> Sandbox:
+        """Admit (quotas), create, start and register container number ``i`` of this pool."""
+        assert self._recipe is not None
+        manager, r = self.manager, self._recipe
+        name = f"{r['name_prefix']}-{i}" if r["name_prefix"] else None
+        await manager._gate.admit(timeout)
+        try:
+            cid = await manager.client.create(
+                r["image"], r["cmd"], name=name, cpuset=format_cpuset(manager.park_cpus),
+                cpu_quota=manager.park_quota_us, cpu_period=manager.period_us,
+                memory=r["memory"], env=r["env"], init=r["init"],
+            )
+        except BaseException:
+            manager._gate.release()  # nothing was made
+            raise
+        sandbox = Sandbox(cid, name or "", True)
+        self.sandboxes.append(sandbox)  # so aclose() removes it (and frees its slot) even if start fails
+        await manager.client.start(cid)
+        if name is None:
+            sandbox.name = (await manager.client.inspect(cid)).name
+        manager.register(cid, *([name] if name else []))
+        return sandbox
+
+    async def add(self, *, timeout: float | None = _UNSET) -> Sandbox:
+        """Create one more container like the others, on demand, under the manager's
+        ``max_sandboxes`` and ``create_rate`` (waiting at most ``timeout`` s, default the manager's
+        ``create_timeout``, then TimeoutError). Only for pools made by :meth:`create`."""
+        if self._recipe is None:
+            raise SpecError("add() needs a pool made by SandboxPool.create (an adopted pool has no image)")
+        limit = self.manager.create_timeout if timeout is _UNSET else check_timeout(timeout)
+        i = self._next
+        self._next += 1
+        known = {id(s) for s in self.sandboxes}
+        try:
+            return await self._make(i, limit)
+        except BaseException:
+            for s in [s for s in self.sandboxes if id(s) not in known]:  # created, but start failed
+                try:
+                    await asyncio.shield(self.remove(s))
+                except Exception:  # noqa: BLE001 - the original error matters more; aclose retries
+                    log.warning("could not remove half-made sandbox %s", s.id[:12], exc_info=True)
+            raise
+
+    async def remove(self, sandbox: Sandbox) -> None:
+        """Remove one container this pool created (its slot under ``max_sandboxes`` frees once
+        it is gone); adopted ones are only dropped from the pool."""
+        if sandbox not in self.sandboxes:
+            raise SpecError(f"{sandbox!r} is not in this pool")
+        if sandbox.created:
+            await self.manager.client.remove(sandbox.id)
+            self.manager.unregister(sandbox.id)
+            self.manager._gate.release()
+        self.sandboxes.remove(sandbox)
 
     @classmethod
     async def adopt(cls, manager: DockerCpuManager, ids: Sequence[str]) -> SandboxPool:
@@ -551,12 +846,17 @@ class SandboxPool:
         return f"<SandboxPool {len(self.sandboxes)} containers ({made} created, {len(self) - made} adopted)>"
 
     async def aclose(self) -> None:
-        """Remove every container this pool created (all attempted; the first failure re-raised)."""
+        """Remove every container this pool created (all attempted; the first failure re-raised;
+        those not removed stay in the pool, still counted under ``max_sandboxes``, so a second
+        ``aclose`` retries them)."""
         created = [s for s in self.sandboxes if s.created]
         results = await asyncio.gather(*(self.manager.client.remove(s.id) for s in created), return_exceptions=True)
+        failed = {s.id for s, r in zip(created, results) if isinstance(r, BaseException)}
         for s in created:
-            self.manager.unregister(s.id)
-        self.sandboxes = [s for s in self.sandboxes if not s.created]
+            if s.id not in failed:
+                self.manager.unregister(s.id)
+                self.manager._gate.release()
+        self.sandboxes = [s for s in self.sandboxes if not s.created or s.id in failed]
         if self.manager._closed:
             await self.manager.client.close()  # the manager closed first; do not leak our session
         errors = [r for r in results if isinstance(r, BaseException)]
