@@ -7,7 +7,9 @@ Tangram of this rollout worker (built from ``RUNTIME`` on first use) decides whe
 
 Run directly (``python examples/openrlhf_agent.py``) it drives OpenRLHF's own
 ``MultiTurnAgentExecutor`` with a stand-in LLM engine and tokenizer, so it needs openrlhf and CPU
-torch but no GPU or model.
+torch but no GPU or model. The pool is named in ``RUNTIME``: in a Ray job (every OpenRLHF rollout
+actor is one) it is job-wide, the first actor to step creates the scheduler actor and the others
+attach. ``--ray`` shows that: it starts a local Ray cluster first and the same code runs on it.
 """
 
 from __future__ import annotations
@@ -31,8 +33,8 @@ AgentInstanceBase, MultiTurnAgentExecutor = _agent.AgentInstanceBase, _agent.Mul
 from tangram_sdk.integrations.openrlhf import with_tangram  # noqa: E402  (after the checks above)
 
 CORES = sorted(os.sched_getaffinity(0))
-# One pool per rollout worker process: cores for checks, a quota for the search API.
-RUNTIME = {"pool": {"cpus": CORES, "quotas": {"search": {"concurrency": 2, "rate": 50}}}}
+# One pool for the job, by name: cores for checks, a quota for the search API.
+RUNTIME = {"pool": {"name": "openrlhf-demo", "cpus": CORES, "quotas": {"search": {"concurrency": 2, "rate": 50}}}}
 
 
 def step_spec(states: dict[str, Any]) -> ActionSpec:
@@ -114,12 +116,27 @@ async def demo() -> None:
     ))
     for label, r in zip(labels, results):
         print(f"episode {label}: reward={r['reward']} steps={len(r['action_ranges'])} logs={r['extra_logs']}")
-    tangram = await resolve_runtime(RUNTIME)
+    tangram = await resolve_runtime(RUNTIME)  # a Tangram here, a RemoteTangram in a Ray job
     await asyncio.sleep(0.01)
     print(repr(tangram))
-    print("completed:", tangram.statistics()["completed"])
+    stats = await tangram.astatistics()
+    done = stats["completed"] if "completed" in stats else stats["released"]
+    print("completed:", done)
     await shutdown()
 
 
 if __name__ == "__main__":
-    asyncio.run(demo())
+    if "--ray" in sys.argv[1:]:
+        import ray
+
+        from tangram_sdk.ray import TangramCluster
+
+        local = {} if os.environ.get("RAY_ADDRESS") else {"num_cpus": 2, "include_dashboard": False}  # else: join it
+        ray.init(namespace="openrlhf-example", log_to_driver=False, **local)
+        try:
+            asyncio.run(demo())
+        finally:
+            TangramCluster.get("openrlhf-demo", namespace="openrlhf-example").shutdown()
+            ray.shutdown()
+    else:
+        asyncio.run(demo())

@@ -6,8 +6,13 @@ settings under the tool's ``config.tangram``. The YAML below is loaded with veRL
 ``initialize_tools_from_config``; the rollout is simulated by calling each tool the way veRL's
 ``ToolAgentLoop`` does (create -> execute -> release), so it runs without a model or a GPU.
 
-Needs: pip install 'tangram-sdk[torch]' verl (the CPU build of torch is enough, see README).
-Run:  python examples/verl_tool.py
+The tool code does not know which Tangram it runs on: by default this process's own; with
+``--ray`` a local Ray cluster is started, the job-wide scheduler actor deployed, and the same calls
+draw on it through a ``RemoteTangram`` (what every veRL ``AgentLoopWorker`` of a job would share).
+
+Needs: pip install 'tangram-sdk[torch]' verl cachetools fastapi uvicorn (the CPU build of torch is
+enough, see README); ``--ray`` also the ray extra.
+Run:  python examples/verl_tool.py [--ray]
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from typing import Any
 
 from tangram_sdk import Pool, Quota, Tangram
 from tangram_sdk._optional import require_or_exit
-from tangram_sdk.integrations import install
+from tangram_sdk.integrations import AnyTangram, install
 
 # A missing module ends the example with one line naming the right install (veRL needs torch:
 # the torch extra, whose CPU build is enough).
@@ -91,21 +96,52 @@ def load_tools() -> list[Any]:
         return list(initialize_tools_from_config(path))
 
 
-async def main() -> None:
+async def rollout(tangram: AnyTangram) -> None:
+    """The same code for a local Tangram and the job-wide RemoteTangram."""
     (tool,) = load_tools()
+    install(tangram)  # every TangramTool in this process now draws on this pool
+    calls = [{"code": SNIPPET, "cores": 1 + i % len(CORES)} for i in range(6)]
+    calls.append({"code": SNIPPET, "cores": "all"})  # malformed: the agent gets an error back
+    outputs = await asyncio.gather(*(call_tool(tool, args) for args in calls))
+    for i, text in enumerate(outputs):
+        print(f"call {i}: {text}")
+    await asyncio.sleep(0.01)
+    print(repr(tangram))
+    stats = await tangram.astatistics()
+    # a local Tangram counts completed actions; the job-wide actor counts the leases given back
+    done = stats["completed"] if "completed" in stats else stats["released"]
+    print("completed:", done)
+    install(None)
 
+
+async def main() -> None:
     async with Tangram(Pool(cpus=CORES, quotas={"search": Quota(concurrency=4)})) as tangram:
-        install(tangram)  # every TangramTool in this process now draws on this pool
-        calls = [{"code": SNIPPET, "cores": 1 + i % len(CORES)} for i in range(6)]
-        calls.append({"code": SNIPPET, "cores": "all"})  # malformed: the agent gets an error back
-        outputs = await asyncio.gather(*(call_tool(tool, args) for args in calls))
-        for i, text in enumerate(outputs):
-            print(f"call {i}: {text}")
-        await asyncio.sleep(0.01)
-        print(repr(tangram))
-        print("completed:", tangram.statistics()["completed"])
-        install(None)
+        await rollout(tangram)
+
+
+def main_ray() -> None:
+    import ray
+
+    from tangram_sdk.ray import RemoteTangram, deploy
+
+    local = {} if os.environ.get("RAY_ADDRESS") else {"num_cpus": 2, "include_dashboard": False}  # else: join it
+    ray.init(namespace="verl-example", log_to_driver=False, **local)
+    cluster = deploy("verl-example", namespace="verl-example", pool=Pool(cpus=CORES),
+                     quotas={"search": Quota(concurrency=4)})
+
+    async def run() -> None:
+        async with RemoteTangram("verl-example", namespace="verl-example") as tangram:
+            await rollout(tangram)
+
+    try:
+        asyncio.run(run())
+    finally:
+        cluster.shutdown()
+        ray.shutdown()
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    if "--ray" in sys.argv[1:]:
+        main_ray()
+    else:
+        asyncio.run(main())

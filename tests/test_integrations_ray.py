@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import os
 import random
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -383,3 +384,20 @@ async def test_cancel_and_timeout_through_an_openrlhf_step(cluster: Any, scope: 
         await shutdown()
         if scope == "job":
             _kill_pool(name)
+
+
+# ---------------------------------------------------------------------------------------- examples
+@pytest.mark.parametrize(("example", "expect"), [
+    ("verl_tool.py", ("call 5: ran on", "was not run: argument 'cores'", "<RemoteTangram", "completed: 6")),
+    ("openrlhf_agent.py", ("episode lima: reward=1.0 steps=2", "<RemoteTangram", "completed: 8")),
+])
+def test_the_examples_run_unchanged_on_the_job_wide_pool(cluster: Any, example: str, expect: tuple[str, ...]) -> None:
+    """The same example code, local by default, on the Ray scheduler actor with --ray (verl_tool
+    installs a RemoteTangram; openrlhf_agent's pool, named in its RUNTIME, becomes job-wide)."""
+    env = dict(os.environ, RAY_ADDRESS=cluster.address_info["gcs_address"], PYTHONUNBUFFERED="1")
+    proc = subprocess.run([sys.executable, str(TESTS.parent / "examples" / example), "--ray"], env=env,
+                          capture_output=True, text=True, timeout=180, check=False)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
+    for text in expect:
+        assert text in out, f"{example} --ray did not print {text!r}:\n{out[-3000:]}"
