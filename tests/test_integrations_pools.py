@@ -373,3 +373,39 @@ async def test_every_entry_point_takes_any_tangram_handle() -> None:
         assert await resolve_runtime(lambda: proxy) is not None
     with pytest.raises(SpecError, match="RemoteTangram"):
         install(Pool(cpus=1))  # type: ignore[arg-type]
+
+
+@needs_verl
+def test_bad_pool_config_fails_where_the_adapter_is_built(tool_module: Any) -> None:
+    from verl.tools.schemas import OpenAIFunctionToolSchema
+
+    from tangram_sdk.integrations.openrlhf import with_tangram
+    from tangram_sdk.integrations.verl import TangramAgentLoopMixin, TangramTool
+
+    schema = OpenAIFunctionToolSchema.model_validate(SCHEMA)
+    base = {"wraps": f"{tool_module.__name__}.HoldTool", "spec": {"cpus": 1}}
+    with pytest.raises(SpecError, match=r"tool 'hold' tangram config: pool: unknown key\(s\) \['cpu'\]"):
+        TangramTool(config={"type": "native", "tangram": {**base, "pool": {"cpu": 4}}}, tool_schema=schema)
+    with pytest.raises(SpecError, match="not both"):
+        TangramTool(config={"type": "native", "tangram": {**base, "pool": "p", "runtime": "m:f"}}, tool_schema=schema)
+
+    class Base:
+        def __init__(self, *a: Any, **k: Any) -> None:
+            pass
+
+    class Loop(TangramAgentLoopMixin, Base):
+        pass
+
+    with pytest.raises(SpecError, match="unknown key"):
+        Loop(tangram={"pool": {"cpus": 1}, "pools": {}})
+    with pytest.raises(SpecError, match="scope"):
+        Loop(tangram={"pool": {"cpus": 1, "scope": "cluster"}})
+    if HAVE_OPENRLHF:
+        from openrlhf.utils.agent import AgentInstanceBase
+
+        class Env(AgentInstanceBase):
+            async def step(self, states: dict[str, Any], **kwargs: Any) -> Any:
+                return {}
+
+        with pytest.raises(SpecError, match="with_tangram"):
+            with_tangram(Env, spec=ActionSpec(kind="x"), runtime={"pool": {"cpus": -1}})
