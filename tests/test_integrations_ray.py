@@ -386,6 +386,27 @@ async def test_cancel_and_timeout_through_an_openrlhf_step(cluster: Any, scope: 
             _kill_pool(name)
 
 
+# ---------------------------------------------------------------------------------------- attach
+async def test_config_attaches_by_name_to_a_pool_the_driver_deployed(cluster: Any) -> None:
+    """What a pool mapping cannot say (managers, per-node pools) is deployed by the driver; config
+    that names the pool attaches to it. A name nobody deployed is a SpecError saying so."""
+    from tangram_sdk import Pool, SpecError
+    from tangram_sdk.integrations import Guard
+    from tangram_sdk.ray import RemoteTangram, deploy
+
+    cl = await asyncio.to_thread(deploy, "driver-pool", namespace=NS, pool=Pool(cpus=2))
+    try:
+        tg = await resolve_runtime({"pool": "driver-pool"})
+        assert isinstance(tg, RemoteTangram) and await resolve_runtime({"pool": "driver-pool"}) is tg
+        async with Guard(ActionSpec(kind="x", cpus=2), runtime={"pool": "driver-pool"}) as lease:
+            assert lease.cpus == (0, 1) and lease.attachment("node") is not None
+        with pytest.raises(SpecError, match="no pool named 'nobody' in Ray namespace"):
+            await resolve_runtime({"pool": "nobody"})
+    finally:
+        await shutdown()
+        await asyncio.to_thread(cl.shutdown)
+
+
 # ---------------------------------------------------------------------------------------- examples
 @pytest.mark.parametrize(("example", "expect"), [
     ("verl_tool.py", ("call 5: ran on", "was not run: argument 'cores'", "<RemoteTangram", "completed: 6")),
