@@ -59,6 +59,16 @@ def test_without_size_variation_the_declaration_stands():
     assert st.beta == 1.0
 
 
+def test_a_few_early_completions_at_close_sizes_do_not_move_the_model():
+    # the opening burst of a light pool: 30 actions at 12 cores, then hundreds at 16, and the
+    # early ones that have completed are the short ones. The slope between two close sizes
+    # from so few samples is noise; the declaration stands until each size has evidence.
+    st = KindStats(1.0)
+    feed(st, [(12, d * 0.3) for _, d in draws(30, 0.9, [12], seed=5)])  # early: short ones only
+    feed(st, draws(300, 0.9, [16], seed=6))
+    assert st.beta == 1.0
+
+
 def test_learning_off_keeps_the_declared_model():
     st = KindStats(1.0)
     feed(st, draws(2000, 0.0, [1, 8]), learn_beta=False)

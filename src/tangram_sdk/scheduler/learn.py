@@ -14,6 +14,7 @@ __all__ = ["KindStats"]
 
 RING = 32
 _PRIOR_SD = 0.5  # how far from the declared efficiency (beta = 1) the prior lets beta move easily
+_MIN_PER_SIZE = 32  # completions at a size before it counts as evidence about the slope
 _BETA_MAX = 1.25
 
 
@@ -100,7 +101,12 @@ class KindStats:
         mx, my_all = sx / sw, sy / sw
         var = within / sw  # pooled spread of log durations at a fixed size
         beta = 1.0
-        if learn_beta and len(bs) > 1:
+        # evidence first: at least two sizes with _MIN_PER_SIZE completions each. Early
+        # completions are the short actions whatever their size (the long ones are still
+        # running), and sizes granted at different moments are cut off differently: a slope fitted
+        # from a few early samples at two close sizes is noise (it learned "no speedup" from a
+        # burst at 12 and 16 cores, then ran 300 tests on one core)
+        if learn_beta and sum(1 for w, _m, _v in bs.values() if w >= _MIN_PER_SIZE) > 1:
             cxx = cxy = 0.0
             for x, (w, my, _v) in bs.items():
                 cxx += w * (x - mx) ** 2
