@@ -42,9 +42,12 @@ def _recorder(log: list[tuple[object, ...]]):  # type: ignore[no-untyped-def]
 
 
 @pytest.mark.looptime
-async def test_runtime_and_simulator_make_identical_decisions() -> None:
+@pytest.mark.parametrize("seed,n_traj", [(7, 6), (11, 16)])
+async def test_runtime_and_simulator_make_identical_decisions(seed: int, n_traj: int) -> None:
+    # the second trace is busy enough that elastic actions wait for imminent releases (start
+    # or wait): timer ticks at the scheduler's next_wakeup must land alike in both
     pool = Pool(cpus=12, numa=[list(range(6)), list(range(6, 12))])
-    trajs = _trace(seed=7)
+    trajs = _trace(seed=seed, n_traj=n_traj)
     sim_log: list[tuple[object, ...]] = []
     pol = make_policy("tangram", pool)
     simulate(trajs, pol, observers=[_recorder(sim_log)], time_resolution=1e-6)
@@ -74,6 +77,8 @@ async def test_runtime_and_simulator_make_identical_decisions() -> None:
         assert a == b, f"entry {i} differs:\nsim {a}\nrt  {b}"
     grants = [d for _e, _t, ds in sim_log for d in ds if isinstance(d, Grant)]
     assert any(g.units > 1 for g in grants), "the trace should exercise elastic grants"
+    if n_traj > 6:
+        assert any(type(e).__name__ == "Tick" for es, _t, _d in sim_log for e in es), "no wait exercised"
 
 
 def test_closed_loop_next_arrival_follows_completion() -> None:

@@ -136,6 +136,11 @@ def simulate(
     def q(t: float) -> float:
         return t if rr is None else round(t * rr) / rr
 
+    def q_timer(t: float) -> float:
+        """A timer fires at the first grid time not before it (minus asyncio's clock resolution),
+        as a timer armed with ``loop.call_at`` does on looptime's clock."""
+        return t if rr is None else (math.floor((t - 1e-9) * rr) + 1) / rr
+
     heap: list[tuple[float, int, int, int, int]] = []  # (t, class, seq, a, b)
     seq = 0
 
@@ -183,7 +188,7 @@ def simulate(
             lane.timer_at = nw
             lane.timer_gen += 1
             if nw is not None:
-                push(nw, _TICK, li, lane.timer_gen)
+                push(q_timer(nw), _TICK, li, lane.timer_gen)
 
     def feed(li: int, ev: Event, now: float) -> None:
         decs = lanes[li].sched.handle(ev, now)
