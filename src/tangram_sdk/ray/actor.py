@@ -440,6 +440,9 @@ class SchedulerActor:
             return
         node.alive = False
         node.reason = reason
+        # recorded before anyone is told: a client that sees NodeLostError then reads statistics
+        # finds the node in lost_nodes
+        self._lost_nodes.append({"node": node.label, "reason": reason, "at": time.time()})
         err = NodeLostError(f"node {node.label!r} left the pool: {reason}")
         for conn in list(self._conns.values()):
             for key, held in list(conn.held.items()):
@@ -460,7 +463,6 @@ class SchedulerActor:
             except Exception as exc:  # noqa: BLE001 - best effort: the agent is killed next anyway
                 log.warning("node %s: agent did not close cleanly: %r", node.label, exc)
             require().kill(node.agent)
-        self._lost_nodes.append({"node": node.label, "reason": reason, "at": time.time()})
 
     def post_event(self, label: str, ev: Event) -> None:
         node = self._nodes.get(label)

@@ -334,6 +334,7 @@ class _Link:
         self.proto = _wire.FrameProtocol(self._on_frame, self._on_lost)
         self.waiters: dict[int, asyncio.Future[Any]] = {}
         self.acks: dict[int, asyncio.Future[None]] = {}  # failed/cancelled actions waiting for their units to go back
+        self.refused: set[int] = set()  # acquires the actor answered with an error
         self.held: dict[int, _Held] = {}
         self.welcome: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         self.last_recv = time.monotonic()
@@ -361,6 +362,7 @@ class _Link:
             fut = self.waiters.pop(msg[1], None)
             if fut is not None and not fut.done():
                 fut.set_exception(msg[2])
+                self.refused.add(msg[1])  # the actor failed it and kept nothing: no give-back needed
         elif op == "ack":
             ack = self.acks.pop(msg[1], None)
             if ack is not None and not ack.done():
@@ -650,6 +652,9 @@ class _RemoteAcquire:
             f = await wait_future(fut, grace, self._late)
         except BaseException as exc:
             link.waiters.pop(key, None)
+            if key in link.refused:  # refused by the actor (SpecError, its own timeout...): nothing is held
+                link.refused.discard(key)
+                raise
             # whatever the actor has for this key goes back (no-op if nothing); raise once it has
             if await link.give_back(("cancel", key, True), key) and not isinstance(exc, asyncio.CancelledError):
                 raise asyncio.CancelledError from exc  # cancelled while giving back: the cancel wins
