@@ -150,6 +150,7 @@ class Moldable(Placement):
         top = len(PRICE_GRID) - 1
         cap = self._price_cap
         cap_overload = self._cap_overload
+        always = self.objective == "step"  # the floor holds even under a backlog
 
         def index(supply: float) -> int:
             def fits(gi: int) -> bool:
@@ -166,7 +167,7 @@ class Moldable(Placement):
                         hi = mid
                     else:
                         lo = mid + 1
-            if lo > cap and (lo < top or fits(top) or (cap_overload and backlog <= supply)):
+            if lo > cap and (always or lo < top or fits(top) or (cap_overload and backlog <= supply)):
                 # a flood of expected arrivals is priced at most max_price; only a backlog the
                 # pool cannot absorb even at minimum sizes (or any overload, with objective "act")
                 lo = cap
@@ -221,22 +222,28 @@ class Moldable(Placement):
         start = min(want, free)
         if not self.start_or_wait or span or start >= dops[0]:
             return start
+        # at the bound (a flood), no action starts below the size max_price implies while the cores
+        # for it are expected back within its own run at that size: one long action started on a
+        # core or two during a flood sets the RL step. A backlog the pool cannot absorb has no
+        # floor (the minimum is throughput-optimal then), nor has a quiet pool.
+        floor = dops[gi] if gi == self._price_cap else a.emin
         _, _, per_node = self._release_line(now)
         market = self._market(a, now)
         rel = self._rel_fn(a.spec)
         d0 = self._dur_min(a)
         behind = sum(n for spec, n in self._spec_queued.items() if spec.cpus) - 1
-        best = d0 * rel(start)
+        best = d0 * rel(start) if start >= floor else math.inf
+        patience = d0 * rel(floor)
         best_m, best_w = start, 0.0
         have = free
         for t, k in per_node[node]:
             w = t - now
-            if w >= best:  # nothing that starts later can finish sooner
+            if w >= best or w > patience:  # nothing that starts later can finish sooner
                 break
             have += k
             gk = market(self._supply_by(t, a))
             m = min(have, dops[gk])
-            if m <= start:
+            if m <= start or m < floor:
                 continue
             mu = PRICE_GRID[gk]
             idle = 0.0 if math.isinf(mu) else mu * free * w
@@ -245,7 +252,7 @@ class Moldable(Placement):
                 best, best_m, best_w = c, m, w
             if have >= dops[0]:
                 break
-        if best_m == start:
+        if best_m == start:  # includes: no release in sight that would reach the floor
             return start
         wake = now + best_w  # re-decide when the awaited cores should be back, even if late
         if self.next_wakeup is None or wake < self.next_wakeup:
