@@ -12,6 +12,7 @@ from .errors import (
     DeviceError,
     DockerError,
     InfeasibleSpecError,
+    IntegrationUnavailable,
     ManagerError,
     QuarantineError,
     RuntimeClosedError,
@@ -19,7 +20,6 @@ from .errors import (
     SpecError,
     TangramError,
 )
-from .integrations._lazy import IntegrationUnavailable
 from .lease import ExecResult, Lease
 from .managers.base import Manager, ManagerContext
 from .pool import Pool, Quota

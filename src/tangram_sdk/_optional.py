@@ -11,7 +11,7 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
-from .integrations._lazy import IntegrationUnavailable
+from .errors import IntegrationUnavailable
 
 __all__ = ["EXTRAS", "TORCH_CPU_INDEX", "install_hint", "require", "require_or_exit"]
 

@@ -1,16 +1,26 @@
-"""The whole exception tree of tangram_sdk, in one place.
+"""The whole exception tree of tangram_sdk, in one place (each class is also re-exported where
+it is raised: ``tangram_sdk``, ``tangram_sdk.ray``, ``tangram_sdk.sim``, ``tangram_sdk.integrations``).
 
 ::
 
     TangramError
     ├── SpecError (also ValueError)        a spec or pool that is invalid on its face
+    │   └── SpecMappingError               a tool call's arguments do not map to an ActionSpec (adapters)
     ├── InfeasibleSpecError                valid, but can never fit this pool: raised by acquire at once
     ├── DeadlineError (also TimeoutError)  cannot start, or did not start, before acquire's deadline
     ├── RuntimeClosedError                 acquire on a Tangram that is not running
     ├── SchedulerBrokenError               the scheduling task died; every waiter gets this with the cause
+    ├── IntegrationUnavailable             an adapter's framework (veRL, OpenRLHF, torch...) is not
+    │   (also ImportError)                 installed; names the pip command
+    ├── RayNotInstalledError               ``tangram_sdk.ray`` used without the ``ray`` extra
+    │   (also ImportError)
+    ├── LeaseLostError                     the Ray scheduler took a held lease back (link lost, TTL, death)
+    │   └── NodeLostError                  ...because the lease's node (its agent) died
+    ├── TraceError (also ValueError)       a simulator trace line that cannot be replayed (names the line)
     └── ManagerError                       a resource manager failed to apply or release a grant
         ├── DockerError                    the Docker daemon / a container failed (names the container)
         ├── CgroupError                    a cgroup file could not be read or written (names the path)
+        │   └── MemoryBusyError            a memory limit below what the cgroup holds and cannot free
         ├── DeviceError                    a GPU restore/evict failed (names service and device)
         ├── ActionOOMError                 an action's command was killed for memory (names the
         │                                  container or cgroup, the limit and the peak)
@@ -19,7 +29,8 @@
 
 Timeouts stay the builtin :class:`TimeoutError`; cancellation is never swallowed.
 Foreign errors (aiodocker, OSError, torch) are translated into ManagerError subclasses at the
-manager boundary, with the original chained as ``__cause__``.
+manager boundary, with the original chained as ``__cause__``. This module imports nothing of the
+package, so any module may import it.
 """
 
 from __future__ import annotations
@@ -33,12 +44,19 @@ __all__ = [
     "DeviceError",
     "DockerError",
     "InfeasibleSpecError",
+    "IntegrationUnavailable",
+    "LeaseLostError",
     "ManagerError",
+    "MemoryBusyError",
+    "NodeLostError",
     "QuarantineError",
+    "RayNotInstalledError",
     "RuntimeClosedError",
     "SchedulerBrokenError",
     "SpecError",
+    "SpecMappingError",
     "TangramError",
+    "TraceError",
 ]
 
 
@@ -48,6 +66,10 @@ class TangramError(Exception):
 
 class SpecError(TangramError, ValueError):
     """An ActionSpec, Pool or Quota is invalid (negative, NaN, unknown name, bad range)."""
+
+
+class SpecMappingError(SpecError):
+    """A tool call's arguments could not be mapped to an ActionSpec (reported to the agent)."""
 
 
 class InfeasibleSpecError(TangramError):
@@ -66,6 +88,38 @@ class RuntimeClosedError(TangramError):
 
 class SchedulerBrokenError(TangramError):
     """The scheduler task died; waiters get this instead of hanging. ``__cause__`` holds why."""
+
+
+class IntegrationUnavailable(TangramError, ImportError):
+    """A framework adapter was used but the framework (or one of the modules it imports) is missing.
+
+    It is also an :class:`ImportError`, so the common ``try: ... except ImportError:`` fallback
+    keeps working. ``framework`` names the framework, ``install`` the pip command that fixes it.
+    """
+
+    def __init__(self, message: str, *, framework: str, install: str) -> None:
+        super().__init__(message)
+        self.framework = framework
+        self.install = install
+
+
+class RayNotInstalledError(TangramError, ImportError):
+    """``tangram_sdk.ray`` was used without Ray: ``pip install 'tangram-sdk[ray]'``."""
+
+
+class LeaseLostError(TangramError):
+    """A lease was revoked while its action held it: the connection to the scheduler actor broke,
+    the client missed heartbeats for longer than the TTL, or the scheduler actor died. The action's
+    task is cancelled (like ``asyncio.timeout``) and leaving ``acquire`` raises this instead."""
+
+
+class NodeLostError(LeaseLostError):
+    """The node agent owning the lease's cores/GPUs died: its resources left the pool, its queued
+    actions fail with this at ``acquire`` and its running actions are cancelled with it."""
+
+
+class TraceError(TangramError, ValueError):
+    """A simulator trace line that cannot be replayed; the message names the line number and field."""
 
 
 class ManagerError(TangramError):
@@ -95,6 +149,17 @@ class DockerError(ManagerError):
 
 class CgroupError(ManagerError):
     """A cgroup file could not be written (not writable, vanished container, bad path)."""
+
+
+class MemoryBusyError(CgroupError):
+    """A memory limit below what the cgroup holds and cannot free (resident processes, tmpfs):
+    v1 refuses the write (EBUSY); on v2 we refuse it ourselves, because the kernel would OOM-kill
+    whatever lives in the cgroup to get under it."""
+
+    def __init__(self, message: str, *, resource: str | None = None, limit: int, usage: int) -> None:
+        super().__init__(message, resource=resource)
+        self.limit = limit
+        self.usage = usage
 
 
 class DeviceError(ManagerError):

@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 
 import attrs
 
-from ..errors import InfeasibleSpecError, SpecError
+from ..errors import InfeasibleSpecError, SpecError, SpecMappingError
 from ..pool import Pool, Quota
 from ..spec import ActionSpec, Amdahl, Elasticity
 
@@ -38,10 +38,6 @@ _SPEC_KEYS = {"kind", "cpus", "gpus", "memory", "quotas", "elastic", "duration",
               "service"}
 _ELASTIC_KEYS = {"resource", "max_units", "parallel", "efficiency"}
 _FROM_PARAM_KEYS = {"cpus", "gpus", "memory", "duration", "priority", "max_units"}
-
-
-class SpecMappingError(SpecError):
-    """A tool call's arguments could not be mapped to an ActionSpec (reported to the agent)."""
 
 
 def import_object(path: str) -> Any:

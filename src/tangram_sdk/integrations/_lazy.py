@@ -5,7 +5,8 @@ tangram_sdk`` must stay cheap and must work on a laptop without them, so the ada
 framework at the moment a framework class is first needed, and turn a failed import into one
 clear error instead of a ``ModuleNotFoundError`` from deep inside the framework.
 
-``IntegrationUnavailable`` should be re-exported from ``tangram_sdk`` (the lead owns ``__init__``).
+``IntegrationUnavailable`` lives in :mod:`tangram_sdk.errors`; it is re-exported here and from
+``tangram_sdk``.
 """
 
 from __future__ import annotations
@@ -13,22 +14,9 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
-from ..errors import TangramError
+from ..errors import IntegrationUnavailable
 
 __all__ = ["IntegrationUnavailable", "require"]
-
-
-class IntegrationUnavailable(TangramError, ImportError):
-    """A framework adapter was used but the framework (or one of the modules it imports) is missing.
-
-    It is also an :class:`ImportError`, so the common ``try: ... except ImportError:`` fallback
-    keeps working. ``framework`` names the framework, ``install`` the pip command that fixes it.
-    """
-
-    def __init__(self, message: str, *, framework: str, install: str) -> None:
-        super().__init__(message)
-        self.framework = framework
-        self.install = install
 
 
 def require(module: str, *, framework: str, install: str) -> ModuleType:

@@ -36,7 +36,7 @@ from typing import Literal
 import attrs
 
 from .._cpuset import format_cpuset, parse_cpuset
-from ..errors import CgroupError, SpecError
+from ..errors import CgroupError, MemoryBusyError, SpecError
 
 __all__ = [
     "CgroupLayout",
@@ -330,17 +330,6 @@ class ContainerCgroup:
 
 _V1_UNLIMITED = 1 << 62  # v1 reads "unlimited" as PAGE_COUNTER_MAX pages (9223372036854771712 on 4 KiB pages)
 _CHILD_NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,62}")
-
-
-class MemoryBusyError(CgroupError):
-    """A memory limit below what the cgroup holds and cannot free (resident processes, tmpfs):
-    v1 refuses the write (EBUSY); on v2 we refuse it ourselves, because the kernel would OOM-kill
-    whatever lives in the cgroup to get under it."""
-
-    def __init__(self, message: str, *, resource: str | None = None, limit: int, usage: int) -> None:
-        super().__init__(message, resource=resource)
-        self.limit = limit
-        self.usage = usage
 
 
 @attrs.frozen

@@ -24,7 +24,7 @@ import os
 from collections.abc import Sequence
 from typing import IO, Any
 
-from ..errors import SpecError
+from ..errors import SpecError, TraceError
 from ..pool import Pool, Quota
 from ..scheduler.decisions import Decision, Grant
 from ..scheduler.events import Cancelled, Event, Released, Submitted
@@ -35,10 +35,6 @@ __all__ = ["TraceError", "TraceRecorder", "load_trace", "trace_workload"]
 
 _FIELDS = {"arrival", "kind", "cpus", "gpus", "memory", "quotas", "service", "elastic", "duration",
            "traj", "end", "overhead", "units", "granted", "failed", "id"}
-
-
-class TraceError(ValueError):
-    """A trace line that cannot be replayed; the message names the line number and field."""
 
 
 def _finite(v: float) -> bool:
