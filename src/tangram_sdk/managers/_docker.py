@@ -16,6 +16,11 @@ command's processes are found through the container's cgroup, not through the da
 without a timeout pings the daemon while the command runs and fails with DockerError once a ping
 goes unanswered for ``api_timeout`` (the command is killed the same way). Every wait uses
 :mod:`tangram_sdk._deadline` (never ``asyncio.wait_for``), so a cancel is never swallowed.
+
+A failed call's DockerError says (:func:`never_sent`) whether it certainly never reached the
+daemon (no socket, connection refused): only then did it change nothing. A call that timed out
+may still be carried out (a frozen dockerd applies it once it runs again), and one whose
+connection dropped may have been (a daemon dying between doing an update and answering it).
 """
 
 from __future__ import annotations
@@ -42,7 +47,7 @@ from ..lease import ExecResult
 from .process import check_argv as _check_argv
 
 __all__ = ["LABEL", "UNLIMITED", "ContainerInfo", "DockerClient", "is_connection_error",
-           "is_memory_busy", "is_not_found", "kill_tree", "validate_ref"]
+           "is_memory_busy", "is_not_found", "kill_tree", "never_sent", "validate_ref"]
 
 LABEL = "tangram_sdk"  # every container we create carries ``tangram_sdk=1`` so leaks can be found
 # The Engine API refuses Memory=-1 ("Minimum memory limit allowed is 6MB") and reads 0 as
@@ -142,7 +147,9 @@ class DockerClient:
             try:
                 docker = aiodocker.Docker(url=self.url, api_version=self._api_version)
             except (ValueError, OSError) as exc:
-                raise DockerError(f"cannot reach the Docker daemon ({self.url or 'default'}): {exc}") from exc
+                err = DockerError(f"cannot reach the Docker daemon ({self.url or 'default'}): {exc}")
+                err._unsent = True  # type: ignore[attr-defined]
+                raise err from exc
             self._conn = _Conn(docker)
         return self._conn
 
@@ -190,14 +197,18 @@ class DockerClient:
         loop = asyncio.get_running_loop()
         bound = self.api_timeout if timeout is None else timeout
         deadline = loop.time() + bound
+        reached = False  # some attempt may have reached the daemon (so it may carry the call out)
         for attempt in (0, 1):
             left = deadline - loop.time()
             try:
                 async with self._session(op, ref) as docker:
                     return await within(fn(docker), max(0.0, left), lambda: f"no answer within {bound:g} s")
             except DockerError as exc:
+                reached = reached or not never_sent(exc)
                 if not (retry and attempt == 0 and exc.connection and not is_timeout(exc)
                         and deadline - loop.time() > 0.05):
+                    if reached:
+                        exc._unsent = False  # type: ignore[attr-defined]
                     raise
         raise AssertionError("unreachable")
 
@@ -585,6 +596,22 @@ def is_timeout(exc: DockerError) -> bool:
     return bool(getattr(exc, "_timed_out", False))
 
 
+def never_sent(exc: BaseException) -> bool:
+    """True when the call certainly never reached the daemon (no socket, connection refused), so
+    it changed nothing. Not for a timeout, a dropped connection or an error the daemon answered:
+    the daemon may have carried such a call out, or still will (a frozen one does once it runs).
+    Exact for POSTs (update, create, exec), which aiohttp never resends; after a dropped GET or
+    DELETE aiohttp retries once itself and only the retry's refusal is seen."""
+    return bool(getattr(exc, "_unsent", False))
+
+
+def _refused(exc: BaseException) -> bool:
+    """The connection could not be opened: nothing was sent."""
+    if isinstance(exc, aiodocker.DockerError):  # aiodocker raises it from the aiohttp error
+        exc = exc.__cause__ or exc.__context__ or exc
+    return isinstance(exc, (aiohttp.ClientConnectorError, ConnectionRefusedError, FileNotFoundError))
+
+
 def _translate(op: str, ref: str | None, exc: BaseException) -> DockerError:
     where = f" container {ref!r}" if ref else ""
     status: int | None = None
@@ -608,6 +635,7 @@ def _translate(op: str, ref: str | None, exc: BaseException) -> DockerError:
         msg = f"Docker {op}:{where}: daemon unreachable ({type(exc).__name__}: {exc})"
     err = DockerError(msg, resource=ref, status=status, connection=connection)
     err._timed_out = isinstance(exc, (asyncio.TimeoutError, TimeoutError))  # type: ignore[attr-defined]
+    err._unsent = _refused(exc)  # type: ignore[attr-defined]
     return err
 
 

@@ -25,8 +25,13 @@ held, and ``aclose`` re-parks any still-granted container through the API so the
 A park that fails (the daemon died between grant and park) does not return the cores: ``release``
 raises :class:`~tangram_sdk.errors.QuarantineError` and the runtime keeps the action's cores out
 of the pool while this manager re-parks the container in the background (backoff up to 5 s) and
-*verifies* it (Docker's record or the cgroup files read back); then the cores return. Quarantined
-containers are listed in ``statistics()["quarantined"]``.
+*verifies* it (Docker's record, and the cgroup files read back where they are readable); then the
+cores return. Quarantined containers are listed in ``statistics()["quarantined"]``. A *grant* whose
+update failed in a way the daemon may still carry out (a timeout, a dropped connection, an error
+after the daemon was reached: a frozen dockerd applies a timed-out update once it runs again) is
+treated the same way: the action fails, and its cores stay quarantined until the container is
+verifiably parked. Only a call that never reached the daemon (no socket, connection refused)
+gives the cores back at once.
 
 Memory: an action that declares ``memory`` gets it as its container's memory limit (memory + swap
 = memory: no swap) for as long as it holds the lease, then the container's *parked* limit (what
@@ -56,7 +61,7 @@ from .._deadline import check_timeout
 from ..errors import ActionOOMError, CgroupError, DockerError, QuarantineError, SpecError
 from . import _cgroup
 from ._cgroup import MemoryBusyError, MemoryLimits
-from ._docker import KILLED, DockerClient, is_memory_busy, is_not_found, validate_ref
+from ._docker import KILLED, DockerClient, is_memory_busy, is_not_found, never_sent, validate_ref
 from ._limits import CreationGate
 from .base import ManagerContext
 
@@ -98,12 +103,14 @@ def _mib(n: int | None) -> str:
 
 
 class _Quarantine:
-    """A container whose park failed: the cores it may still hold, and the re-park in flight."""
+    """A container whose park failed (or whose grant failed after reaching the daemon): the cores
+    it may still hold, and the re-park in flight."""
 
-    __slots__ = ("attempts", "box", "cpus", "error", "since", "task", "until")
+    __slots__ = ("actions", "attempts", "box", "cpus", "error", "since", "task", "until")
 
     def __init__(self, box: _Box, cpus: tuple[int, ...], error: BaseException) -> None:
         self.box = box
+        self.actions: set[int] = set()  # failed grants waiting for their release to report this
         self.cpus = set(cpus)
         self.error = str(error)
         self.attempts = 1
@@ -115,6 +122,13 @@ class _Quarantine:
 def _gone(exc: DockerError) -> bool:
     """The container no longer exists or no longer runs: nothing is left to park."""
     return is_not_found(exc) or "not running" in str(exc)
+
+
+def _unchanged(exc: BaseException) -> bool:
+    """A failed grant update that certainly changed nothing: the daemon was never reached, or the
+    container is gone. Anything else (a timeout, a dropped connection, a cancel mid-call, a cgroup
+    write that failed half-way) may have given, or may still give, the container the cores."""
+    return isinstance(exc, DockerError) and (never_sent(exc) or _gone(exc))
 
 
 class DockerCpuManager:
@@ -166,11 +180,13 @@ class DockerCpuManager:
         self._active_backend: Literal["api", "cgroup"] = "api"
         self._boxes: dict[str, _Box] = {}  # keyed by every ref seen (name, short id, full id)
         self._stats = {"applies": 0, "releases": 0, "api_updates": 0, "cgroup_writes": 0, "fallbacks": 0,
-                       "park_failures": 0, "memory_updates": 0, "memory_restore_failures": 0, "oom_kills": 0}
+                       "park_failures": 0, "grant_failures": 0, "memory_updates": 0, "memory_restore_failures": 0,
+                       "oom_kills": 0}
         self._gate = CreationGate(max_sandboxes, create_rate, create_burst)
         self.create_timeout = check_timeout(create_timeout, "create_timeout")
         self._peaks: dict[str, dict[str, int]] = {}  # kind -> {"max", "last", "n"} (bytes, actions)
         self._quarantined: dict[str, _Quarantine] = {}  # by full container id
+        self._unsure: dict[int, _Quarantine] = {}  # action id -> the quarantine its failed grant began
         self._read_layout: _cgroup.CgroupLayout | None = None  # for reading cgroup.procs (any backend)
         self._closed = False
 
@@ -274,11 +290,29 @@ class DockerCpuManager:
                 # memory first: a limit the container cannot meet refuses the action before its
                 # cores change, and the cores are the part that must never be left granted
                 await self._settle_memory(box)
-                await self._set(box, self._granted_cpus(box), len(self._granted_cpus(box)) * self.period_us)
             except BaseException:
                 box.active.pop(aid, None)
                 box.mem.pop(aid, None)
                 await self._restore_memory_quietly(box)
+                raise
+            try:
+                await self._set(box, self._granted_cpus(box), len(self._granted_cpus(box)) * self.period_us)
+            except BaseException as exc:
+                box.active.pop(aid, None)
+                box.mem.pop(aid, None)
+                if _unchanged(exc):
+                    await self._restore_memory_quietly(box)
+                    raise
+                # the daemon may have given (or, frozen, may still give) the container these
+                # cores: they stay out of the pool until it is verifiably parked; the release
+                # the runtime runs after a failed apply reports that (QuarantineError)
+                self._stats["grant_failures"] += 1
+                self._quarantine(box, tuple(grant.cpus), exc if isinstance(exc, Exception) else
+                                 DockerError(f"the grant was interrupted ({type(exc).__name__})", resource=box.id),
+                                 "may hold a grant that failed")
+                q = self._quarantined[box.id]
+                q.actions.add(aid)
+                self._unsure[aid] = q
                 raise
             if len(box.active) == 1:
                 self._watch_peak(box)
@@ -293,7 +327,16 @@ class DockerCpuManager:
         A park that fails otherwise raises QuarantineError: the runtime keeps these cores out of
         the pool until the background re-park has verifiably parked the container."""
         ref = lease.spec.container
-        if ref is None or ref not in self._boxes:
+        if ref is None:
+            return
+        unsure = self._unsure.pop(grant.action_id, None)
+        if unsure is not None:  # its grant failed but may have reached the container (see apply)
+            unsure.actions.discard(grant.action_id)
+            raise QuarantineError(
+                f"container {unsure.box.id[:12]}: the grant of cores {format_cpuset(grant.cpus)} failed but the "
+                f"daemon may carry it out ({unsure.error}); the cores stay out of the pool until the container "
+                f"is verifiably parked (re-parking in the background)", resource=unsure.box.id, until=unsure.until)
+        if ref not in self._boxes:
             return
         box = self._boxes[ref]
         async with box.lock:
@@ -340,6 +383,8 @@ class DockerCpuManager:
                 b.peak.close()
                 b.peak = None
             held = self._quarantined.pop(b.id, None)
+            if held is not None:
+                self._drop_unsure(held)
             if isinstance(r, BaseException):
                 log.warning("could not re-park container %s at close: %s", b.id[:12], r)
             if held is not None and not held.until.done():
@@ -362,13 +407,14 @@ class DockerCpuManager:
         await self._set(box, cpus, quota)
         return cpus, quota
 
-    def _quarantine(self, box: _Box, cores: tuple[int, ...], error: Exception) -> asyncio.Future[None]:
+    def _quarantine(self, box: _Box, cores: tuple[int, ...], error: Exception,
+                    what: str = "could not be parked") -> asyncio.Future[None]:
         q = self._quarantined.get(box.id)
         if q is None:
             q = self._quarantined[box.id] = _Quarantine(box, cores, error)
             q.task = asyncio.get_running_loop().create_task(self._repark(q), name=f"repark-{box.id[:12]}")
-            log.error("container %s could not be parked (%s): cores %s quarantined until it is",
-                      box.id[:12], error, format_cpuset(cores))
+            log.error("container %s %s (%s): cores %s quarantined until it is parked",
+                      box.id[:12], what, error, format_cpuset(cores))
         else:
             q.cpus.update(cores)
             q.error = str(error)
@@ -398,13 +444,24 @@ class DockerCpuManager:
                     continue
             break
         self._quarantined.pop(box.id, None)
+        self._drop_unsure(q)
         log.warning("container %s parked after %d attempts: cores %s back", box.id[:12], q.attempts,
                     format_cpuset(sorted(q.cpus)))
         if not q.until.done():
             q.until.set_result(None)
 
+    def _drop_unsure(self, q: _Quarantine) -> None:
+        """A quarantine ended: failed grants whose release never came (a caller that does not
+        release a manager whose apply raised) stop waiting for it."""
+        for aid in q.actions:
+            self._unsure.pop(aid, None)
+        q.actions.clear()
+
     async def _verify(self, box: _Box, cpus: Sequence[int], quota: int) -> None:
-        """Read back what the container holds (cgroup files, or Docker's record for the API backend)."""
+        """Read back what the container holds: the cgroup files, and Docker's record for the API
+        backend. With the API backend the files are read too where they are readable (a local
+        daemon): two updates in flight at once (a late one from a frozen daemon, and the re-park)
+        can leave the record and the kernel disagreeing, and the kernel is what the cores obey."""
         got: Any
         if box.backend == "cgroup" and box.cgroup is not None:
             got = (box.cgroup.cpus(), box.cgroup.quota())
@@ -413,8 +470,25 @@ class DockerCpuManager:
             info = await self.client.inspect(box.id)
             got = (info.cpuset, info.cpu_quota, info.cpu_period)
             want = (format_cpuset(cpus), quota, self.period_us)
+            live = self._live(box, info.pid)
+            if got == want and live is not None and live != (tuple(cpus), (quota, self.period_us)):
+                got = live
+                want = (tuple(cpus), (quota, self.period_us))
         if got != want:
             raise DockerError(f"container {box.id[:12]} holds {got} after the update, not {want}", resource=box.id)
+
+    def _live(self, box: _Box, pid: int) -> tuple[tuple[int, ...], tuple[int | None, int]] | None:
+        """The container's cpuset and CFS bandwidth as the kernel holds them (None: not readable)."""
+        layout = self._layout or self._read_layout
+        if layout is None:
+            return None
+        try:
+            if box.cgroup is None:
+                box.cgroup = _cgroup.locate(layout, box.id, pid=pid or None)
+            return box.cgroup.cpus(), box.cgroup.quota()
+        except CgroupError:
+            box.cgroup = None
+            return None
 
     def _pids(self, box: _Box) -> set[int] | None:
         """The container's host pids (None when its cgroup is not readable from here)."""
