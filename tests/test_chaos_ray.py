@@ -480,3 +480,78 @@ async def test_a_park_that_fails_on_the_agent_keeps_the_core_out_of_the_shared_p
             assert node["quarantined"] == 0 and s["held"] == 0
     finally:
         cl.shutdown()
+
+
+# ------------------------------------------------------------------------------ the manager contract on an agent
+async def _journal_until(path: str, cond: Any, limit: float = 15.0) -> list[Any]:
+    """The agent's journal once ``cond(calls)`` holds (a bound, not a timing: the agent writes it)."""
+    from tangram_sdk.testing import FakeManager
+
+    end = time.monotonic() + limit
+    while True:
+        calls = FakeManager.read_journal(path)
+        if cond(calls) or time.monotonic() > end:
+            return calls
+        await asyncio.sleep(0.05)
+
+
+async def test_an_apply_that_fails_half_way_on_the_agent_is_released(cluster: Any, tmp_path: Any) -> None:
+    """The rule of managers/base.py on a node agent: a manager whose apply began gets its release,
+    also when that apply raised half-way, and the ones before it are released in reverse order.
+    The old agent recorded a manager only after its apply returned: the failing one never heard
+    ``release`` (a half-written cpuset would stay granted)."""
+    journal = str(tmp_path / "calls.jsonl")
+
+    def managers() -> list[Any]:
+        from tangram_sdk.testing import FakeManager
+
+        return [FakeManager("first", journal=journal),
+                FakeManager("second", journal=journal).fail("apply", OSError("half-way"), kind="bad")]
+
+    cl = deploy("halfway", namespace=NS, pool=Pool(cpus=2), managers=managers)
+    try:
+        async with RemoteTangram("halfway", namespace=NS) as tg:
+            with pytest.raises(TangramError, match="half-way"):
+                async with tg.acquire(ActionSpec(kind="bad", cpus=1), timeout=30):
+                    pytest.fail("the body must not run")
+            calls = await _journal_until(journal, lambda cs: sum(c.method == "release" for c in cs) >= 2)
+            done = [(c.manager, c.method, c.outcome == "ok") for c in calls if c.method in ("apply", "release")]
+            assert done == [("first", "apply", True), ("second", "apply", False),
+                            ("second", "release", True), ("first", "release", True)], calls
+            async with tg.acquire(ActionSpec(kind="good", cpus=2), timeout=30):  # every core came back
+                pass
+            _whole(await _settled(tg, {}))
+    finally:
+        cl.shutdown()
+
+
+async def test_a_release_that_overtakes_a_slow_apply_on_the_agent_still_releases(cluster: Any, tmp_path: Any) -> None:
+    """The client gives up while the agent is still applying (a slow Docker call): the node
+    runtime's release reaches the agent before its apply has finished. The old agent answered
+    "nothing held" and registered the lease when the apply finished: held for good."""
+    journal = str(tmp_path / "calls.jsonl")
+
+    def managers() -> list[Any]:
+        from tangram_sdk.testing import FakeManager
+
+        return [FakeManager("slow", apply_delay=1.0, journal=journal)]
+
+    cl = deploy("overtaken", namespace=NS, pool=Pool(cpus=1), managers=managers)
+    try:
+        async with RemoteTangram("overtaken", namespace=NS) as tg:
+            with pytest.raises(TimeoutError):
+                async with tg.acquire(ActionSpec(kind="a", cpus=1), timeout=0.3):
+                    pytest.fail("the body must not run")
+            calls = await _journal_until(journal, lambda cs: any(c.method == "release" for c in cs))
+            assert [c.method for c in calls if c.method in ("apply", "release")] == ["apply", "release"], calls
+            assert (await _agent_stats(tg))["holding"] == [], calls
+    finally:
+        cl.shutdown()
+
+
+async def _agent_stats(tg: RemoteTangram) -> dict[str, Any]:
+    """The one node agent's FakeManager statistics, read on the agent (NodeAgent.statistics)."""
+    (node,) = (await tg.statistics())["nodes"].values()
+    agent = ray.get_actor(node["agent"], namespace=NS)
+    (stats,) = (await agent.statistics.remote())["managers"].values()
+    return stats

@@ -21,7 +21,7 @@ from .errors import (
     TangramError,
 )
 from .lease import ExecResult, Lease
-from .managers.base import Manager, ManagerContext
+from .managers import BaseManager, Manager, ManagerContext, Offer
 from .pool import Pool, Quota
 from .runtime import Tangram
 from .scheduler.core import Scheduler
@@ -31,6 +31,7 @@ __all__ = [  # noqa: F822 (the managers are lazy attributes)
     "ActionOOMError",
     "ActionSpec",
     "Amdahl",
+    "BaseManager",
     "CgroupError",
     "DeadlineError",
     "DeviceError",
@@ -44,6 +45,7 @@ __all__ = [  # noqa: F822 (the managers are lazy attributes)
     "Manager",
     "ManagerContext",
     "ManagerError",
+    "Offer",
     "Pool",
     "QuarantineError",
     "Quota",

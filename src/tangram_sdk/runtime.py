@@ -25,15 +25,13 @@ from ._shield import finish
 from .errors import (
     DeadlineError,
     InfeasibleSpecError,
-    ManagerError,
-    QuarantineError,
     RuntimeClosedError,
     SchedulerBrokenError,
     SpecError,
     TangramError,
 )
 from .lease import Lease
-from .managers.base import Manager, ManagerContext
+from .managers.base import Applied, Manager, ManagerContext
 from .pool import Pool
 from .scheduler.core import Scheduler
 from .scheduler.decisions import Decision, Grant, Reject
@@ -548,7 +546,7 @@ class _Acquire:
         self._aid = 0
         self._grant: Grant | None = None
         self._lease: Lease | None = None
-        self._applied: list[Manager] = []
+        self._applied: Applied | None = None  # the managers whose apply began (None: no managers)
         self._left = False
 
     async def __aenter__(self) -> Lease:
@@ -578,16 +576,11 @@ class _Acquire:
         self._lease = lease
         if rt.managers:
             rt._managed[aid] = asyncio.current_task()  # aclose waits for it to leave (see there)
+            self._applied = applied = Applied(grant, lease)
             try:
-                for m in rt.managers:
-                    # registered before the await: a manager whose apply was interrupted or failed
-                    # half-way still gets its release (which must tolerate a partial apply)
-                    self._applied.append(m)
-                    await m.apply(grant, lease)
-            except BaseException as exc:
+                await applied.apply(rt.managers)  # the one manager contract (managers/base.py)
+            except BaseException:
                 await self._finish(failed=True)
-                if isinstance(exc, Exception) and not isinstance(exc, TangramError):
-                    raise ManagerError(f"{self._spec.kind}: applying the grant failed: {exc!r}") from exc
                 raise
         return lease
 
@@ -595,23 +588,6 @@ class _Acquire:
         """The TimeoutError message: the action kind, the wait, what it waited for and how full
         the pool was when the time ran out (so a log line alone says what was short)."""
         return f"{self._spec.kind}: not granted within {self._timeout:g} s; {self._rt._shortage(self._spec)}"
-
-    async def _unapply(self) -> list[Any]:
-        """Release every applied manager; return what a manager holds the units back for."""
-        grant, lease = self._grant, self._lease
-        assert grant is not None and lease is not None
-        until: list[Any] = []
-        for m in reversed(self._applied):
-            try:
-                await m.release(grant, lease)
-            except QuarantineError as exc:
-                log.error("manager %s could not release action %s: %s", getattr(m, "name", m), self._aid, exc)
-                if exc.until is not None:
-                    until.append(exc.until)
-            except Exception:
-                log.exception("manager %s failed to release action %s", getattr(m, "name", m), self._aid)
-        self._applied.clear()
-        return until
 
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
@@ -641,15 +617,18 @@ class _Acquire:
         ``Task.cancel()`` is not stopped by an anyio shield) until it is done, and only then does a
         cancellation propagate. It is also tracked so closing the Tangram waits for it."""
         rt = self._rt
+        self._left = True
         if not self._applied:
             rt._leave(self._aid, failed=failed, granted=True)
             rt._managed_done(self._aid)
             return
 
+        applied = self._applied
+
         async def cleanup() -> None:
             until: list[Any] = []
             try:
-                until = await self._unapply()
+                until = [e.until for e in await applied.release() if e.until is not None]
             finally:
                 if until:  # a container not parked yet: its cores stay out of the pool until it is
                     rt._hold_back(self._aid, failed, until)

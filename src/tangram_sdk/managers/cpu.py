@@ -63,7 +63,7 @@ from . import _cgroup
 from ._cgroup import MemoryBusyError, MemoryLimits
 from ._docker import KILLED, DockerClient, is_memory_busy, is_not_found, never_sent, validate_ref
 from ._limits import CreationGate
-from .base import ManagerContext
+from .base import ManagerContext, Offer
 
 if TYPE_CHECKING:
     from ..lease import ExecResult, Lease
@@ -207,6 +207,10 @@ class DockerCpuManager:
         if outside:
             return (outside[-1],)
         return (max(pool),) if pool else (max(host),)
+
+    def describe(self) -> Offer:
+        """The containers this manager knows (every name and id it has seen for each)."""
+        return Offer(containers=tuple(sorted(self._boxes)))
 
     def statistics(self) -> dict[str, Any]:
         boxes = {b.id: b for b in self._boxes.values()}

@@ -47,7 +47,7 @@ from ..scheduler.decisions import Grant
 from ..scheduler.events import ServiceResidency
 from ..spec import _NAME_RE, ActionSpec
 from . import _torch_store as ts
-from .base import ManagerContext
+from .base import ManagerContext, Offer
 from .services import HttpSleepWake, OffloadableService
 
 __all__ = ["HttpSleepWake", "OffloadableService", "TorchGpuManager"]
@@ -708,6 +708,10 @@ class TorchGpuManager:
             log.debug("could not post %r", event, exc_info=True)
 
     # -- introspection -------------------------------------------------------------------------
+    def describe(self) -> Offer:
+        """The services registered so far: an action naming another one is not routed here."""
+        return Offer(services=tuple(sorted(self._services)))
+
     def statistics(self) -> dict[str, Any]:
         """A snapshot: per-GPU budget/used/held/resident services, per-instance state, counters,
         and the host bytes the registered torch services keep."""

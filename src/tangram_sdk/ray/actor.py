@@ -38,7 +38,7 @@ from ..errors import (
     TangramError,
 )
 from ..lease import Lease
-from ..managers.base import Manager, ManagerContext
+from ..managers.base import BaseManager, Manager
 from ..pool import Pool, Quota
 from ..runtime import Tangram
 from ..scheduler.decisions import Decision, Grant
@@ -53,7 +53,7 @@ __all__ = ["SchedulerActor"]
 log = logging.getLogger("tangram_sdk.ray")
 
 
-class _AgentManager:
+class _AgentManager(BaseManager):
     """The node runtime's one manager: forwards apply/release to the node agent (a Ray call),
     each bounded by ``timeout`` seconds (a frozen agent must not hold a grant forever)."""
 
@@ -64,40 +64,41 @@ class _AgentManager:
         self.label = label
         self.timeout = timeout
 
-    async def start(self, ctx: ManagerContext) -> None:
-        return None
-
-    def check(self, spec: ActionSpec) -> None:
-        return None
-
     def _late(self, what: str, action_id: int) -> str:
         return (f"the agent of node {self.label!r} did not answer {what} of action {action_id} "
                 f"within {self.timeout:g} s")
+
+    def _error(self, exc: Exception) -> Exception:
+        """What the agent raised (a RayTaskError's cause: the agent's managers' own typed error),
+        our own bound running out (ManagerError naming the agent), or Ray's error (the agent died)."""
+        if isinstance(exc, require("ray.exceptions").RayTaskError):
+            cause = getattr(exc, "cause", None)
+            return cause if isinstance(cause, Exception) else exc
+        if type(exc) is TimeoutError:  # `within`: the agent did not answer in time
+            return ManagerError(str(exc), resource=f"agent:{self.label}")
+        return exc
 
     async def apply(self, grant: Grant, lease: Lease) -> None:
         aid = lease.action_id
         try:
             keys = await within(self.agent.apply.remote(aid, grant, lease.spec), self.timeout,
                                 lambda: self._late("apply", aid))
-        except TimeoutError as exc:
-            raise ManagerError(str(exc), resource=f"agent:{self.label}") from None
+        except Exception as exc:
+            raise self._error(exc) from None
         lease.attach("agent_keys", keys)
 
     async def release(self, grant: Grant, lease: Lease) -> None:
         aid = lease.action_id
         try:
             out = await within(self.agent.release.remote(aid), self.timeout, lambda: self._late("release", aid))
-        except TimeoutError as exc:
-            raise ManagerError(str(exc), resource=f"agent:{self.label}") from None
+        except Exception as exc:
+            raise self._error(exc) from None
         if isinstance(out, dict) and out.get("quarantined"):
             # the agent's manager could not park a container: the node's runtime keeps these
             # units out of its pool until the agent says the container is restored
             until = asyncio.ensure_future(_ray_call(self.agent.restored.remote(aid)))
             raise QuarantineError(f"node {self.label!r}: {out['quarantined']}", resource=f"agent:{self.label}",
                                   until=until)
-
-    async def aclose(self) -> None:
-        return None
 
 
 async def _ray_call(ref: Any) -> Any:

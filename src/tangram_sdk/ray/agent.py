@@ -17,9 +17,10 @@ import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ..errors import ManagerError, QuarantineError, SpecError, TangramError
+from .._shield import finish
+from ..errors import ManagerError, SpecError, TangramError
 from ..lease import Lease
-from ..managers.base import Manager, ManagerContext
+from ..managers.base import Applied, Manager, ManagerContext, offer_of
 from ..pool import Pool
 from ..scheduler.decisions import Grant
 from ..scheduler.events import Event
@@ -50,17 +51,16 @@ def default_node_pool() -> Pool:
     return Pool(cpus=list(cpus), gpus=gpus)
 
 
-def _names(manager: Any, *attrs_: str) -> list[str] | None:
-    for a in attrs_:
-        v = getattr(manager, a, None)
-        if v is None:
-            continue
-        try:
-            v = v() if callable(v) else v
-            return [str(x) for x in v]
-        except Exception:  # noqa: BLE001, S112 - an attribute that merely shares the name: ignore it
-            continue
-    return None
+class _Held:
+    """One action's grant on this node: its lease, the managers whose apply began, and whether
+    that apply has finished (a release that overtakes a slow apply waits for it)."""
+
+    __slots__ = ("applied", "lease", "settled")
+
+    def __init__(self, lease: Lease, applied: Applied) -> None:
+        self.lease = lease
+        self.applied = applied
+        self.settled = asyncio.Event()
 
 
 class NodeAgent:
@@ -81,7 +81,7 @@ class NodeAgent:
         self._scheduler = scheduler
         self.pool: Pool | None = None
         self.managers: list[Manager] = []
-        self._leases: dict[int, tuple[Lease, Grant, list[Manager]]] = {}
+        self._leases: dict[int, _Held] = {}
         self._held_back: dict[int, asyncio.Future[Any]] = {}
         self._forever = asyncio.Event()
 
@@ -119,13 +119,15 @@ class NodeAgent:
             raise
         containers = list(self._containers)
         services: list[str] | None = None
-        for m in self.managers:
-            c = _names(m, "ids", "containers")
-            if c:
-                containers += c
-            s = _names(m, "services", "_services")
-            if s is not None:
-                services = (services or []) + s
+        try:
+            for m in self.managers:  # what each manager declares it serves (Manager.describe)
+                offer = offer_of(m)
+                containers += offer.containers
+                if offer.services is not None:
+                    services = (services or []) + list(offer.services)
+        except BaseException:
+            await self.aclose()
+            raise
         ctx_ = require().get_runtime_context()
         return {
             "node": self.node, "pool": pool, "has_managers": bool(self.managers),
@@ -138,44 +140,40 @@ class NodeAgent:
             self._scheduler.post_event.remote(self.node, ev)
 
     async def apply(self, action_id: int, grant: Grant, spec: ActionSpec) -> list[str]:
+        """Apply the grant through this node's managers (the contract of ``managers/base.py``:
+        in order, each recorded before its apply is awaited). The action is registered before the
+        first await, so a :meth:`release` that arrives while a slow apply is still running (the
+        client gave up) waits for it and then releases. A failed apply is released here, in
+        reverse, before the error goes back to the scheduler."""
         lease = Lease(action_id, spec, cpus=grant.cpus, gpus=grant.gpus, units=grant.units,
                       memory=grant.memory, quotas=grant.quotas, queued_s=0.0,
                       granted_at=asyncio.get_running_loop().time())
-        applied: list[Manager] = []
+        held = _Held(lease, Applied(grant, lease))
+        self._leases[action_id] = held
         try:
-            for m in self.managers:
-                await m.apply(grant, lease)
-                applied.append(m)
-        except BaseException:
-            for m in reversed(applied):
-                try:
-                    await m.release(grant, lease)
-                except Exception:
-                    log.exception("node %s: manager %s failed to undo action %s", self.node, m.name, action_id)
+            await held.applied.apply(self.managers)
+        except BaseException as exc:
+            self._leases.pop(action_id, None)
+            # the undo runs to its end even if this call is cancelled again meanwhile
+            _, cancelled = await finish(held.applied.release(where=f"node {self.node}"))
+            if cancelled and not isinstance(exc, asyncio.CancelledError):
+                raise asyncio.CancelledError from exc
             raise
-        self._leases[action_id] = (lease, grant, applied)
+        finally:
+            held.settled.set()
         return sorted(lease._attached)
 
     async def release(self, action_id: int) -> dict[str, str] | None:
         """Undo the managers' work. When one holds the units back (QuarantineError: a container
         could not be parked) say so; the scheduler then waits on :meth:`restored` before it
         returns the units to the node's pool."""
-        item = self._leases.pop(action_id, None)
-        if item is None:
+        held = self._leases.pop(action_id, None)
+        if held is None:
             return None
-        lease, grant, applied = item
-        why: list[str] = []
-        until: list[Any] = []
-        for m in reversed(applied):
-            try:
-                await m.release(grant, lease)
-            except QuarantineError as exc:
-                log.error("node %s: manager %s holds action %s back: %s", self.node, m.name, action_id, exc)
-                why.append(str(exc))
-                if exc.until is not None:
-                    until.append(exc.until)
-            except Exception:
-                log.exception("node %s: manager %s failed to release action %s", self.node, m.name, action_id)
+        await held.settled.wait()  # an apply still running: release once it is done
+        errs = await held.applied.release(where=f"node {self.node}")
+        why = [str(e) for e in errs]
+        until: list[Any] = [e.until for e in errs if e.until is not None]
         if not until:
             return None
         self._held_back[action_id] = asyncio.gather(*until, return_exceptions=True)
@@ -188,12 +186,10 @@ class NodeAgent:
             await fut
 
     def _lease(self, action_id: int) -> Lease:
-        item = self._leases.get(action_id)
-        if item is None:
-            from ..errors import ManagerError
-
+        held = self._leases.get(action_id)
+        if held is None:
             raise ManagerError(f"node {self.node!r} holds no lease #{action_id} (released or lost)")
-        return item[0]
+        return held.lease
 
     async def exec(self, action_id: int, cmd: Sequence[str], kw: dict[str, Any]) -> Any:
         return await self._lease(action_id).exec(cmd, **kw)
@@ -207,6 +203,16 @@ class NodeAgent:
 
     def ping(self) -> str:
         return self.node
+
+    def statistics(self) -> dict[str, Any]:
+        """What this node's managers report (each one's ``statistics()``, if it has one) and the
+        actions whose grant is applied here: for operators, and for tests of a manager that runs
+        on an agent."""
+        managers: dict[str, Any] = {}
+        for m in self.managers:
+            stats = getattr(m, "statistics", None)
+            managers[str(getattr(m, "name", type(m).__name__))] = stats() if callable(stats) else {}
+        return {"node": self.node, "leases": sorted(self._leases), "managers": managers}
 
     async def aclose(self) -> None:
         for aid in list(self._leases):
