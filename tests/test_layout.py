@@ -58,3 +58,77 @@ def test_errors_are_the_same_class_wherever_they_are_imported_from() -> None:
     assert integrations.SpecMappingError is errors.SpecMappingError
     assert integrations.IntegrationUnavailable is tangram_sdk.IntegrationUnavailable is errors.IntegrationUnavailable
     assert _cgroup.MemoryBusyError is errors.MemoryBusyError
+
+
+def _import_graph() -> dict[str, set[str]]:
+    """Module -> the package modules it imports (function-level imports included: a lazy import
+    is still a circle; ``if TYPE_CHECKING:`` blocks excluded)."""
+    mods: dict[str, Path] = {}
+    for p in SRC.rglob("*.py"):
+        parts = list(p.relative_to(SRC.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        mods[".".join(parts)] = p
+    graph: dict[str, set[str]] = {}
+    for m, p in mods.items():
+        tree = ast.parse(p.read_text())
+        hidden = {id(x) for n in ast.walk(tree)
+                  if isinstance(n, ast.If) and "TYPE_CHECKING" in ast.unparse(n.test) for x in ast.walk(n)}
+        base = m if p.name == "__init__.py" else m.rpartition(".")[0]
+        edges: set[str] = set()
+        for n in ast.walk(tree):
+            if id(n) in hidden:
+                continue
+            if isinstance(n, ast.ImportFrom):
+                target = n.module or ""
+                if n.level:
+                    b = base
+                    for _ in range(n.level - 1):
+                        b = b.rpartition(".")[0]
+                    target = b + ("." + n.module if n.module else "")
+                for a in n.names:
+                    full = f"{target}.{a.name}"
+                    edges.add(full if full in mods else target)
+            elif isinstance(n, ast.Import):
+                edges.update(a.name for a in n.names)
+        graph[m] = {e for e in edges if e in mods and e != m}
+    return graph
+
+
+def test_no_import_circles() -> None:
+    graph = _import_graph()
+    assert "tangram_sdk.process" in graph["tangram_sdk.lease"]  # the edge the old circle ran through
+    circles = []
+    for start in graph:  # depth-first search for a path back to start
+        stack, seen = [(start, (start,))], set()
+        while stack:
+            node, path = stack.pop()
+            for nxt in graph[node]:
+                if nxt == start:
+                    circles.append(" -> ".join((*path, start)))
+                elif nxt not in seen:
+                    seen.add(nxt)
+                    stack.append((nxt, (*path, nxt)))
+    assert not circles, "import circles: " + "; ".join(sorted(set(circles))[:5])
+
+
+def test_nothing_in_the_package_imports_a_moved_module_or_a_private_of_spec() -> None:
+    bad = []
+    for path, tree in _modules():
+        for n in ast.walk(tree):
+            if isinstance(n, ast.ImportFrom):
+                mod = n.module or ""
+                if mod.endswith("managers.process") or (mod == "process" and n.level == 1 and path.parent.name == "managers"):
+                    if path.name != "process.py":
+                        bad.append(f"{path.relative_to(SRC)}:{n.lineno} imports managers.process")
+                if mod.endswith("spec") and any(a.name.startswith("_") for a in n.names):
+                    bad.append(f"{path.relative_to(SRC)}:{n.lineno} imports a private of spec.py")
+    assert not bad, bad
+
+
+def test_managers_package_is_a_face() -> None:
+    import tangram_sdk.managers as managers
+
+    for name in ("Manager", "ManagerContext", "BaseManager", "Offer", "Applied", "DockerCpuManager",
+                 "SandboxPool", "TorchGpuManager", "HttpSleepWake", "OffloadableService"):
+        assert name in managers.__all__ and getattr(managers, name) is not None, name

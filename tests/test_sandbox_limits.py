@@ -28,7 +28,7 @@ from tangram_sdk.managers import _cgroup
 from tangram_sdk.managers._cgroup import MemoryCgroup, MemoryLimits
 from tangram_sdk.managers._limits import CreationGate
 from tangram_sdk.managers.cpu import DockerCpuManager, SandboxPool
-from tangram_sdk.managers.process import MemoryScope, memory_enforcement, run_pinned
+from tangram_sdk.process import MemoryScope, memory_enforcement, run_pinned
 from tangram_sdk.scheduler.decisions import Grant
 
 __all__ = ["docker_engine", "manager_factory", "sandboxes", "started_manager"]  # fixtures used here

@@ -210,7 +210,7 @@ def test_the_docker_exec_path_sends_a_list() -> None:
 
 
 def test_env_and_cwd_are_not_a_shell_either(tmp_path: Path) -> None:
-    from tangram_sdk.managers.process import run_pinned
+    from tangram_sdk.process import run_pinned
 
     r = asyncio.run(run_pinned([sys.executable, "-c", "import os; print(os.environ['X'])"], (),
                                env={**os.environ, "X": "$(id)"}, cwd=str(tmp_path)))

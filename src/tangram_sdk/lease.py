@@ -7,9 +7,8 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import attrs
-
 from .errors import ManagerError
+from .process import ExecResult, MemoryScope, run_pinned
 from .spec import ActionSpec
 
 __all__ = ["THREAD_ENV_VARS", "ExecResult", "Lease", "thread_env"]
@@ -38,22 +37,6 @@ THREAD_ENV_VARS = (
 def thread_env(cores: int) -> dict[str, str]:
     """Every :data:`THREAD_ENV_VARS` set to ``cores`` (empty when ``cores`` < 1)."""
     return {} if cores < 1 else dict.fromkeys(THREAD_ENV_VARS, str(cores))
-
-
-@attrs.frozen
-class ExecResult:
-    """The outcome of ``lease.run``/``lease.exec``: output is bounded; ``truncated`` says if cut."""
-
-    exit_code: int
-    stdout: bytes
-    stderr: bytes
-    duration_s: float
-    truncated: bool = False
-    timed_out: bool = False
-
-    @property
-    def ok(self) -> bool:
-        return self.exit_code == 0 and not self.timed_out
 
 
 class Lease:
@@ -89,7 +72,7 @@ class Lease:
         self.queued_s = queued_s
         self.granted_at = granted_at
         self._attached: dict[str, Any] = {}
-        self._memscope: Any = None  # process.MemoryScope shared by this lease's runs
+        self._memscope: MemoryScope | None = None  # shared by this lease's runs
 
     # -- for managers ---------------------------------------------------------------------------
     def attach(self, key: str, value: Any) -> None:
@@ -147,10 +130,8 @@ class Lease:
         Its environment is ``env`` when given, else this process's; :meth:`thread_env` is added
         under it (a variable ``env`` sets wins; one merely inherited is overridden), unless
         ``thread_caps=False``. ``lease.memory`` > 0 holds the command to that many bytes where
-        the platform allows (``tangram_sdk.managers.process.memory_enforcement()``); a command
+        the platform allows (``tangram_sdk.process.memory_enforcement()``); a command
         killed for memory raises ActionOOMError."""
-        from .managers.process import MemoryScope, run_pinned
-
         caps = self.thread_env() if thread_caps else {}
         if env is None:
             full: Mapping[str, str] | None = {**os.environ, **caps} if caps else None

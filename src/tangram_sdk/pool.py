@@ -10,8 +10,8 @@ from typing import Any
 import attrs
 
 from ._cpuset import _MAX_CPU, format_cpuset, parse_cpuset
+from ._validate import is_finite, show
 from .errors import SpecError
-from .spec import _show
 
 __all__ = ["Pool", "Quota"]
 
@@ -20,19 +20,11 @@ __all__ = ["Pool", "Quota"]
 _MAX_GPU = 1 << 16
 
 
-def _finite(value: float) -> bool:
-    """``math.isfinite`` without the OverflowError an int beyond float range (``10**400``) raises."""
-    try:
-        return math.isfinite(value)
-    except OverflowError:
-        return False
-
-
 def _id_list(field: str, what: str, value: Any, bound: int) -> tuple[int, ...]:
     """A list/tuple/range/set of distinct ints in ``[0, bound)``, type-checked before iterating so a
     float, None or a dict is a SpecError (not "not iterable") and the work stays bounded."""
     if isinstance(value, (str, bytes, bytearray)) or not isinstance(value, (Sequence, Set)):
-        raise SpecError(f"{field} must be a count or a list of {what}, got {_show(value)}")
+        raise SpecError(f"{field} must be a count or a list of {what}, got {show(value)}")
     try:
         n = len(value)
     except OverflowError:  # range(10**30)
@@ -42,7 +34,7 @@ def _id_list(field: str, what: str, value: Any, bound: int) -> tuple[int, ...]:
     ids = tuple(value)
     for i in ids:
         if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < bound:
-            raise SpecError(f"{field}: {what} must be ints in [0, {bound}), got {_show(i)}")
+            raise SpecError(f"{field}: {what} must be ints in [0, {bound}), got {show(i)}")
     if len(set(ids)) != len(ids):
         raise SpecError(f"{field}: {what} must be unique")
     return ids
@@ -69,19 +61,19 @@ class Quota:
             raise SpecError("a Quota needs concurrency=, rate=, tokens_per_s= or a combination")
         c = self.concurrency
         if c is not None and (isinstance(c, bool) or not isinstance(c, int) or c < 1):
-            raise SpecError(f"quota concurrency must be an int >= 1, got {_show(c)}")
+            raise SpecError(f"quota concurrency must be an int >= 1, got {show(c)}")
         for field, r in (("rate", self.rate), ("tokens_per_s", self.tokens_per_s)):
             if r is not None and (
-                isinstance(r, bool) or not isinstance(r, (int, float)) or not _finite(r) or r <= 0
+                isinstance(r, bool) or not isinstance(r, (int, float)) or not is_finite(r) or r <= 0
             ):
-                raise SpecError(f"quota {field} must be a finite number > 0 per second, got {_show(r)}")
+                raise SpecError(f"quota {field} must be a finite number > 0 per second, got {show(r)}")
         for field, b, r in (("burst", self.burst, self.rate), ("token_burst", self.token_burst, self.tokens_per_s)):
             if b is not None:
                 if r is None:
                     raise SpecError(f"quota {field} only makes sense with "
                                     f"{'rate' if field == 'burst' else 'tokens_per_s'}")
                 if isinstance(b, bool) or not isinstance(b, int) or b < 1:
-                    raise SpecError(f"quota {field} must be an int >= 1, got {_show(b)}")
+                    raise SpecError(f"quota {field} must be an int >= 1, got {show(b)}")
 
     @classmethod
     def per_minute(cls, requests: int | None = None, tokens: int | None = None, *,
@@ -90,7 +82,7 @@ class Quota:
         holding one minute's worth, refilled continuously), plus optional ``concurrency``."""
         for what, v in (("requests", requests), ("tokens", tokens)):
             if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
-                raise SpecError(f"per_minute {what} must be an int >= 1, got {_show(v)}")
+                raise SpecError(f"per_minute {what} must be an int >= 1, got {show(v)}")
         return cls(concurrency=concurrency,
                    rate=None if requests is None else requests / 60.0, burst=requests,
                    tokens_per_s=None if tokens is None else tokens / 60.0, token_burst=tokens)
@@ -115,7 +107,7 @@ def _cpus(value: int | str | Sequence[int]) -> tuple[int, ...]:
         raise SpecError("cpus must be a count, a cpuset string or a list of core ids")
     if isinstance(value, int):
         if not 0 <= value <= _MAX_CPU:
-            raise SpecError(f"cpus must be a count in [0, {_MAX_CPU}], got {_show(value)}")
+            raise SpecError(f"cpus must be a count in [0, {_MAX_CPU}], got {show(value)}")
         return tuple(range(value))
     if isinstance(value, str):
         return parse_cpuset(value)
@@ -127,7 +119,7 @@ def _gpus(value: int | Sequence[int]) -> tuple[int, ...]:
         raise SpecError("gpus must be a count or a list of device indices")
     if isinstance(value, int):
         if not 0 <= value <= _MAX_GPU:
-            raise SpecError(f"gpus must be a count in [0, {_MAX_GPU}], got {_show(value)}")
+            raise SpecError(f"gpus must be a count in [0, {_MAX_GPU}], got {show(value)}")
         return tuple(range(value))
     return _id_list("gpus", "GPU indices", value, _MAX_GPU)
 
@@ -136,12 +128,12 @@ def _cells(value: Sequence[int]) -> tuple[int, ...]:
     """Checked element by element before ``set``/``sorted``, which would raise TypeError on an int,
     unhashable or mixed-type input."""
     if isinstance(value, (str, bytes, bytearray)) or not isinstance(value, (Sequence, Set)):
-        raise SpecError(f"gpu_cells must be a list of cell sizes, got {_show(value)}")
+        raise SpecError(f"gpu_cells must be a list of cell sizes, got {show(value)}")
     if len(value) > _MAX_GPU:
         raise SpecError(f"gpu_cells: at most {_MAX_GPU} cell sizes, got {len(value)}")
     for c in value:
         if isinstance(c, bool) or not isinstance(c, int) or c < 1 or c & (c - 1):
-            raise SpecError(f"gpu cell sizes must be powers of two >= 1, got {_show(c)}")
+            raise SpecError(f"gpu cell sizes must be powers of two >= 1, got {show(c)}")
     cells = tuple(sorted(set(value)))
     if not cells:
         raise SpecError("gpu_cells must name at least one cell size")
@@ -152,7 +144,7 @@ def _numa(value: Sequence[Sequence[int] | str] | None) -> tuple[tuple[int, ...],
     if value is None:
         return None
     if isinstance(value, (str, bytes, bytearray)) or not isinstance(value, Sequence):
-        raise SpecError(f"numa must be a list of per-node core lists (or cpuset strings), got {_show(value)}")
+        raise SpecError(f"numa must be a list of per-node core lists (or cpuset strings), got {show(value)}")
     if len(value) > _MAX_CPU:
         raise SpecError(f"numa: at most {_MAX_CPU} nodes, got {len(value)}")
     nodes: list[tuple[int, ...]] = []
@@ -163,7 +155,7 @@ def _numa(value: Sequence[Sequence[int] | str] | None) -> tuple[tuple[int, ...],
         elif isinstance(n, (Sequence, Set)) and not isinstance(n, (bytes, bytearray)):
             nodes.append(_cpus(list(n)))
         else:
-            raise SpecError(f"numa: each node must be a core-id list or a cpuset string, got {_show(n)}")
+            raise SpecError(f"numa: each node must be a core-id list or a cpuset string, got {show(n)}")
     return tuple(nodes)
 
 
@@ -179,13 +171,13 @@ def _quotas(
     elif isinstance(value, (list, tuple)) and all(isinstance(kv, tuple) and len(kv) == 2 for kv in value):
         items = list(value)
     else:
-        raise SpecError(f"quotas must map names to Quota(...), got {_show(value)}")
+        raise SpecError(f"quotas must map names to Quota(...), got {show(value)}")
     out = []
     for name, q in items:
         if not isinstance(name, str) or not name:
-            raise SpecError(f"quota names must be non-empty strings, got {_show(name)}")
+            raise SpecError(f"quota names must be non-empty strings, got {show(name)}")
         if not isinstance(q, Quota):
-            raise SpecError(f"quota {_show(name)} must be a Quota(...), got {_show(q)}")
+            raise SpecError(f"quota {show(name)} must be a Quota(...), got {show(q)}")
         out.append((name, q))
     return tuple(sorted(out, key=lambda kv: kv[0]))
 
@@ -225,7 +217,7 @@ class Pool:
             object.__setattr__(self, "numa", tuple(n for n in nodes if n))
         m = self.memory
         if m is not None and (isinstance(m, bool) or not isinstance(m, int) or m < 0):
-            raise SpecError(f"memory must be bytes >= 0 or None, got {_show(m)}")
+            raise SpecError(f"memory must be bytes >= 0 or None, got {show(m)}")
 
     @property
     def numa_nodes(self) -> tuple[tuple[int, ...], ...]:

@@ -7,52 +7,17 @@ not deep inside the scheduler. Everything here is pure data; the scheduler reads
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Literal, Protocol, Union, runtime_checkable
 
 import attrs
 
+from ._validate import CONTAINER_RE, NAME_RE, is_finite, show, to_float
 from .errors import SpecError
 
 __all__ = ["ActionSpec", "Amdahl", "Efficiency", "Elasticity", "Table", "Custom", "ElasticResource"]
 
 ElasticResource = Literal["cpu", "gpu"]
-
-# Container ids/names as Docker accepts them; validated here so nothing odd reaches a path or an URL.
-_CONTAINER_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
-_NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.:/@+-]{0,127}$")
-
-
-def _show(value: Any, limit: int = 200) -> str:
-    """``repr`` for error messages that cannot itself fail: ``repr(10**5000)`` raises ValueError
-    (the 4300-digit limit) and a hostile ``__repr__`` may raise anything, which would replace the
-    SpecError being built; long values are cut so a message stays one readable line."""
-    try:
-        text = repr(value)
-    except Exception:
-        text = f"<unprintable {type(value).__name__}>"
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def _to_float(what: str, value: Any) -> float:
-    """``float(value)`` or SpecError naming ``what``: specs come from configs and traces, so a bad
-    value must surface as the documented SpecError, not a TypeError/ValueError/OverflowError
-    (``float(10**400)``) from the conversion."""
-    try:
-        return float(value)
-    except (TypeError, ValueError, OverflowError):
-        raise SpecError(f"{what} must be a number, got {_show(value)}") from None
-
-
-def _is_finite(value: float) -> bool:
-    """``math.isfinite`` that treats an int too large for a float (``10**400``) as not finite
-    instead of raising OverflowError: no duration or rate that big is meaningful."""
-    try:
-        return math.isfinite(value)
-    except OverflowError:
-        return False
-
 
 @runtime_checkable
 class Efficiency(Protocol):
@@ -64,7 +29,7 @@ class Efficiency(Protocol):
 
 
 def _fraction(value: Any) -> float:
-    return _to_float("Amdahl parallel fraction", value)
+    return to_float("Amdahl parallel fraction", value)
 
 
 @attrs.frozen
@@ -79,7 +44,7 @@ class Amdahl:
     @parallel.validator
     def _check(self, _a: Any, p: float) -> None:
         if not (0.0 <= p <= 1.0) or math.isnan(p):
-            raise SpecError(f"Amdahl parallel fraction must be in [0, 1], got {_show(p)}")
+            raise SpecError(f"Amdahl parallel fraction must be in [0, 1], got {show(p)}")
 
     def speedup(self, m: int) -> float:
         p = self.parallel
@@ -102,17 +67,17 @@ class Table:
         """Validate ``{units: E(units)}``; keys are checked before sorting so mixed key types give a
         SpecError rather than a TypeError from ``sorted``."""
         if not isinstance(table, Mapping):
-            raise SpecError(f"efficiency table must be a {{units: E}} mapping, got {_show(table)}")
+            raise SpecError(f"efficiency table must be a {{units: E}} mapping, got {show(table)}")
         if not table:
             raise SpecError("efficiency table is empty")
         for m in table:
             if isinstance(m, bool) or not isinstance(m, int) or m < 1:
-                raise SpecError(f"efficiency table keys must be unit counts >= 1, got {_show(m)}")
+                raise SpecError(f"efficiency table keys must be unit counts >= 1, got {show(m)}")
         pts: list[tuple[int, float]] = []
         for m, raw in sorted(table.items(), key=lambda kv: kv[0]):
-            e = _to_float(f"efficiency E({_show(m)})", raw)
+            e = to_float(f"efficiency E({show(m)})", raw)
             if not (0.0 < e <= 1.0):
-                raise SpecError(f"efficiency E({_show(m)}) must be in (0, 1], got {_show(e)}")
+                raise SpecError(f"efficiency E({show(m)}) must be in (0, 1], got {show(e)}")
             pts.append((m, e))
         return cls(tuple(pts))
 
@@ -155,7 +120,7 @@ def _to_efficiency(value: EfficiencyLike) -> Efficiency:
         return Table.from_mapping(value)
     if callable(value):
         return Custom(value)
-    raise SpecError(f"efficiency must be Amdahl(p), a {{units: E}} table or a callable, got {_show(value)}")
+    raise SpecError(f"efficiency must be Amdahl(p), a {{units: E}} table or a callable, got {show(value)}")
 
 
 @attrs.frozen
@@ -172,22 +137,22 @@ class Elasticity:
 
     def __attrs_post_init__(self) -> None:
         if self.resource not in ("cpu", "gpu"):
-            raise SpecError(f"elastic resource must be 'cpu' or 'gpu', got {_show(self.resource)}")
+            raise SpecError(f"elastic resource must be 'cpu' or 'gpu', got {show(self.resource)}")
         if isinstance(self.max_units, bool) or not isinstance(self.max_units, int) or self.max_units < 1:
-            raise SpecError(f"max_units must be an int >= 1, got {_show(self.max_units)}")
+            raise SpecError(f"max_units must be an int >= 1, got {show(self.max_units)}")
         for m in range(1, min(self.max_units, 1024) + 1):
             try:
                 e = self.efficiency.efficiency(m)
             except Exception as exc:  # a user callable may raise anything; say which m
-                raise SpecError(f"efficiency model raised at m={m}: {_show(exc)}") from exc
+                raise SpecError(f"efficiency model raised at m={m}: {show(exc)}") from exc
             if not (0.0 < e <= 1.0 + 1e-9) or math.isnan(e):
-                raise SpecError(f"efficiency E({_show(m)}) must be in (0, 1], got {_show(e)}")
+                raise SpecError(f"efficiency E({show(m)}) must be in (0, 1], got {show(e)}")
 
 
 def _nonneg_int(name: str) -> Callable[[Any, Any, Any], None]:
     def check(_inst: Any, _a: Any, value: Any) -> None:
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise SpecError(f"{name} must be an int >= 0, got {_show(value)}")
+            raise SpecError(f"{name} must be an int >= 0, got {show(value)}")
 
     return check
 
@@ -200,18 +165,18 @@ def _freeze_quotas(value: Mapping[str, int] | tuple[tuple[str, int], ...] | None
     if isinstance(value, Mapping):
         items: Any = value.items()
     elif isinstance(value, (str, bytes, bytearray)) or not isinstance(value, Iterable):
-        raise SpecError(f"quotas must be a {{name: amount}} mapping or (name, amount) pairs, got {_show(value)}")
+        raise SpecError(f"quotas must be a {{name: amount}} mapping or (name, amount) pairs, got {show(value)}")
     else:
         items = value
     out: dict[str, int] = {}
     for pair in items:
         if not isinstance(pair, (tuple, list)) or len(pair) != 2:
-            raise SpecError(f"quotas must be (name, amount) pairs, got {_show(pair)}")
+            raise SpecError(f"quotas must be (name, amount) pairs, got {show(pair)}")
         name, amount = pair
-        if not isinstance(name, str) or not _NAME_RE.fullmatch(name):
-            raise SpecError(f"quota name must be a short identifier, got {_show(name)}")
+        if not isinstance(name, str) or not NAME_RE.fullmatch(name):
+            raise SpecError(f"quota name must be a short identifier, got {show(name)}")
         if isinstance(amount, bool) or not isinstance(amount, int) or amount < 1:
-            raise SpecError(f"quota {_show(name)} amount must be an int >= 1, got {_show(amount)}")
+            raise SpecError(f"quota {show(name)} amount must be an int >= 1, got {show(amount)}")
         out[name] = amount
     return tuple(sorted(out.items()))
 
@@ -247,35 +212,35 @@ class ActionSpec:
     tokens: tuple[tuple[str, int], ...] = attrs.field(default=(), converter=_freeze_tokens)
 
     def __attrs_post_init__(self) -> None:
-        if not isinstance(self.kind, str) or not _NAME_RE.fullmatch(self.kind):
-            raise SpecError(f"kind must be a short non-empty identifier, got {_show(self.kind)}")
+        if not isinstance(self.kind, str) or not NAME_RE.fullmatch(self.kind):
+            raise SpecError(f"kind must be a short non-empty identifier, got {show(self.kind)}")
         if self.duration is not None:
             d = self.duration
-            if isinstance(d, bool) or not isinstance(d, (int, float)) or not _is_finite(d) or d <= 0:
-                raise SpecError(f"duration must be a finite number of seconds > 0, got {_show(d)}")
+            if isinstance(d, bool) or not isinstance(d, (int, float)) or not is_finite(d) or d <= 0:
+                raise SpecError(f"duration must be a finite number of seconds > 0, got {show(d)}")
         if isinstance(self.priority, bool) or not isinstance(self.priority, int):
-            raise SpecError(f"priority must be an int, got {_show(self.priority)}")
+            raise SpecError(f"priority must be an int, got {show(self.priority)}")
         if self.container is not None and (
-            not isinstance(self.container, str) or not _CONTAINER_RE.fullmatch(self.container)
+            not isinstance(self.container, str) or not CONTAINER_RE.fullmatch(self.container)
         ):
-            raise SpecError(f"container must be a Docker id or name, got {_show(self.container)}")
+            raise SpecError(f"container must be a Docker id or name, got {show(self.container)}")
         if self.service is not None:
-            if not isinstance(self.service, str) or not _NAME_RE.fullmatch(self.service):
-                raise SpecError(f"service must be a short identifier, got {_show(self.service)}")
+            if not isinstance(self.service, str) or not NAME_RE.fullmatch(self.service):
+                raise SpecError(f"service must be a short identifier, got {show(self.service)}")
             if self.gpus < 1:
-                raise SpecError(f"service {_show(self.service)} needs gpus >= 1")
+                raise SpecError(f"service {show(self.service)} needs gpus >= 1")
         el = self.elastic
         if el is not None:
             if not isinstance(el, Elasticity):
-                raise SpecError(f"elastic must be an Elasticity, got {_show(el)}")
+                raise SpecError(f"elastic must be an Elasticity, got {show(el)}")
             base = self.cpus if el.resource == "cpu" else self.gpus
             if base < 1:
                 raise SpecError(
-                    f"elastic on {_show(el.resource)} needs {el.resource}s >= 1 as its minimum, got {_show(base)}"
+                    f"elastic on {show(el.resource)} needs {el.resource}s >= 1 as its minimum, got {show(base)}"
                 )
             if el.max_units < base:
                 raise SpecError(
-                    f"elastic range below the minimum: max_units={_show(el.max_units)} < {el.resource}s={_show(base)}"
+                    f"elastic range below the minimum: max_units={show(el.max_units)} < {el.resource}s={show(base)}"
                 )
 
     # -- derived views the scheduler uses -------------------------------------------------------

@@ -43,8 +43,8 @@ import attrs
 
 from .._deadline import check_timeout, settle, within
 from ..errors import DockerError, SpecError
-from ..lease import ExecResult
-from .process import check_argv as _check_argv
+from ..process import ExecResult
+from ..process import check_argv as _check_argv
 
 __all__ = ["LABEL", "UNLIMITED", "ContainerInfo", "DockerClient", "is_connection_error",
            "is_memory_busy", "is_not_found", "kill_tree", "never_sent", "validate_ref"]

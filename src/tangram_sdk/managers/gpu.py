@@ -45,7 +45,8 @@ from ..errors import DeviceError, InfeasibleSpecError, ManagerError, SpecError
 from ..lease import Lease
 from ..scheduler.decisions import Grant
 from ..scheduler.events import ServiceResidency
-from ..spec import _NAME_RE, ActionSpec
+from .._validate import NAME_RE
+from ..spec import ActionSpec
 from . import _torch_store as ts
 from .base import ManagerContext, Offer
 from .services import HttpSleepWake, OffloadableService
@@ -281,7 +282,7 @@ class TorchGpuManager:
         now; ``inference=True`` puts it in eval mode and runs calls under ``torch.inference_mode``.
         A failing factory raises ManagerError, a module holding tensor subclasses (quantised weights,
         DTensor) SpecError naming the tensor; either way nothing is registered."""
-        if not isinstance(name, str) or not _NAME_RE.match(name):
+        if not isinstance(name, str) or not NAME_RE.match(name):
             raise SpecError(f"service name must be a short identifier, got {name!r}")
         if name in self._services:
             raise SpecError(f"service {name!r} is already registered")

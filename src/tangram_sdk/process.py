@@ -1,0 +1,295 @@
+"""The process backend: run an argv as a local subprocess pinned to the lease's cores, and the
+:class:`ExecResult` every command run (here or in a container) returns.
+
+For users without Docker. Not a manager (nothing is applied or released): ``lease.run`` calls it,
+and code outside a lease may call :func:`run_pinned` directly (``tangram_sdk.managers.process``,
+its old home, re-exports it for one release). Pinning happens in a tiny Python shim *before*
+``exec``, so the command never runs one instruction outside its cores (``sched_setaffinity``
+after spawn would race).
+
+Memory (``memory=`` bytes, the lease's grant): where this process may create a child of its own
+memory cgroup (root on cgroup v1, or a v2 cgroup that delegates ``memory``), the shim joins a
+per-action child cgroup limited to ``memory`` (no swap) before ``exec``; a command the kernel
+kills there raises :class:`~tangram_sdk.errors.ActionOOMError` with the limit and the peak.
+Elsewhere the shim sets ``RLIMIT_AS`` (address space, not resident memory: an allocation past it
+fails inside the program, as MemoryError or ENOMEM, and nothing is reported by us); see
+:func:`memory_enforcement`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import os
+import signal
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from typing import Literal
+
+import attrs
+
+from ._deadline import check_timeout
+from .errors import ActionOOMError, CgroupError, SpecError
+from .managers import _cgroup
+
+__all__ = ["ExecResult", "MemoryScope", "check_argv", "memory_enforcement", "run_pinned"]
+
+log = logging.getLogger(__name__)
+
+
+@attrs.frozen
+class ExecResult:
+    """The outcome of ``lease.run``/``lease.exec``: output is bounded; ``truncated`` says if cut."""
+
+    exit_code: int
+    stdout: bytes
+    stderr: bytes
+    duration_s: float
+    truncated: bool = False
+    timed_out: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0 and not self.timed_out
+
+# argv: cores, memory ("cg:<cgroup.procs path>" | "as:<bytes>" | "-"), then the command
+_SHIM = (
+    "import os,sys\n"
+    "c=[int(x) for x in sys.argv[1].split(',') if x]\n"
+    "c and hasattr(os,'sched_setaffinity') and os.sched_setaffinity(0,c)\n"
+    "m=sys.argv[2]\n"
+    "if m[:3]=='cg:':\n"
+    " f=os.open(m[3:],os.O_WRONLY);os.write(f,str(os.getpid()).encode());os.close(f)\n"
+    "elif m[:3]=='as:':\n"
+    " import resource;n=int(m[3:]);resource.setrlimit(resource.RLIMIT_AS,(n,n))\n"
+    "os.execvp(sys.argv[3],sys.argv[3:])\n"
+)
+
+Enforcement = Literal["cgroup", "rlimit", "none"]
+_mode: Enforcement | None = None
+_names = itertools.count()
+
+
+def memory_enforcement(refresh: bool = False) -> Enforcement:
+    """How ``lease.run`` enforces ``memory`` on this host: "cgroup" (a child memory cgroup per
+    action: a kill is reported as ActionOOMError), "rlimit" (RLIMIT_AS: the program's own
+    allocations fail past it, nothing is reported), or "none" (no RLIMIT_AS on this platform).
+    Probed once (a child cgroup is created and removed)."""
+    global _mode
+    if _mode is None or refresh:
+        _mode = _probe()
+    return _mode
+
+
+def _probe() -> Enforcement:
+    own = _cgroup.own_memory_dir(_cgroup.detect_layout())
+    if own is not None:
+        try:
+            child = own.child(f"tangram-probe-{os.getpid()}-{next(_names)}")
+        except CgroupError:
+            pass
+        else:
+            try:
+                ok = os.access(child.dir / "cgroup.procs", os.W_OK)
+                child.set_limits(_cgroup.MemoryLimits(1 << 30, 1 << 30))
+            except CgroupError:
+                ok = False
+            child.remove()
+            if ok:
+                return "cgroup"
+    try:
+        import resource
+
+        resource.getrlimit(resource.RLIMIT_AS)
+        return "rlimit" if sys.platform.startswith("linux") else "none"
+    except (ImportError, AttributeError, OSError):
+        return "none"
+
+
+class MemoryScope:
+    """One action's memory limit for ``lease.run``: a child cgroup made at the first run, shared
+    by runs that overlap (they share the limit, as commands in one container do) and removed
+    when the last one ends; or RLIMIT_AS per command where no cgroup can be made."""
+
+    def __init__(self, limit: int, mode: Enforcement | None = None) -> None:
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+            raise SpecError(f"memory must be an int of bytes >= 1, got {limit!r}")
+        self.limit = limit
+        self.mode: Enforcement = memory_enforcement() if mode is None else mode
+        self._cg: _cgroup.MemoryCgroup | None = None  # while runs are live
+        self._peak: _cgroup.PeakWatch | None = None
+        self._users = 0
+
+    def enter(self) -> str:
+        """The shim's memory argument for one run (call :meth:`exit` after it)."""
+        if self.mode == "cgroup" and self._users == 0:
+            own = _cgroup.own_memory_dir(_cgroup.detect_layout())
+            try:
+                if own is None:
+                    raise CgroupError("no memory cgroup of our own")
+                cg = own.child(f"tangram-{os.getpid()}-{next(_names)}")
+                try:
+                    cg.set_limits(_cgroup.MemoryLimits(self.limit, self.limit))
+                except BaseException:
+                    cg.remove()
+                    raise
+                self._cg, self._peak = cg, cg.watch_peak()
+            except CgroupError as exc:
+                log.warning("lease.run: no memory cgroup (%s); enforcing memory with RLIMIT_AS instead", exc)
+                self.mode = "rlimit"
+        self._users += 1
+        if self.mode == "cgroup" and self._cg is not None:
+            return "cg:" + str(self._cg.dir / "cgroup.procs")
+        if self.mode == "rlimit":
+            return f"as:{self.limit}"
+        return "-"
+
+    def oom_kills(self) -> int | None:
+        cg = self._cg
+        if cg is None:
+            return None
+        try:
+            return cg.oom_kills()
+        except CgroupError:
+            return None
+
+    def peak(self) -> int | None:
+        return None if self._peak is None else self._peak.read()
+
+    @property
+    def where(self) -> str | None:
+        return None if self._cg is None else str(self._cg.dir)
+
+    def exit(self) -> None:
+        self._users -= 1
+        if self._users == 0 and self._cg is not None:
+            cg, self._cg = self._cg, None
+            if self._peak is not None:
+                self._peak.close()
+                self._peak = None
+            if not cg.remove():
+                log.warning("lease.run: %s still holds processes (detached from the command?); left in place",
+                            cg.dir)
+
+
+def check_argv(cmd: Sequence[str]) -> list[str]:
+    """Refuse shell strings and NUL bytes: commands are argv lists, here and in containers."""
+    if isinstance(cmd, (str, bytes)) or not cmd:
+        raise SpecError("cmd must be a non-empty argv list such as ['sh', '-c', '...'], not a shell string")
+    argv = list(cmd)
+    for a in argv:
+        if not isinstance(a, str) or "\x00" in a:
+            raise SpecError(f"argv elements must be strings without NUL bytes, got {a!r}")
+    return argv
+
+
+_DRAIN_S = 5.0  # after a kill: how long the output may take to end (a detached grandchild may hold it)
+
+
+async def _read_bounded(stream: asyncio.StreamReader | None, limit: int, kept: bytearray) -> bool:
+    """Read everything into ``kept``, keeping at most ``limit`` bytes (a chatty command cannot
+    exhaust memory); return whether output was cut. ``kept`` holds what came even if cancelled."""
+    if stream is None:
+        return False
+    truncated = False
+    while True:
+        chunk = await stream.read(65536)
+        if not chunk:
+            return truncated
+        room = limit - len(kept)
+        if room > 0:
+            kept += chunk[:room]
+        if len(chunk) > room:
+            truncated = True
+
+
+async def run_pinned(
+    cmd: Sequence[str],
+    cpus: Sequence[int],
+    *,
+    timeout: float | None = None,
+    max_output: int = 1 << 20,
+    env: Mapping[str, str] | None = None,
+    cwd: str | None = None,
+    stdin: bytes | None = None,
+    memory: int | MemoryScope | None = None,
+) -> ExecResult:
+    """Run ``cmd`` pinned to ``cpus`` (all cores when empty); kill its process group on timeout or
+    cancellation; keep at most ``max_output`` bytes of each of stdout/stderr. ``memory``: bytes
+    (or a shared :class:`MemoryScope`) to hold the command to (see the module docstring); a
+    command killed for memory raises ActionOOMError."""
+    argv = check_argv(cmd)
+    limit = check_timeout(timeout)
+    scope = MemoryScope(memory) if isinstance(memory, int) and not isinstance(memory, bool) else memory
+    if scope is not None and not isinstance(scope, MemoryScope):
+        raise SpecError(f"memory must be None, bytes or a MemoryScope, got {memory!r}")
+    mem_arg = "-" if scope is None else scope.enter()
+    try:
+        before = None if scope is None else scope.oom_kills()
+        result = await _run(argv, cpus, mem_arg, limit, max_output, env, cwd, stdin)
+        if scope is not None and before is not None and result.exit_code != 0 and not result.timed_out:
+            after = scope.oom_kills()
+            if after is not None and after > before:
+                peak = scope.peak()
+                raise ActionOOMError(
+                    f"{argv[:3]} was killed for memory in {scope.where} (limit {scope.limit / 2**20:.1f} MiB, "
+                    f"peak {'unknown' if peak is None else f'{peak / 2**20:.1f} MiB'})",
+                    resource=scope.where, limit=scope.limit, peak=peak, killed=True, result=result)
+        return result
+    finally:
+        if scope is not None:
+            scope.exit()
+
+
+async def _run(argv: list[str], cpus: Sequence[int], mem_arg: str, limit: float | None, max_output: int,
+               env: Mapping[str, str] | None, cwd: str | None, stdin: bytes | None) -> ExecResult:
+    started = time.monotonic()
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", _SHIM, ",".join(str(c) for c in cpus), mem_arg, *argv,
+        stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env=None if env is None else dict(env),
+        cwd=cwd,
+        start_new_session=True,
+    )
+    timed_out = False
+    out, err = bytearray(), bytearray()
+    truncated = False
+    try:
+        if stdin is not None and proc.stdin is not None:
+            proc.stdin.write(stdin)
+            proc.stdin.close()
+        readers = asyncio.gather(_read_bounded(proc.stdout, max_output, out),
+                                 _read_bounded(proc.stderr, max_output, err))
+        # asyncio.wait, not wait_for: it never returns a result in place of a cancel
+        done, _ = await asyncio.wait([readers], timeout=limit)
+        if not done:
+            timed_out = True
+            _kill_group(proc)
+            done, _ = await asyncio.wait([readers], timeout=_DRAIN_S)
+        if done:
+            t1, t2 = readers.result()
+            truncated = t1 or t2
+        else:  # a detached grandchild still holds the pipes: keep what came
+            readers.cancel()
+            truncated = True
+        code = await proc.wait()
+    except BaseException:
+        _kill_group(proc)
+        raise
+    return ExecResult(
+        exit_code=code, stdout=bytes(out), stderr=bytes(err), duration_s=time.monotonic() - started,
+        truncated=truncated, timed_out=timed_out,
+    )
+
+
+def _kill_group(proc: asyncio.subprocess.Process) -> None:
+    if proc.returncode is not None:
+        return
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
