@@ -18,6 +18,7 @@ import pytest
 from tangram_sdk import ActionSpec, Pool, Quota, SchedulerBrokenError, Tangram
 from tangram_sdk.errors import DeviceError, TangramError
 from tangram_sdk.scheduler.core import Scheduler
+from tangram_sdk.testing import FakeManager
 
 torch = pytest.importorskip("torch")
 
@@ -224,39 +225,13 @@ async def test_cancel_during_an_lru_eviction_does_not_wedge_the_instance() -> No
 
 
 # ------------------------------------------------------------------------------------- cancellation inside manager calls
-class SlowManager:
-    """A manager whose apply/release take a while (like a Docker API call)."""
-
-    name = "slow"
-
-    def __init__(self, apply_s: float = 0.0, release_s: float = 0.05, fail_apply: bool = False) -> None:
-        self.apply_s, self.release_s, self.fail_apply = apply_s, release_s, fail_apply
-        self.applied = self.released = 0
-
-    async def start(self, ctx: Any) -> None:
-        pass
-
-    def check(self, spec: ActionSpec) -> None:
-        pass
-
-    async def apply(self, grant: Any, lease: Any) -> None:
-        self.applied += 1
-        await asyncio.sleep(self.apply_s)
-
-    async def release(self, grant: Any, lease: Any) -> None:
-        await asyncio.sleep(self.release_s)
-        self.released += 1
-
-    async def aclose(self) -> None:
-        pass
-
-
+# FakeManager(apply_delay=, release_delay=): a manager whose calls take a while (like a Docker API call)
 async def test_second_cancel_during_release_still_returns_the_units() -> None:
     """BUG (runtime.py ``_Acquire.__aexit__``): the release path is "shielded" with
     ``anyio.CancelScope(shield=True)``, which does not stop a native ``Task.cancel()``. A second
     cancel while a manager releases (TaskGroup teardown, an outer timeout) aborts ``_unapply`` and
     skips ``_leave``: the core never hears Released and the cores are gone for good."""
-    m = SlowManager(release_s=0.05)
+    m = FakeManager("slow", release_delay=0.05)
     async with Tangram(Pool(cpus=2), managers=[m]) as t:
         held = asyncio.Event()
 
@@ -283,7 +258,8 @@ async def test_second_cancel_during_release_still_returns_the_units() -> None:
 async def test_second_cancel_during_apply_cleanup_still_returns_the_units() -> None:
     """Same root cause on the apply path: a cancel during apply starts the unapply of managers
     already applied; a second cancel there skips ``_leave`` as well."""
-    first, second = SlowManager(release_s=0.05), SlowManager(apply_s=0.05)
+    first = FakeManager("first", release_delay=0.05)
+    second = FakeManager("second", apply_delay=0.05, release_delay=0.05)
     async with Tangram(Pool(cpus=2), managers=[first, second]) as t:
         task = asyncio.create_task(t.acquire(ActionSpec(kind="x", cpus=2)).__aenter__())
         while second.applied == 0:
@@ -300,7 +276,8 @@ async def test_second_cancel_during_apply_cleanup_still_returns_the_units() -> N
 async def test_single_cancel_at_every_step_of_apply_and_release_leaks_nothing() -> None:
     """One cancel (the common case) at each of the first N loop steps of an action whose managers
     await on both apply and release: whatever the step, the pool comes back whole."""
-    m1, m2 = SlowManager(apply_s=0.002, release_s=0.002), SlowManager(apply_s=0.001, release_s=0.001)
+    m1 = FakeManager("m1", apply_delay=0.002, release_delay=0.002)
+    m2 = FakeManager("m2", apply_delay=0.001, release_delay=0.001)
     async with Tangram(Pool(cpus=2, quotas={"api": Quota(concurrency=1)}), managers=[m1, m2]) as t:
         async def act() -> None:
             async with t.acquire(ActionSpec(kind="x", cpus=1, quotas={"api": 1})):

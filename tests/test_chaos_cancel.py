@@ -21,6 +21,7 @@ import pytest
 
 from tangram_sdk import ActionSpec, Pool, Quota, Tangram
 from tangram_sdk._deadline import wait_future, within
+from tangram_sdk.testing import FakeManager
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -32,32 +33,6 @@ def whole(t: Tangram) -> None:
     assert st["cpus_free"] == st["cpus_total"], st
     assert all(q["used"] == 0 for q in st["quotas"].values()), st["quotas"]
     assert st["granted"] == st["released"], st
-
-
-class AwaitingManager:
-    """A manager that yields in apply and release (a Docker call or a GPU restore, in miniature)."""
-
-    name = "awaiting"
-
-    def __init__(self) -> None:
-        self.applies = self.releases = 0
-
-    async def start(self, ctx: Any) -> None:
-        pass
-
-    def check(self, spec: ActionSpec) -> None:
-        pass
-
-    async def apply(self, grant: Any, lease: Any) -> None:
-        self.applies += 1
-        await asyncio.sleep(0)
-
-    async def release(self, grant: Any, lease: Any) -> None:
-        await asyncio.sleep(0)
-        self.releases += 1
-
-    async def aclose(self) -> None:
-        pass
 
 
 async def _race_round(t: Tangram, spec: ActionSpec, timeout: float | None, order: str) -> None:
@@ -147,11 +122,11 @@ async def _race_round_with_manager(t: Tangram, spec: ActionSpec, timeout: float 
 async def test_same_iteration_race_with_a_manager_awaiting_in_apply_and_release(timeout: float | None) -> None:
     """The manager's release awaits before the units go back, so the waiter's grant happens inside
     the holder's cleanup task; an observer cancels the waiter from that same round."""
-    mgr = AwaitingManager()
+    mgr = FakeManager("awaiting")  # yields once in apply and in release
     async with Tangram(Pool(cpus=1), managers=[mgr]) as t:
         for _ in range(20):
             await _race_round_with_manager(t, ActionSpec(kind="cpu", cpus=1), timeout)
-        assert mgr.applies == mgr.releases
+        assert mgr.applied == mgr.released
 
 
 async def test_a_storm_of_cancels_never_runs_a_cancelled_body() -> None:
@@ -163,7 +138,7 @@ async def test_a_storm_of_cancels_never_runs_a_cancelled_body() -> None:
     from tangram_sdk.scheduler.decisions import Grant
 
     rng = random.Random(14)
-    mgr = AwaitingManager()
+    mgr = FakeManager("awaiting")  # yields once in apply and in release
     async with Tangram(Pool(cpus=4, quotas={"api": Quota(concurrency=2)}), managers=[mgr]) as t:
         ran: set[int] = set()
         cms: dict[int, Any] = {}
@@ -198,7 +173,7 @@ async def test_a_storm_of_cancels_never_runs_a_cancelled_body() -> None:
         assert ran & cancelled == set(), f"{len(ran & cancelled)} cancelled tasks ran their body"
         assert len(ran) == 700
         whole(t)
-        assert mgr.applies == mgr.releases
+        assert mgr.applied == mgr.released
 
 
 # ----------------------------------------------------------------------------- the primitive itself

@@ -433,30 +433,15 @@ async def test_a_park_that_fails_on_the_agent_keeps_the_core_out_of_the_shared_p
     def _parking_fails_for_a_while() -> list[Any]:
         """Run on the agent (nested: cloudpickle ships it by value). Its release fails like a park on a
         dead daemon: QuarantineError whose ``until`` resolves 1.5 s later (the re-park succeeded)."""
+        from tangram_sdk.errors import QuarantineError
+        from tangram_sdk.testing import FakeManager
 
-        class FlakyPark:
-            name = "flaky-park"
+        def not_parked() -> QuarantineError:
+            until = asyncio.get_running_loop().create_future()
+            asyncio.get_running_loop().call_later(1.5, until.set_result, None)
+            return QuarantineError("container x could not be parked", resource="x", until=until)
 
-            async def start(self, ctx: Any) -> None:
-                pass
-
-            def check(self, spec: Any) -> None:
-                pass
-
-            async def apply(self, grant: Any, lease: Any) -> None:
-                pass
-
-            async def release(self, grant: Any, lease: Any) -> None:
-                from tangram_sdk.errors import QuarantineError
-
-                until = asyncio.get_running_loop().create_future()
-                asyncio.get_running_loop().call_later(1.5, until.set_result, None)
-                raise QuarantineError("container x could not be parked", resource="x", until=until)
-
-            async def aclose(self) -> None:
-                pass
-
-        return [FlakyPark()]
+        return [FakeManager("flaky-park").fail("release", not_parked)]
 
     cl = deploy("quarantine", namespace=NS, pool=Pool(cpus=1), managers=_parking_fails_for_a_while)
     try:

@@ -19,6 +19,7 @@ from tangram_sdk import (
     SpecError,
     Tangram,
 )
+from tangram_sdk.testing import FakeManager
 
 
 def whole(t: Tangram) -> None:
@@ -136,36 +137,14 @@ async def test_cancel_between_grant_and_wakeup():
         whole(t)
 
 
-class FailingManager:
-    name = "failing"
-
-    def __init__(self):
-        self.released = 0
-
-    async def start(self, ctx):
-        self.ctx = ctx
-
-    def check(self, spec):
-        if spec.kind == "bad":
-            raise SpecError("bad kind")
-
-    async def apply(self, grant, lease):
-        if lease.spec.kind == "boom":
-            raise OSError("device on fire")
-        lease.attach("exec", self._exec)
-
-    async def _exec(self, cmd, **kw):
-        return cmd
-
-    async def release(self, grant, lease):
-        self.released += 1
-
-    async def aclose(self):
-        pass
+async def _echo(cmd, **kw):
+    return cmd
 
 
 async def test_manager_failure_returns_units_with_a_typed_error():
-    m = FailingManager()
+    m = (FakeManager("failing", attach={"exec": _echo})
+         .fail("check", SpecError("bad kind"), kind="bad")
+         .fail("apply", OSError("device on fire"), kind="boom"))
     async with Tangram(Pool(cpus=2), managers=[m]) as t:
         with pytest.raises(ManagerError, match="device on fire"):
             async with t.acquire(ActionSpec(kind="boom", cpus=2)):
