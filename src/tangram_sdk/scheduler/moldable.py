@@ -222,11 +222,12 @@ class Moldable(Placement):
         start = min(want, free)
         if not self.start_or_wait or span or start >= dops[0]:
             return start
-        # at the bound (a flood), no action starts below the size max_price implies while the cores
-        # for it are expected back within its own run at that size: one long action started on a
-        # core or two during a flood sets the RL step. A backlog the pool cannot absorb has no
-        # floor (the minimum is throughput-optimal then), nor has a quiet pool.
-        floor = dops[gi] if gi == self._price_cap else a.emin
+        # objective "step": at the bound, no action starts below the size max_price implies while
+        # the cores for it are expected back within its own run at that size (one long action
+        # started on a core or two during a flood sets the RL step). For "balanced" this cost more
+        # than it saved: in the quick contended cells it held actions waiting for the floor and
+        # the step got worse (1.06 -> 1.45), and it did not save the full seed-2 straggler.
+        floor = dops[gi] if gi == self._price_cap and self.objective == "step" else a.emin
         _, _, per_node = self._release_line(now)
         market = self._market(a, now)
         rel = self._rel_fn(a.spec)
