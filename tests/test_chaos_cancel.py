@@ -152,8 +152,8 @@ async def test_a_storm_of_cancels_never_runs_a_cancelled_body() -> None:
 
         tasks = [asyncio.create_task(act(i)) for i in range(1000)]
         await asyncio.sleep(0)  # every task has submitted (the first ones already hold)
-        by_aid = {cm._aid: i for i, cm in cms.items()}
-        queued = sorted(i for i, cm in cms.items() if cm._grant is None)  # not granted at submit
+        by_aid = {cm.aid: i for i, cm in cms.items()}
+        queued = sorted(i for i, cm in cms.items() if cm.grant is None)  # not granted at submit
         victims = set(rng.sample(queued, 300))
         cancelled: set[int] = set()
 

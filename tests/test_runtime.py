@@ -282,3 +282,71 @@ async def test_lease_run_timeout_and_cancel_kill_the_command():
         ps = os.popen("ps -eo args").read()
         assert "sleep 31" not in ps and "sleep 32" not in ps, ps
         whole(t)
+
+
+# ------------------------------------------------------------------------------ acquire_lease / release
+async def test_acquire_lease_and_release_hold_across_calls_like_async_with():
+    t = await Tangram(Pool(cpus=2)).start()
+    try:
+        lease = await t.acquire_lease(ActionSpec(kind="sandbox", cpus=2))
+        assert len(lease.cpus) == 2 and t.free_cpus == 0 and t.running == 1
+        with pytest.raises(TimeoutError, match="waited for 1 cpu"):
+            await t.acquire_lease(ActionSpec(kind="x", cpus=1), timeout=0)
+        assert t.queued == 0 and t.statistics()["waiters"] == 1  # the timed-out one left nothing behind
+        await t.release(lease, failed=True)
+        assert t.free_cpus == 2 and t.statistics()["failed"] == 1
+        await t.release(lease)  # twice: nothing happens
+        assert t.statistics()["released"] == 1
+        whole(t)
+    finally:
+        await t.aclose()
+
+
+async def test_release_refuses_a_lease_of_another_tangram():
+    async with Tangram(Pool(cpus=1)) as a, Tangram(Pool(cpus=1)) as b:
+        la = await a.acquire_lease(ActionSpec(kind="x", cpus=1))
+        lb = await b.acquire_lease(ActionSpec(kind="x", cpus=1))
+        assert la.action_id == lb.action_id  # ids are per Tangram: identity, not the id, decides
+        with pytest.raises(SpecError, match="not granted by this Tangram"):
+            await a.release(lb)
+        await a.release(la)
+        await b.release(lb)
+        whole(a)
+        whole(b)
+
+
+async def test_release_nowait_only_when_no_manager_must_run():
+    m = FakeManager("slow", release_delay=0.01)
+    async with Tangram(Pool(cpus=2), managers=[m]) as t, Tangram(Pool(cpus=1)) as plain:
+        lease = await t.acquire_lease(ActionSpec(kind="x", cpus=1))
+        assert t.release_nowait(lease) is False and t.running == 1 and m.released == 0  # nothing done
+        await t.release(lease)
+        assert m.released == 1 and m.holding == set()
+        pl = await plain.acquire_lease(ActionSpec(kind="x", cpus=1))
+        assert plain.release_nowait(pl) is True and plain.free_cpus == 1  # back before it returned
+        whole(t)
+
+
+async def test_a_cancelled_release_still_undoes_the_managers_and_returns_the_units():
+    m = FakeManager("slow", release_delay=0.05)
+    async with Tangram(Pool(cpus=1), managers=[m]) as t:
+        lease = await t.acquire_lease(ActionSpec(kind="x", cpus=1))
+        task = asyncio.create_task(t.release(lease))
+        await asyncio.sleep(0.01)
+        assert m.released == 0 and t.free_cpus == 0  # inside the manager's 50 ms release
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert m.released == 1 and t.free_cpus == 1  # the cancel was delivered after the cleanup
+        whole(t)
+
+
+async def test_public_reads_of_the_pool():
+    async with Tangram(Pool(cpus=2, memory=1000, quotas={"api": Quota(concurrency=2)})) as t:
+        spec = ActionSpec(kind="x", cpus=1, memory=400, quotas={"api": 1})
+        assert t.feasibility(spec) is None and "cpus" in (t.feasibility(ActionSpec(kind="big", cpus=3)) or "")
+        lease = await t.acquire_lease(spec)
+        assert (t.free_cpus, t.free_memory, dict(t.quota_used), t.running) == (1, 600, {"api": 1}, 1)
+        assert t.shortage(ActionSpec(kind="y", cpus=2)) == "waited for 2 cpus (cpus 1/2 free, 0 queued)"
+        t.check_invariants()
+        await t.release(lease)

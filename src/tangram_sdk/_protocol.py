@@ -3,7 +3,10 @@
 Why a protocol: the adapters, ``Guard``, ``SyncTangram``, ``install()`` and the examples only ever
 acquire, read statistics and close. An in-process :class:`~tangram_sdk.runtime.Tangram` and a
 :class:`~tangram_sdk.ray.RemoteTangram` (the job-wide scheduler actor) both do exactly that, so
-code written against :class:`AnyTangram` runs unchanged on one process or a whole Ray job.
+code written against :class:`AnyTangram` runs unchanged on one process or a whole Ray job. (Both
+also offer an ``acquire_lease`` / ``release`` pair; the protocol leaves it out so any handle with
+the three methods, a proxy or a test double, still fits. Code holding a lease across calls on such
+a handle uses :class:`contextlib.AsyncExitStack`, as ``Guard`` does.)
 
 ``statistics`` is the one method whose shape differs (the local snapshot is a plain call, the
 remote one a round trip), so the protocol names the awaitable form, ``astatistics()``, which both

@@ -31,6 +31,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from ._cpuset import format_cpuset, parse_cpuset
+from .lease import Lease
 from .pool import Pool
 from .runtime import Tangram
 from .spec import ActionSpec, Amdahl, Elasticity
@@ -172,15 +173,14 @@ async def _trajectory(t: Tangram, mode: str, plan: list[tuple[float, int]], core
     loop = asyncio.get_running_loop()
     elastic = ActionSpec(kind="run_tests", cpus=1,
                          elastic=Elasticity("cpu", max_units=cores, efficiency=Amdahl(0.95)))
-    held = None
+    held: Lease | None = None
     try:
         for think, iters in plan:
             await asyncio.sleep(think)
             arrived = loop.time()
             if mode == "static":
                 if held is None:  # a sandbox is bound to the trajectory at its first action
-                    held = t.acquire(ActionSpec(kind="sandbox", cpus=sandbox))
-                    lease = await held.__aenter__()
+                    held = lease = await t.acquire_lease(ActionSpec(kind="sandbox", cpus=sandbox))
                 queued = loop.time() - arrived
                 r = await lease.run([sys.executable, "-c", _WORK, str(iters), str(len(lease.cpus))])
                 run.units.append(len(lease.cpus))
@@ -196,7 +196,7 @@ async def _trajectory(t: Tangram, mode: str, plan: list[tuple[float, int]], core
             progress.tick()
     finally:
         if held is not None:
-            await held.__aexit__(None, None, None)
+            await t.release(held)
 
 
 async def _run_mode(mode: str, pool: Pool, plans: list[list[tuple[float, int]]], sandbox: int,

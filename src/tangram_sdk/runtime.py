@@ -6,6 +6,10 @@ the timer task for rate-limit tokens) resolves -> the waiter applies the grant t
 managers (in its own task, so a slow Docker call delays only that action) -> the action runs ->
 leaving the context parks/evicts (shielded) and releases its units to the core.
 
+Each acquire is one :class:`_Waiter` record, registered from submit until it leaves: the grant or
+refusal decided inline, the future a later round resolves, the lease, the managers applied and
+the task holding it (which ``aclose`` waits for) all live there.
+
 Cancellation is safe at every ``await``: a waiter that leaves for any reason posts *Cancelled*,
 which the core treats as "drop from the queue" or "release the grant", whichever is true by then.
 """
@@ -16,8 +20,8 @@ import asyncio
 import itertools
 import logging
 import time
-from collections.abc import Callable, Coroutine, Iterable, Sequence
-from types import TracebackType
+from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
+from types import MappingProxyType, TracebackType
 from typing import Any
 
 from ._deadline import check_timeout, settle, wait_future
@@ -80,9 +84,7 @@ class Tangram:
         except (TypeError, ValueError) as exc:  # an unknown option, or a bad value for one
             raise SpecError(f"scheduler options {sorted(scheduler_options)} rejected: {exc}") from exc
         self._ids = itertools.count(1)
-        self._waiters: dict[int, asyncio.Future[Grant] | None] = {}
-        self._immediate: dict[int, Grant] = {}
-        self._rejected: dict[int, BaseException] = {}
+        self._waiters: dict[int, _Waiter] = {}  # every acquire from submit until it leaves
         self._pending: list[Event] = []
         self._wake: asyncio.Event | None = None
         self._timer: asyncio.TimerHandle | None = None
@@ -95,10 +97,9 @@ class Tangram:
         self._broken: BaseException | None = None
         self._started_managers: list[Manager] = []
         self._cleanups: set[asyncio.Task[None]] = set()  # manager releases still running
-        # leases granted while managers run, by action id -> the task that acquired it: aclose
-        # waits for them to leave before closing the managers (their exec/call still work)
-        self._managed: dict[int, asyncio.Task[Any] | None] = {}
-        self._managed_left: asyncio.Event | None = None  # set by each such leave while closing
+        # set by each leave of a lease granted while managers run (a waiter with a task), while
+        # aclose waits for those holders (their exec/call keep working to the end)
+        self._managed_left: asyncio.Event | None = None
         # actions whose release a manager could not complete (QuarantineError): their units stay
         # out of the pool until the manager restores the resource
         self._held_back: dict[int, asyncio.Task[None]] = {}
@@ -106,6 +107,11 @@ class Tangram:
 
     # ------------------------------------------------------------------------------ lifecycle
     async def __aenter__(self) -> Tangram:
+        return await self.start()
+
+    async def start(self) -> Tangram:
+        """Start the managers and the timer task (what ``async with`` does on entry); pair it with
+        :meth:`aclose`. Once per Tangram."""
         if self._state != "new":
             raise RuntimeClosedError("a Tangram can be entered once; create a new one")
         self._loop = asyncio.get_running_loop()
@@ -146,7 +152,8 @@ class Tangram:
         limit = check_timeout(cancel_after, "cancel_after")
         self._state = "closed"
         closed = RuntimeClosedError("the Tangram was closed while this action was queued")
-        for fut in self._waiters.values():
+        for w in self._waiters.values():
+            fut = w.fut
             if fut is not None and not fut.done():
                 fut.set_exception(closed)
         if self._timer is not None:
@@ -181,7 +188,8 @@ class Tangram:
         told = cancelled
 
         def holders() -> list[asyncio.Task[Any]]:
-            return [t for t in self._managed.values() if t is not None and t is not me and not t.done()]
+            return [w.task for w in self._waiters.values()
+                    if w.task is not None and w.task is not me and not w.task.done()]
 
         while True:
             waiting = holders()
@@ -211,7 +219,7 @@ class Tangram:
 
     # ------------------------------------------------------------------------------ public API
     def acquire(self, spec: ActionSpec, *, timeout: float | None = None,
-                deadline: float | None = None) -> _Acquire:
+                deadline: float | None = None) -> _Waiter:
         """Wait for ``spec``'s resources; an async context manager yielding a :class:`Lease`.
 
         Raises SpecError / InfeasibleSpecError at once for specs this pool can never serve,
@@ -220,7 +228,42 @@ class Tangram:
         when the scheduler estimates the action cannot start by then, or when it is still queued
         then (the queue drops it; nothing is held).
         """
-        return _Acquire(self, spec, timeout, check_deadline(deadline))
+        return _Waiter(self, spec, check_timeout(timeout) if timeout is not None else None, check_deadline(deadline))
+
+    async def acquire_lease(self, spec: ActionSpec, *, timeout: float | None = None,
+                            deadline: float | None = None) -> Lease:
+        """:meth:`acquire` without the ``async with``: wait for the grant, apply it, return the
+        :class:`Lease`; give it back with :meth:`release`. For holds that do not fit one block (a
+        sandbox bound to a whole trajectory, an adapter that enters and leaves in different
+        calls). The same errors as ``acquire``; whatever happens while waiting, nothing is held
+        when this raises."""
+        w = _Waiter(self, spec, check_timeout(timeout) if timeout is not None else None, check_deadline(deadline))
+        return await w.enter()
+
+    async def release(self, lease: Lease, *, failed: bool = False) -> None:
+        """Give back a lease from :meth:`acquire_lease` (what leaving ``async with`` does):
+        managers undo their work (even if the caller is cancelled meanwhile), then the units go
+        back. ``failed``: the action failed (counted as such). Releasing a lease twice does
+        nothing; a lease this Tangram did not grant is a SpecError."""
+        w = self._owner(lease)
+        if w is not None:
+            await w.exit(failed=failed)
+
+    def release_nowait(self, lease: Lease, *, failed: bool = False) -> bool:
+        """:meth:`release` without awaiting, when no manager has anything to undo: the units are
+        back before this returns True. False, with nothing done, when a manager must run first
+        (await :meth:`release` then). The Ray actor releases this way, so a release and the next
+        frame are handled in one loop iteration."""
+        w = self._owner(lease)
+        return True if w is None else w.exit_nowait(failed=failed)
+
+    def _owner(self, lease: Lease) -> _Waiter | None:
+        w = self._waiters.get(lease.action_id)
+        if w is None:
+            return None  # already released
+        if w.lease is not lease:
+            raise SpecError(f"{lease!r} was not granted by this Tangram (or is not held any more)")
+        return w
 
     def report_tokens(self, lease: Lease, quota: str, used: int) -> None:
         """The call behind ``lease`` really drew ``used`` tokens of weighted quota ``quota`` (its
@@ -252,6 +295,49 @@ class Tangram:
     def scheduler(self) -> Scheduler:
         """The pure core (read it; do not feed it events behind the runtime's back)."""
         return self._core
+
+    # -- cheap reads (no snapshot built: safe to call from an observer, every round) -------------
+    @property
+    def running(self) -> int:
+        """Actions holding a grant right now."""
+        return self._core.running
+
+    @property
+    def queued(self) -> int:
+        """Actions waiting for a grant right now."""
+        return self._core.queued
+
+    @property
+    def free_cpus(self) -> int:
+        return self._core.ledger.free_cpus
+
+    @property
+    def free_gpus(self) -> int:
+        return self._core.ledger.free_gpus
+
+    @property
+    def free_memory(self) -> int | None:
+        """Bytes of pool memory not granted (None: the pool does not count memory)."""
+        return self._core.ledger.mem_free
+
+    @property
+    def quota_used(self) -> Mapping[str, int]:
+        """Units in use per quota (a read-only live view)."""
+        return MappingProxyType(self._core.ledger.q_used)
+
+    def feasibility(self, spec: ActionSpec) -> str | None:
+        """Why ``spec`` can never be granted by this pool (None: it can be)."""
+        return self._core.feasibility(spec)
+
+    def check_invariants(self) -> None:
+        """AssertionError when the core's ledger disagrees with its grants (tests, ``check_invariants``
+        deployments)."""
+        self._core.check_invariants()
+
+    def post(self, ev: Event) -> None:
+        """Feed an event to the core (what :class:`ManagerContext`'s ``post`` does): e.g. a
+        ServiceResidency a node agent reported. Ignored once the Tangram is closed."""
+        self._post(ev)
 
     def __repr__(self) -> str:
         core = self._core
@@ -291,7 +377,7 @@ class Tangram:
         if reason is not None:
             raise InfeasibleSpecError(f"{spec.kind}: {reason}")
 
-    def _shortage(self, spec: ActionSpec) -> str:
+    def shortage(self, spec: ActionSpec) -> str:
         """``waited for 2 cpus + api x1 (cpus 0/4 free, api 1/1 used, 3 queued)``."""
         need: list[str] = []
         have: list[str] = []
@@ -324,42 +410,66 @@ class Tangram:
         handled right after it, in order. The scheduler task only serves timers (rate-limit
         tokens) and wake-ups, so every decision is still made on the event loop's thread.
         """
-        self._feed(ev, 0, None, False, now)
-
-    def _feed(self, ev: Event | None, aid: int, spec: ActionSpec | None, failed: bool,
-              now: float | None) -> None:
-        """``_post(ev)``; with ``ev=None`` it means ``Submitted(aid, spec)`` (spec given) or
-        ``Released(aid, failed)``, and the event object is only built when someone needs it (an
-        observer, or the re-entrant queue): the hot path calls the core's methods directly."""
         if self._state != "open" or self._broken is not None:
             return
-        if ev is None and (self._handling or self.observers):
-            ev = Submitted(aid, spec) if spec is not None else Released(aid, failed=failed)
         if self._handling:
-            assert ev is not None
             self._pending.append(ev)
             return
         self._handling = True
         try:
             if now is None:
                 now = self._clock()
-            core = self._core
-            if ev is not None:
-                self._dispatch((ev,), now, core.handle(ev, now))
-            elif spec is not None:
-                self._dispatch((), now, core.submit(aid, spec, now))
-            else:
-                self._dispatch((), now, core.release(aid, now, failed=failed))
-            if self._pending:
-                self._drain()
-            elif core.next_wakeup != self._timer_at:
-                self._arm_timer(core.next_wakeup)
+            self._dispatch((ev,), now, self._core.handle(ev, now))
+            self._settle_round()
         except BaseException as exc:
-            self._break(exc)
-            if self._task is not None:
-                self._task.cancel()
+            self._die(exc)
         finally:
             self._handling = False
+
+    # The two hot paths, ``Submitted`` and ``Released`` without building the event (the core's
+    # direct methods), unless someone needs the event object (an observer, the re-entrant queue).
+    def _submitted(self, aid: int, spec: ActionSpec, now: float) -> None:
+        if self._state != "open" or self._broken is not None:
+            return
+        if self._handling or self.observers:
+            self._post(Submitted(aid, spec), now)
+            return
+        self._handling = True
+        try:
+            self._dispatch((), now, self._core.submit(aid, spec, now))
+            self._settle_round()
+        except BaseException as exc:
+            self._die(exc)
+        finally:
+            self._handling = False
+
+    def _released(self, aid: int, failed: bool) -> None:
+        if self._state != "open" or self._broken is not None:
+            return
+        if self._handling or self.observers:
+            self._post(Released(aid, failed=failed))
+            return
+        self._handling = True
+        try:
+            now = self._clock()
+            self._dispatch((), now, self._core.release(aid, now, failed=failed))
+            self._settle_round()
+        except BaseException as exc:
+            self._die(exc)
+        finally:
+            self._handling = False
+
+    def _settle_round(self) -> None:
+        """After a round: handle what it queued, and keep the timer on the core's next wake-up."""
+        if self._pending:
+            self._drain()
+        elif self._core.next_wakeup != self._timer_at:
+            self._arm_timer(self._core.next_wakeup)
+
+    def _die(self, exc: BaseException) -> None:
+        self._break(exc)
+        if self._task is not None:
+            self._task.cancel()
 
     def _drain(self) -> None:
         core = self._core
@@ -390,17 +500,17 @@ class Tangram:
         waiters = self._waiters
         for d in decisions:
             aid = d.action_id
-            if aid not in waiters:
-                if isinstance(d, Grant):  # the waiter left before the grant: give it back
+            w = waiters.get(aid)
+            fut = None if w is None else w.fut
+            if fut is None:
+                if w is not None and w.inline:  # decided while its acquire() is still on the stack
+                    if isinstance(d, Grant):
+                        w.grant = d
+                    else:
+                        del waiters[aid]
+                        w.error = _refusal(d)
+                elif isinstance(d, Grant):  # the waiter left before the grant: give it back
                     self._pending.append(Cancelled(aid))
-                continue
-            fut = waiters[aid]
-            if fut is None:  # decided while its acquire() is still on the stack (inline)
-                if isinstance(d, Grant):
-                    self._immediate[aid] = d
-                else:
-                    del waiters[aid]
-                    self._rejected[aid] = _refusal(d)
             elif isinstance(d, Grant):
                 if fut.done():  # cancelled/timed out between grant and wake-up
                     self._pending.append(Cancelled(aid))
@@ -432,34 +542,31 @@ class Tangram:
     def _break(self, exc: BaseException) -> None:
         self._broken = exc
         log.error("tangram scheduler died: %r", exc)
-        for aid, fut in list(self._waiters.items()):
-            if fut is None:  # broke while this action's acquire() is on the stack
-                del self._waiters[aid]
-                err0 = SchedulerBrokenError(f"the scheduler task died: {exc!r}")
-                err0.__cause__ = exc
-                self._rejected[aid] = err0
-                continue
-            if not fut.done():
+        for aid, w in list(self._waiters.items()):
+            fut = w.fut
+            if w.inline or (fut is not None and not fut.done()):
                 err = SchedulerBrokenError(f"the scheduler task died: {exc!r}")
                 err.__cause__ = exc
-                fut.set_exception(err)
+                if fut is not None:
+                    fut.set_exception(err)
+                else:  # broke while this action's acquire() is on the stack
+                    del self._waiters[aid]
+                    w.error = err
 
-    def _hold_back(self, aid: int, failed: bool, until: list[Any]) -> None:
-        """Return ``aid``'s units only once every ``until`` (a manager's re-park...) has resolved."""
+    def _hold_back(self, w: _Waiter, failed: bool, until: list[Any]) -> None:
+        """The waiter has left, but its units return only once every ``until`` (a manager's
+        re-park...) has resolved; until then they count as ``quarantined``."""
+        aid = w.aid
+        self._forget(w)
 
         async def later() -> None:
             try:
                 await asyncio.gather(*until, return_exceptions=True)
             finally:
                 self._held_back.pop(aid, None)
-                self._leave(aid, failed=failed, granted=True)
+                self._released(aid, failed)
 
         self._held_back[aid] = asyncio.get_running_loop().create_task(later(), name=f"tangram-held-back-{aid}")
-
-    def _managed_done(self, aid: int) -> None:
-        self._managed.pop(aid, None)
-        if self._managed_left is not None:
-            self._managed_left.set()
 
     def _track(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         """A manager release in flight: closing the Tangram waits for it."""
@@ -477,37 +584,43 @@ class Tangram:
                 if self._state == "new" else "this Tangram has been closed"
             )
 
-    def _submit(self, spec: ActionSpec, now: float,
-                deadline: float | None = None) -> tuple[int, Grant | asyncio.Future[Grant]]:
+    def _submit(self, w: _Waiter, now: float) -> Grant | asyncio.Future[Grant]:
+        """Register ``w`` and submit its spec: the grant when the core made it inline (the
+        uncontended fast path: no future is created), else the future a later round resolves."""
+        spec = w.spec
         self._check_spec(spec)
-        aid = next(self._ids)
-        # Register a placeholder first: if the core grants inline, _dispatch parks the grant in
-        # _immediate and no future is ever created (the uncontended fast path).
-        self._waiters[aid] = None
-        if deadline is None:
-            self._feed(None, aid, spec, False, now)
+        aid = w.aid = next(self._ids)
+        self._waiters[aid] = w
+        w.inline = True  # decisions for it are stored on the record while we are on the stack
+        if w.deadline is None:
+            self._submitted(aid, spec, now)
         else:
-            self._post(Submitted(aid, spec, deadline), now)
-        done = self._immediate.pop(aid, None)
-        if done is not None:
-            self._waiters.pop(aid, None)
-            return aid, done
+            self._post(Submitted(aid, spec, w.deadline), now)
+        w.inline = False
+        if w.grant is not None:
+            return w.grant
         assert self._loop is not None
         fut: asyncio.Future[Grant] = self._loop.create_future()
         if aid in self._waiters:  # still queued (not rejected/broken while posting)
-            self._waiters[aid] = fut
+            w.fut = fut
         else:
-            err = self._rejected.pop(aid, None)
-            fut.set_exception(err if err is not None else RuntimeClosedError("the Tangram closed"))
-        return aid, fut
+            fut.set_exception(w.error if w.error is not None else RuntimeClosedError("the Tangram closed"))
+        return fut
 
-    def _leave(self, aid: int, *, failed: bool, granted: bool) -> None:
-        """The waiter is done with ``aid`` (released, cancelled, or failed to apply)."""
-        self._waiters.pop(aid, None)
+    def _forget(self, w: _Waiter) -> None:
+        """``w`` is no longer held by its task (aclose may stop waiting for it)."""
+        if self._waiters.pop(w.aid, None) is not None and w.task is not None and self._managed_left is not None:
+            self._managed_left.set()
+
+    def _leave(self, w: _Waiter, *, failed: bool, granted: bool) -> None:
+        """The waiter is done (released, cancelled, or failed to apply): forget it, and return
+        its units (``granted``) or drop it from the queue."""
+        if self._waiters.pop(w.aid, None) is not None and w.task is not None and self._managed_left is not None:
+            self._managed_left.set()  # inline _forget: this is the hot path
         if granted:
-            self._feed(None, aid, None, failed, None)
+            self._released(w.aid, failed)
         else:
-            self._post(Cancelled(aid))
+            self._post(Cancelled(w.aid))
 
 
 def _refusal(d: Reject) -> TangramError:
@@ -532,51 +645,56 @@ def check_deadline(deadline: object) -> float | None:
     return d
 
 
-class _Acquire:
-    """The async context manager returned by :meth:`Tangram.acquire`."""
+class _Waiter:
+    """One acquire, from submit until it leaves (the runtime's only per-action record), and the
+    async context manager :meth:`Tangram.acquire` returns."""
 
-    __slots__ = ("_rt", "_spec", "_timeout", "_deadline", "_aid", "_grant", "_lease", "_applied", "_left")
+    __slots__ = ("aid", "applied", "deadline", "error", "fut", "grant", "inline", "lease", "left", "rt", "spec",
+                 "task", "timeout")
 
-    def __init__(self, rt: Tangram, spec: ActionSpec, timeout: float | None,
-                 deadline: float | None = None) -> None:
-        self._rt = rt
-        self._deadline = deadline
-        self._spec = spec
-        self._timeout = check_timeout(timeout) if timeout is not None else None
-        self._aid = 0
-        self._grant: Grant | None = None
-        self._lease: Lease | None = None
-        self._applied: Applied | None = None  # the managers whose apply began (None: no managers)
-        self._left = False
+    def __init__(self, rt: Tangram, spec: ActionSpec, timeout: float | None, deadline: float | None) -> None:
+        self.rt = rt
+        self.spec = spec
+        self.timeout = timeout
+        self.deadline = deadline
+        self.aid = 0
+        self.inline = False  # on the stack of submit: a decision is stored here, not on a future
+        self.fut: asyncio.Future[Grant] | None = None  # queued: the future a later round resolves
+        self.grant: Grant | None = None
+        self.error: BaseException | None = None  # refused (or the core broke) while inline
+        self.lease: Lease | None = None
+        self.applied: Applied | None = None  # the managers whose apply began (None: no managers)
+        self.task: asyncio.Task[Any] | None = None  # the holder, while managers run (aclose waits)
+        self.left = False
 
     async def __aenter__(self) -> Lease:
-        rt = self._rt
+        rt = self.rt
         if rt._state != "open" or rt._broken is not None:
             rt._ensure_open()
         t0 = rt._clock()
-        aid, fut = rt._submit(self._spec, t0, self._deadline)
-        self._aid = aid
-        if isinstance(fut, Grant):  # granted inline, at t0: no wait, no second clock read
-            grant = fut
+        got = rt._submit(self, t0)
+        if isinstance(got, Grant):  # granted inline, at t0: no wait, no second clock read
+            grant = got
             now = t0
         else:
+            assert isinstance(got, asyncio.Future)
             try:
                 # never asyncio.wait_for here: it can return the grant and drop a cancel that
                 # lands in the same iteration (3.10/3.11); see _deadline
-                grant = await wait_future(fut, self._timeout, self._timed_out)
+                grant = await wait_future(got, self.timeout, self._timed_out)
             except BaseException:
                 # a grant that landed with the cancel/timeout is given back: the core treats
                 # Cancelled as "drop from the queue" or "release the grant", whichever is true
-                rt._leave(aid, failed=True, granted=False)
+                rt._leave(self, failed=True, granted=False)
                 raise
             now = rt._clock()
-        self._grant = grant
-        lease = Lease(aid, self._spec, cpus=grant.cpus, gpus=grant.gpus, units=grant.units,
+        self.grant = grant
+        lease = Lease(self.aid, self.spec, cpus=grant.cpus, gpus=grant.gpus, units=grant.units,
                       memory=grant.memory, quotas=grant.quotas, queued_s=now - t0, granted_at=now)
-        self._lease = lease
+        self.lease = lease
         if rt.managers:
-            rt._managed[aid] = asyncio.current_task()  # aclose waits for it to leave (see there)
-            self._applied = applied = Applied(grant, lease)
+            self.task = asyncio.current_task()  # aclose waits for it to leave (see there)
+            self.applied = applied = Applied(grant, lease)
             try:
                 await applied.apply(rt.managers)  # the one manager contract (managers/base.py)
             except BaseException:
@@ -587,28 +705,38 @@ class _Acquire:
     def _timed_out(self) -> str:
         """The TimeoutError message: the action kind, the wait, what it waited for and how full
         the pool was when the time ran out (so a log line alone says what was short)."""
-        return f"{self._spec.kind}: not granted within {self._timeout:g} s; {self._rt._shortage(self._spec)}"
+        return f"{self.spec.kind}: not granted within {self.timeout:g} s; {self.rt.shortage(self.spec)}"
+
+    enter = __aenter__  # what Tangram.acquire_lease awaits (no extra coroutine on the hot path)
 
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        if self._applied:
+        if self.applied:
             await self._finish(failed=exc_type is not None)
-        elif not self._left:  # no manager to undo: just return the units (the common, fast case)
-            self._left = True
-            self._rt._leave(self._aid, failed=exc_type is not None, granted=True)
+        elif not self.left:  # no manager to undo: just return the units (the common, fast case)
+            self.left = True
+            self.rt._leave(self, failed=exc_type is not None, granted=True)
 
-    def leave_now(self, *, failed: bool = False) -> bool:
-        """Leave a granted context without awaiting, when no manager has anything to undo: the
-        units go back before this returns True (and a later ``__aexit__`` is a no-op). False, with
-        nothing done, when a manager must run first (await ``__aexit__`` instead). The Ray actor
-        releases this way, so a release and the next frame are handled in one loop iteration."""
-        if self._applied or self._grant is None:
+    async def exit(self, *, failed: bool) -> None:
+        """``__aexit__`` for Tangram.release: the same, with ``failed`` said directly."""
+        if self.applied:
+            await self._finish(failed=failed)
+        elif not self.left:
+            self.left = True
+            self.rt._leave(self, failed=failed, granted=True)
+
+    def exit_nowait(self, *, failed: bool = False) -> bool:
+        """Leave without awaiting when no manager has anything to undo (True; a later exit is a
+        no-op); False, with nothing done, when a manager must run first."""
+        if self.applied or self.grant is None:
             return False
-        if not self._left:
-            self._left = True
-            self._rt._leave(self._aid, failed=failed, granted=True)
+        if not self.left:
+            self.left = True
+            self.rt._leave(self, failed=failed, granted=True)
         return True
+
+    leave_now = exit_nowait  # the name this had before Tangram.release_nowait
 
     async def _finish(self, *, failed: bool) -> None:
         """Undo the managers' work, then return the units — in that order, so cores go back to the
@@ -616,14 +744,12 @@ class _Acquire:
         meanwhile: the cleanup runs as its own task, awaited through ``asyncio.shield`` (a native
         ``Task.cancel()`` is not stopped by an anyio shield) until it is done, and only then does a
         cancellation propagate. It is also tracked so closing the Tangram waits for it."""
-        rt = self._rt
-        self._left = True
-        if not self._applied:
-            rt._leave(self._aid, failed=failed, granted=True)
-            rt._managed_done(self._aid)
+        rt = self.rt
+        self.left = True
+        applied = self.applied
+        if not applied:
+            rt._leave(self, failed=failed, granted=True)
             return
-
-        applied = self._applied
 
         async def cleanup() -> None:
             until: list[Any] = []
@@ -631,10 +757,9 @@ class _Acquire:
                 until = [e.until for e in await applied.release() if e.until is not None]
             finally:
                 if until:  # a container not parked yet: its cores stay out of the pool until it is
-                    rt._hold_back(self._aid, failed, until)
+                    rt._hold_back(self, failed, until)
                 else:
-                    rt._leave(self._aid, failed=failed, granted=True)
-                rt._managed_done(self._aid)
+                    rt._leave(self, failed=failed, granted=True)
 
         _done, cancelled = await finish(rt._track(cleanup()))
         if cancelled:

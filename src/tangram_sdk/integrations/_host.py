@@ -225,21 +225,17 @@ async def run_holding(
     ``refused(error)`` instead of raising: an argument-dependent failure becomes the tool's or the
     step's result and the rollout goes on. Everything else propagates; the lease is always released."""
     tangram = await resolve_runtime(runtime)
-    acm = tangram.acquire(spec, timeout=timeout)
-    try:
-        lease = await acm.__aenter__()
-    except (SpecError, InfeasibleSpecError) as exc:
-        return refused(exc)
-    token = _set_lease(lease)
-    try:
-        result = await body(lease)
-    except BaseException as exc:
-        _reset_lease(token)
-        await acm.__aexit__(type(exc), exc, exc.__traceback__)
-        raise
-    _reset_lease(token)
-    await acm.__aexit__(None, None, None)
-    return result
+    async with contextlib.AsyncExitStack() as stack:  # only a failed *acquire* becomes `refused`, not the body's errors
+        try:
+            lease = await stack.enter_async_context(tangram.acquire(spec, timeout=timeout))
+        except (SpecError, InfeasibleSpecError) as exc:
+            return refused(exc)
+        token = _set_lease(lease)
+        try:
+            return await body(lease)
+        finally:
+            _reset_lease(token)
+    raise AssertionError("unreachable")  # pragma: no cover - the block always returns or raises
 
 
 def _set_lease(lease: Lease | None) -> Any:

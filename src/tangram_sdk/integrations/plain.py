@@ -58,7 +58,7 @@ class Guard:
         self._spec = spec
         self._runtime = runtime_source(runtime, where="Guard(runtime=)")
         self._timeout = timeout
-        self._stack: ContextVar[tuple[tuple[Any, Lease, Any], ...]] = ContextVar(f"guard-{id(self)}", default=())
+        self._stack: ContextVar[tuple[tuple[contextlib.AsyncExitStack, Lease, Any], ...]] = ContextVar(f"guard-{id(self)}", default=())
 
     def __call__(self, **changes: Any) -> Guard:
         """A Guard for the same runtime with ``attrs.evolve(spec, **changes)``."""
@@ -77,19 +77,19 @@ class Guard:
 
     async def __aenter__(self) -> Lease:
         tangram = await resolve_runtime(self._runtime)
-        acm = tangram.acquire(self.spec(), timeout=self._timeout)
-        lease = await acm.__aenter__()
-        self._stack.set((*self._stack.get(), (acm, lease, _set_lease(lease))))
+        held = contextlib.AsyncExitStack()  # the acquire's own context, left in __aexit__ (any handle fits)
+        lease = await held.enter_async_context(tangram.acquire(self.spec(), timeout=self._timeout))
+        self._stack.set((*self._stack.get(), (held, lease, _set_lease(lease))))
         return lease
 
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
+    ) -> bool | None:
         stack = self._stack.get()
-        acm, _lease, token = stack[-1]
+        held, _lease, token = stack[-1]
         self._stack.set(stack[:-1])
         _reset_lease(token)
-        await acm.__aexit__(exc_type, exc, tb)
+        return await held.__aexit__(exc_type, exc, tb)
 
     def __repr__(self) -> str:
         spec = self._spec if isinstance(self._spec, ActionSpec) else "<derived>"

@@ -45,7 +45,7 @@ from ..scheduler.decisions import Decision, Grant
 from ..scheduler.events import Event
 from ..spec import ActionSpec, Amdahl, Custom, Elasticity, Table
 from . import _wire
-from ._errors import LeaseLostError, NodeLostError
+from ._errors import NodeLostError
 from ._ray import require
 
 __all__ = ["SchedulerActor"]
@@ -192,17 +192,15 @@ class _Node:
 class _Held:
     """What one client acquire holds inside the actor: a quota part and/or a node part."""
 
-    __slots__ = ("gid", "granted", "ncm", "nlease", "node", "qcm", "qlease", "route")
+    __slots__ = ("gid", "granted", "nlease", "node", "qlease", "route")
 
     def __init__(self, gid: int) -> None:
         self.gid = gid
         self.granted = False  # handed to the client (counts in granted/released)
-        self.node: _Node | None = None
+        self.node: _Node | None = None  # the node whose runtime granted nlease (set once held)
         self.route: _Node | None = None  # the node chosen for the node part (before it is held)
-        self.qcm: Any = None
-        self.ncm: Any = None
-        self.nlease: Lease | None = None
-        self.qlease: Lease | None = None
+        self.nlease: Lease | None = None  # the node part, held from node.rt
+        self.qlease: Lease | None = None  # the quota part, held from the job-wide quota runtime
 
 
 class _Conn:
@@ -314,7 +312,7 @@ class SchedulerActor:
             ray = require()
             self._quota_rt = Tangram(Pool(quotas=self._quotas), observers=[self._observe_quota],
                                      **self._options)
-            await self._quota_rt.__aenter__()
+            await self._quota_rt.start()
             loop = asyncio.get_running_loop()
             host = os.environ.get("TANGRAM_RAY_BIND") or ray.util.get_node_ip_address()
             self._server = await loop.create_server(self._new_conn, host, 0)
@@ -398,7 +396,7 @@ class SchedulerActor:
         holder: dict[str, _Node] = {}
         rt = Tangram(info["pool"], managers=[_AgentManager(agent, label, self.agent_timeout)] if info["has_managers"] else [],
                      observers=[lambda ev, now, ds: self._observe_node(holder["n"], ds)], **self._options)
-        await rt.__aenter__()
+        await rt.start()
         node = _Node(label, info["ray_node_id"], agent, agent_name, rt, info)
         holder["n"] = node
         self._nodes[label] = node
@@ -449,7 +447,7 @@ class SchedulerActor:
             for key, held in list(conn.held.items()):
                 if held.node is node:
                     del conn.held[key]
-                    held.ncm = None  # the node runtime goes away as a whole
+                    held.nlease = None  # the node runtime goes away as a whole
                     held.granted = False  # counted as lost, not released
                     self.lost += 1
                     self._spawn(self._undo(held, failed=True), "undo")
@@ -468,29 +466,30 @@ class SchedulerActor:
     def post_event(self, label: str, ev: Event) -> None:
         node = self._nodes.get(label)
         if node is not None and node.alive:
-            node.rt._post(ev)
+            node.rt.post(ev)
 
     # ------------------------------------------------------------------------------ observers
     def _observe_node(self, node: _Node, decisions: Sequence[Decision]) -> None:
-        L = node.rt.scheduler.ledger
-        node.peak_cpus = max(node.peak_cpus, len(node.pool.cpus) - L.free_cpus)
-        node.peak_gpus = max(node.peak_gpus, len(node.pool.gpus) - L.free_gpus)
-        if L.mem_free is not None and node.pool.memory is not None:
-            node.peak_memory = max(node.peak_memory, node.pool.memory - L.mem_free)
+        rt = node.rt
+        node.peak_cpus = max(node.peak_cpus, len(node.pool.cpus) - rt.free_cpus)
+        node.peak_gpus = max(node.peak_gpus, len(node.pool.gpus) - rt.free_gpus)
+        free_memory = rt.free_memory
+        if free_memory is not None and node.pool.memory is not None:
+            node.peak_memory = max(node.peak_memory, node.pool.memory - free_memory)
         if self._check:
             try:
-                node.rt.scheduler.check_invariants()
+                rt.check_invariants()
             except AssertionError as exc:
                 self._errors.append(f"node {node.label}: {exc}")
 
     def _observe_quota(self, events: Sequence[Event], now: float, decisions: Sequence[Decision]) -> None:
         assert self._quota_rt is not None
-        core = self._quota_rt.scheduler
-        for n, used in core.ledger.q_used.items():
+        rt = self._quota_rt
+        for n, used in rt.quota_used.items():
             self._peak_quota[n] = max(self._peak_quota[n], used)
         if self._check:
             try:
-                core.check_invariants()
+                rt.check_invariants()
             except AssertionError as exc:
                 self._errors.append(f"quotas: {exc}")
 
@@ -593,7 +592,7 @@ class SchedulerActor:
         reasons = []
         ok = []
         for n in cands:
-            r = n.rt.scheduler.feasibility(spec)
+            r = n.rt.feasibility(spec)
             if r is None:
                 ok.append(n)
             else:
@@ -604,10 +603,10 @@ class SchedulerActor:
             return ok[0]
 
         def room(n: _Node) -> tuple[int, int, int]:
-            L = n.rt.scheduler.ledger
-            free = L.free_gpus if spec.gpus else L.free_cpus
+            rt = n.rt
+            free = rt.free_gpus if spec.gpus else rt.free_cpus
             need = spec.gpus if spec.gpus else spec.cpus
-            return (int(free >= need and n.rt.scheduler.queued == 0), free, -n.rt.scheduler.queued)
+            return (int(free >= need and rt.queued == 0), free, -rt.queued)
 
         if caller is not None:
             mine = [n for n in ok if n.ray_node_id == caller]
@@ -640,10 +639,10 @@ class SchedulerActor:
         qspec, nspec = self._split(spec)
         head = f"{spec.kind}: not granted within {timeout:g} s by the scheduler actor {self.name!r}"
         if qspec is not None and held.qlease is None and self._quota_rt is not None:
-            return f"{head}; {self._quota_rt._shortage(qspec)} in the job-wide quotas"
+            return f"{head}; {self._quota_rt.shortage(qspec)} in the job-wide quotas"
         node = held.route
         if nspec is not None and node is not None and node.alive:
-            return f"{head}; {node.rt._shortage(nspec)} on node {node.label!r}"
+            return f"{head}; {node.rt.shortage(nspec)} on node {node.label!r}"
         return head
 
     async def _acquire(self, conn: _Conn, key: int, kind: str, blob: bytes, timeout: float | None,
@@ -704,20 +703,17 @@ class SchedulerActor:
         try:
             if qspec is not None:
                 assert self._quota_rt is not None
-                cm = self._quota_rt.acquire(qspec)
-                held.qlease = await cm.__aenter__()
-                held.qcm = cm
+                held.qlease = await self._quota_rt.acquire_lease(qspec)
             if node is not None and nspec is not None:
                 if not node.alive:
                     raise NodeLostError(f"node {node.label!r} left the pool: {node.reason}")
-                cm = node.rt.acquire(nspec)
                 try:
-                    held.nlease = await cm.__aenter__()
+                    lease = await node.rt.acquire_lease(nspec)
                 except (RuntimeClosedError, TangramError, Exception) as exc:
                     if not node.alive:
                         raise NodeLostError(f"node {node.label!r} left the pool: {node.reason}") from exc
                     raise
-                held.ncm, held.node = cm, node
+                held.nlease, held.node = lease, node
                 if not node.alive:
                     raise NodeLostError(f"node {node.label!r} left the pool: {node.reason}")
         except BaseException:
@@ -743,34 +739,35 @@ class SchedulerActor:
             pending.add_done_callback(lambda _t: conn.send(("ack", key)))
 
     def _undo_now(self, held: _Held, *, failed: bool) -> bool:
-        ncm, qcm = held.ncm, held.qcm
-        if ncm is not None and held.node is not None and held.node.alive and not ncm.leave_now(failed=failed):
+        nl, ql, node = held.nlease, held.qlease, held.node
+        if nl is not None and node is not None and node.alive and not node.rt.release_nowait(nl, failed=failed):
             return False  # the node's agent must undo its managers' work first: _undo does both
-        held.ncm = None
-        if qcm is not None and not qcm.leave_now(failed=failed):
-            return False  # _undo releases the quota part (the node part is done)
-        held.qcm = None
-        if held.granted and (ncm is not None or qcm is not None):
+        held.nlease = None
+        if ql is not None:
+            assert self._quota_rt is not None
+            if not self._quota_rt.release_nowait(ql, failed=failed):
+                return False  # _undo releases the quota part (the node part is done)
+        held.qlease = None
+        if held.granted and (nl is not None or ql is not None):
             self.released += 1
         return True
 
     async def _undo(self, held: _Held, *, failed: bool) -> None:
         """Release both parts of a lease, node part first (the reverse of acquisition)."""
-        et = LeaseLostError if failed else None
-        ncm, qcm = held.ncm, held.qcm
-        held.ncm = held.qcm = None
+        nl, ql, node = held.nlease, held.qlease, held.node
+        held.nlease = held.qlease = None
         with anyio.CancelScope(shield=True):
-            if ncm is not None and held.node is not None and held.node.alive:
+            if nl is not None and node is not None and node.alive:
                 try:
-                    await ncm.__aexit__(et, None, None)
+                    await node.rt.release(nl, failed=failed)
                 except Exception:
-                    log.exception("releasing lease %s on node %s failed", held.gid, held.node.label)
-            if qcm is not None:
+                    log.exception("releasing lease %s on node %s failed", held.gid, node.label)
+            if ql is not None and self._quota_rt is not None:
                 try:
-                    await qcm.__aexit__(et, None, None)
+                    await self._quota_rt.release(ql, failed=failed)
                 except Exception:
                     log.exception("releasing the quota part of lease %s failed", held.gid)
-        if held.granted and (ncm is not None or qcm is not None):
+        if held.granted and (nl is not None or ql is not None):
             self.released += 1
 
     # ------------------------------------------------------------------------------ inspection
@@ -821,13 +818,13 @@ class SchedulerActor:
             for h in c.held.values():
                 if h.node is not None:
                     held_per_node[h.node.label] = held_per_node.get(h.node.label, 0) + 1
-                if h.qcm is not None:
+                if h.qlease is not None:
                     held_q += 1
         for n in self._nodes.values():
             if not n.alive:
                 continue
             try:
-                n.rt.scheduler.check_invariants()
+                n.rt.check_invariants()
             except AssertionError as exc:
                 errs.append(f"node {n.label}: {exc}")
             inside = n.rt.statistics()["waiters"]  # acquired and not yet left, per the runtime
@@ -836,7 +833,7 @@ class SchedulerActor:
                             f"{held_per_node.get(n.label, 0)}")
         assert self._quota_rt is not None
         try:
-            self._quota_rt.scheduler.check_invariants()
+            self._quota_rt.check_invariants()
         except AssertionError as exc:
             errs.append(f"quotas: {exc}")
         inside = self._quota_rt.statistics()["waiters"]

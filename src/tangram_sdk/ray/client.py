@@ -471,6 +471,7 @@ class RemoteTangram:
         self._closing = False
         self._agents: dict[str, Any] = {}
         self._blobs: dict[int, tuple[ActionSpec, bytes]] = {}  # rollouts send the same few specs again
+        self._open: dict[int, tuple[Lease, _RemoteAcquire]] = {}  # acquire_lease leases, by id()
 
     def _encode(self, spec: ActionSpec) -> bytes:
         hit = self._blobs.get(id(spec))
@@ -582,6 +583,23 @@ class RemoteTangram:
             raise SpecError(f"node must be None or a node label (a non-empty str), got {node!r}")
         return _RemoteAcquire(self, spec, limit, node)
 
+    async def acquire_lease(self, spec: ActionSpec, *, timeout: float | None = None,
+                            node: str | None = None) -> Lease:
+        """:meth:`acquire` without the ``async with`` (as :meth:`Tangram.acquire_lease`): the
+        lease, held until :meth:`release`."""
+        acm = self.acquire(spec, timeout=timeout, node=node)
+        lease = await acm.enter()
+        self._open[id(lease)] = (lease, acm)  # holds the lease, so its id is not reused meanwhile
+        return lease
+
+    async def release(self, lease: Lease, *, failed: bool = False) -> None:
+        """Give back a lease from :meth:`acquire_lease`. ``failed``: wait until the actor has the
+        units back (as a failing ``async with`` block does). LeaseLostError when the actor took
+        it back already. Releasing twice does nothing."""
+        item = self._open.pop(id(lease), None)
+        if item is not None:
+            await item[1].exit(failed=failed)
+
     async def statistics(self) -> dict[str, Any]:
         """The scheduler actor's snapshot: per node, per quota, clients, peaks, invariant errors.
         SchedulerBrokenError when the actor does not answer within ``connect_timeout``."""
@@ -631,6 +649,13 @@ class _RemoteAcquire:
         self._link: _Link | None = None
 
     async def __aenter__(self) -> Lease:
+        return await self.enter()
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        await self.exit(failed=exc_type is not None, exc=exc)
+
+    async def enter(self) -> Lease:
         rt = self._rt
         blob = rt._encode(self._spec)  # SpecError before anything is registered or sent
         link = await rt._ready()
@@ -686,13 +711,14 @@ class _RemoteAcquire:
         return (f"{self._spec.kind}: not granted within {self._timeout:g} s: the scheduler actor "
                 f"{rt.namespace}/{rt.name} did not answer in time")
 
-    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                        tb: TracebackType | None) -> None:
+    async def exit(self, *, failed: bool, exc: BaseException | None = None) -> None:
+        """Release: pipelined when the action succeeded; a failed one waits until the actor has
+        the units back. A lease the actor took back raises its LeaseLostError (from ``exc``)."""
         link = self._link
         assert link is not None
         h = link.held.pop(self._key, None)
         if h is None or h.lost is None:
-            if exc_type is None:
+            if not failed:
                 link.send(("rel", self._key, False))  # pipelined: ordered before the next request
                 return
             # a failed or cancelled action: its exception propagates once the units are back
