@@ -22,6 +22,7 @@ from .errors import (
 )
 from .lease import ExecResult, Lease
 from .managers import BaseManager, Manager, ManagerContext, Offer
+from .options import SchedulerOptions
 from .pool import Pool, Quota
 from .runtime import Tangram
 from .scheduler.core import Scheduler
@@ -52,6 +53,7 @@ __all__ = [  # noqa: F822 (the managers are lazy attributes)
     "RuntimeClosedError",
     "SandboxPool",
     "Scheduler",
+    "SchedulerOptions",
     "SchedulerBrokenError",
     "SpecError",
     "Table",

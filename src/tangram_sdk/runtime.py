@@ -36,6 +36,7 @@ from .errors import (
 )
 from .lease import Lease
 from .managers.base import Applied, Manager, ManagerContext
+from .options import SchedulerOptions, merge_options
 from .pool import Pool
 from .scheduler.core import Scheduler
 from .scheduler.decisions import Decision, Grant, Reject
@@ -60,8 +61,9 @@ class Tangram:
                 ...
 
     ``managers`` make grants real (Docker cpusets, GPU restores); without any, grants are pure
-    accounting and ``lease.run`` pins local subprocesses. Scheduler options (``window``, ``depth``,
-    ``elastic``, ``lookahead``, ``default_duration``...) pass through to :class:`Scheduler`.
+    accounting and ``lease.run`` pins local subprocesses. Scheduler options: ``options=``
+    :class:`~tangram_sdk.options.SchedulerOptions`, or the same names as keywords (``window``,
+    ``depth``, ``elastic``, ``lookahead``, ``default_duration``...), passed to :class:`Scheduler`.
     """
 
     def __init__(
@@ -71,10 +73,12 @@ class Tangram:
         managers: Iterable[Manager] = (),
         observers: Iterable[Observer] = (),
         batch: bool = True,
+        options: SchedulerOptions | None = None,
         **scheduler_options: Any,
     ) -> None:
         if not isinstance(pool, Pool):
             raise SpecError(f"Tangram needs a Pool, got {pool!r}")
+        scheduler_options = merge_options(options, scheduler_options)
         self.pool = pool
         self.managers: tuple[Manager, ...] = tuple(managers)
         self.observers: list[Observer] = list(observers)

@@ -20,6 +20,7 @@ from .._deadline import check_timeout, wait_future, within
 from ..errors import RuntimeClosedError, SchedulerBrokenError, SpecError, TangramError
 from ..lease import Lease
 from ..managers.base import Manager
+from ..options import SchedulerOptions, merge_options
 from ..pool import Pool, Quota
 from ..spec import ActionSpec
 from . import _wire
@@ -166,6 +167,7 @@ def deploy(
     scheduler_node: str | None = None,
     timeout: float = 60.0,
     agent_timeout: float | None = 120.0,
+    options: SchedulerOptions | None = None,
     **scheduler_options: Any,
 ) -> TangramCluster:
     """Get or create the job's scheduler actor ``namespace/name`` (named, detached) and one agent per
@@ -180,7 +182,8 @@ def deploy(
     after which its leases are released; clients heartbeat every ``heartbeat`` seconds.
     ``scheduler_node``: the Ray node id the scheduler actor is pinned to (default: the caller's;
     the head node is a good choice: the actor lives as long as its node). Scheduler options
-    (``window``, ``elastic``...) pass to every runtime inside the actor. ``timeout``: seconds to
+    (``options=SchedulerOptions(...)``, or ``window``, ``elastic``... as keywords) pass to every
+    runtime inside the actor. ``timeout``: seconds to
     wait for the actor and for each node's agent to start (SchedulerBrokenError after that; the
     returned cluster's calls use it too). ``agent_timeout``: seconds the actor waits for an agent's
     apply/release (a grant's cpuset write or GPU restore) before failing that action with
@@ -215,6 +218,7 @@ def deploy(
     _check_managers(managers)
     if containers is not None and not isinstance(containers, Mapping):
         raise SpecError(f"containers must be a {{node label: [container names]}} mapping, got {containers!r}")
+    scheduler_options = merge_options(options, scheduler_options)
     _check_scheduler_options(quotas, scheduler_options)
 
     ray = _ensure_ray(namespace)
