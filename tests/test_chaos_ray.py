@@ -14,6 +14,7 @@ Skipped without Ray, except under CI=true (then a missing Ray fails).
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import random
 import signal
@@ -505,7 +506,11 @@ async def test_an_apply_that_fails_half_way_on_the_agent_is_released(cluster: An
                             ("second", "release", True), ("first", "release", True)], calls
             async with tg.acquire(ActionSpec(kind="good", cpus=2), timeout=30):  # every core came back
                 pass
-            _whole(await _settled(tg, {}))
+            s = await _settled(tg, {})
+            _whole(s)
+            (node,) = s.nodes.values()  # the typed snapshot, as it crossed the wire
+            assert node.alive and node.runtime is not None and node.runtime.cpus_free == node["cpus_free"] == 2
+            assert json.loads(json.dumps(s.asdict()))["nodes"][next(iter(s.nodes))]["cpus_free"] == 2
     finally:
         cl.shutdown()
 

@@ -350,3 +350,21 @@ async def test_public_reads_of_the_pool():
         assert t.shortage(ActionSpec(kind="y", cpus=2)) == "waited for 2 cpus (cpus 1/2 free, 0 queued)"
         t.check_invariants()
         await t.release(lease)
+
+
+async def test_statistics_is_a_frozen_typed_snapshot_that_still_reads_like_the_old_dict():
+    import json
+
+    import attrs
+
+    async with Tangram(Pool(cpus=2, quotas={"api": Quota(concurrency=1)})) as t:
+        async with t.acquire(ActionSpec(kind="x", cpus=1, quotas={"api": 1})):
+            s = t.statistics()
+            assert (s.running, s.cpus_free, s.state, s.quotas["api"]["used"]) == (1, 1, "open", 1)
+            assert s["running"] == 1 and s.get("granted") == 1 and "mean_act_s" in s  # the dict access
+            with pytest.raises(attrs.exceptions.FrozenInstanceError):
+                s.running = 0
+            d = s.asdict()
+            assert json.loads(json.dumps(d)) == d and d["submitted"] == 1 and d["waiters"] == 1
+            assert dict(s) == d and s == d
+        assert t.statistics().running == 0 and (await t.astatistics()).asdict() == t.statistics().asdict()

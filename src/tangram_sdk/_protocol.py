@@ -15,6 +15,7 @@ provide.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from contextlib import AbstractAsyncContextManager
 from typing import Any, Protocol, runtime_checkable
 
@@ -39,7 +40,7 @@ class AnyTangram(Protocol):
         """Wait for ``spec``'s resources; the context's value is the :class:`Lease`."""
         ...
 
-    async def astatistics(self) -> dict[str, Any]:
+    async def astatistics(self) -> Mapping[str, Any]:
         """A snapshot of the pool (free/used per resource, running, queued...)."""
         ...
 

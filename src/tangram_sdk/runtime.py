@@ -41,6 +41,7 @@ from .pool import Pool
 from .scheduler.core import Scheduler
 from .scheduler.decisions import Decision, Grant, Reject
 from .scheduler.events import Cancelled, Event, Released, Submitted, Tick, TokensUsed
+from .snapshot import RuntimeStatistics
 from .spec import ActionSpec
 
 __all__ = ["Tangram", "Observer"]
@@ -280,17 +281,17 @@ class Tangram:
         if used != stated:
             self._post(TokensUsed(quota, float(used - stated)))
 
-    def statistics(self) -> dict[str, Any]:
-        """A snapshot: free/used per resource, running, queued, completed, mean ACT and queueing;
-        ``quarantined``: finished actions whose units a manager still holds back (a container that
-        could not be parked yet) — they count as running until the manager restores them."""
-        s = dict(self._core.statistics())
-        s["state"] = "broken" if self._broken is not None else self._state
-        s["waiters"] = len(self._waiters)
-        s["quarantined"] = len(self._held_back)
-        return s
+    def statistics(self) -> RuntimeStatistics:
+        """A frozen snapshot (see :class:`~tangram_sdk.snapshot.RuntimeStatistics`): free/used per
+        resource, running, queued, the core's counters and means; ``quarantined``: finished actions
+        whose units a manager still holds back (a container that could not be parked yet) — they
+        count as running until the manager restores them. ``.asdict()`` for JSON; ``s["key"]``
+        still works."""
+        return RuntimeStatistics.from_core(
+            self._core.statistics(), state="broken" if self._broken is not None else self._state,
+            waiters=len(self._waiters), quarantined=len(self._held_back))
 
-    async def astatistics(self) -> dict[str, Any]:
+    async def astatistics(self) -> RuntimeStatistics:
         """:meth:`statistics`, awaitable: the form a ``RemoteTangram`` also offers, so code written
         against :class:`~tangram_sdk._protocol.AnyTangram` reads either the same way."""
         return self.statistics()
@@ -354,7 +355,7 @@ class Tangram:
         for n, used in L.q_used.items():
             c = L.q_conc[n]
             parts.append(f"{n} {used}/{c}" if c is not None else f"{n} {used}")
-        state = "" if self._state == "open" and self._broken is None else f" [{self.statistics()['state']}]"
+        state = "" if self._state == "open" and self._broken is None else f" [{self.statistics().state}]"
         return f"<Tangram {' '.join(parts) or 'empty pool'} | {core.running} running, {core.queued} queued{state}>"
 
     # ------------------------------------------------------------------------------ internals

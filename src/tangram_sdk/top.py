@@ -25,7 +25,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from ._args import missing_module, positive_float, positive_int
@@ -155,7 +155,7 @@ def from_prometheus(text: str, ns: str = "tangram") -> dict[str, Any]:
             "missing": missing}
 
 
-def from_ray(stats: dict[str, Any]) -> dict[str, Any]:
+def from_ray(stats: Mapping[str, Any]) -> dict[str, Any]:
     """The view's snapshot from ``TangramCluster.statistics()`` (the job-wide Ray pool)."""
     resources = []
     running = queued = completed = 0

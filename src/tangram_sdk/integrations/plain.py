@@ -17,7 +17,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextvars import ContextVar
 from types import TracebackType
 from typing import Any
@@ -172,12 +172,12 @@ class SyncTangram:
             self.close()
 
     # -- the blocking API -------------------------------------------------------------------------
-    def statistics(self) -> dict[str, Any]:
+    def statistics(self) -> Mapping[str, Any]:
         """``tangram.statistics()``, read on the loop so the snapshot is consistent."""
-        stats: dict[str, Any] = self._call(self._stats())
+        stats: Mapping[str, Any] = self._call(self._stats())
         return stats
 
-    async def _stats(self) -> dict[str, Any]:
+    async def _stats(self) -> Mapping[str, Any]:
         return await self.tangram.astatistics()
 
     def _call(self, coro: Any) -> Any:

@@ -43,6 +43,7 @@ from ..pool import Pool, Quota
 from ..runtime import Tangram
 from ..scheduler.decisions import Decision, Grant
 from ..scheduler.events import Event
+from ..snapshot import ClusterStatistics, NodeStatistics
 from ..spec import ActionSpec, Amdahl, Custom, Elasticity, Table
 from . import _wire
 from ._errors import NodeLostError
@@ -363,7 +364,7 @@ class SchedulerActor:
         pool: Pool | Callable[[], Pool] | None = None,
         managers: Callable[[], Sequence[Manager]] | None = None,
         containers: Sequence[str] = (),
-    ) -> dict[str, Any]:
+    ) -> NodeStatistics:
         """Start the agent for ``label`` on Ray node ``ray_node_id`` and add its pool (idempotent
         while the node is alive; a lost node may be added again)."""
         await self._ensure_started()
@@ -373,7 +374,7 @@ class SchedulerActor:
             return await self._add_node(label, ray_node_id, pool, managers, containers)
 
     async def _add_node(self, label: str, ray_node_id: str, pool: Pool | Callable[[], Pool] | None,
-                        managers: Callable[[], Sequence[Manager]] | None, containers: Sequence[str]) -> dict[str, Any]:
+                        managers: Callable[[], Sequence[Manager]] | None, containers: Sequence[str]) -> NodeStatistics:
         old = self._nodes.get(label)
         if old is not None and old.alive:
             return self._node_stats(old)
@@ -771,35 +772,28 @@ class SchedulerActor:
             self.released += 1
 
     # ------------------------------------------------------------------------------ inspection
-    def _node_stats(self, node: _Node) -> dict[str, Any]:
-        s = node.rt.statistics() if node.alive else {}
-        s.update(alive=node.alive, reason=node.reason, ray_node_id=node.ray_node_id,
-                 peak_cpus_used=node.peak_cpus, peak_gpus_used=node.peak_gpus,
-                 peak_memory_used=node.peak_memory, containers=sorted(node.containers),
-                 agent=node.agent_name, pool=node.pool)
-        return s
+    def _node_stats(self, node: _Node) -> NodeStatistics:
+        return NodeStatistics(
+            alive=node.alive, reason=node.reason, ray_node_id=node.ray_node_id, agent=node.agent_name,
+            pool=node.pool, containers=sorted(node.containers), peak_cpus_used=node.peak_cpus,
+            peak_gpus_used=node.peak_gpus, peak_memory_used=node.peak_memory,
+            runtime=node.rt.statistics() if node.alive else None)
 
-    def _statistics(self) -> dict[str, Any]:
-        qs = self._quota_rt.statistics() if self._quota_rt is not None else {}
-        quotas = dict(qs.get("quotas", {}))
-        for n, q in quotas.items():
-            q["peak_used"] = self._peak_quota.get(n, 0)
-        return {
-            "name": self.name,
-            "pid": os.getpid(),
-            "scheduler_node": self._ray_node_id,
-            "nodes": {k: self._node_stats(n) for k, n in self._nodes.items()},
-            "quotas": quotas,
-            "clients": len(self._conns),
-            "held": sum(len(c.held) for c in self._conns.values()),
-            "pending": sum(len(c.pending) for c in self._conns.values()),
-            "granted": self.granted, "released": self.released, "lost": self.lost,
-            "expired_clients": self.expired, "failed_acquires": self.failed_acquires,
-            "lost_nodes": list(self._lost_nodes),
-            "invariant_errors": list(self._errors[:20]),
-        }
+    def _statistics(self) -> ClusterStatistics:
+        quotas: dict[str, dict[str, Any]] = {}
+        if self._quota_rt is not None:
+            for n, q in self._quota_rt.statistics().quotas.items():
+                quotas[n] = {**q, "peak_used": self._peak_quota.get(n, 0)}
+        return ClusterStatistics(
+            name=self.name, pid=os.getpid(), scheduler_node=self._ray_node_id,
+            nodes={k: self._node_stats(n) for k, n in self._nodes.items()}, quotas=quotas,
+            clients=len(self._conns), held=sum(len(c.held) for c in self._conns.values()),
+            pending=sum(len(c.pending) for c in self._conns.values()),
+            granted=self.granted, released=self.released, lost=self.lost, expired_clients=self.expired,
+            failed_acquires=self.failed_acquires, lost_nodes=list(self._lost_nodes),
+            invariant_errors=list(self._errors[:20]))
 
-    async def statistics(self) -> dict[str, Any]:
+    async def statistics(self) -> ClusterStatistics:
         await self._ensure_started()
         return self._statistics()
 
@@ -827,7 +821,7 @@ class SchedulerActor:
                 n.rt.check_invariants()
             except AssertionError as exc:
                 errs.append(f"node {n.label}: {exc}")
-            inside = n.rt.statistics()["waiters"]  # acquired and not yet left, per the runtime
+            inside = n.rt.statistics().waiters  # acquired and not yet left, per the runtime
             if quiet and inside != held_per_node.get(n.label, 0):
                 errs.append(f"node {n.label}: the runtime has {inside} leases out but clients hold "
                             f"{held_per_node.get(n.label, 0)}")
@@ -836,7 +830,7 @@ class SchedulerActor:
             self._quota_rt.check_invariants()
         except AssertionError as exc:
             errs.append(f"quotas: {exc}")
-        inside = self._quota_rt.statistics()["waiters"]
+        inside = self._quota_rt.statistics().waiters
         if quiet and inside != held_q:
             errs.append(f"quotas: the runtime has {inside} leases out but clients hold {held_q}")
         held = sum(len(c.held) for c in self._conns.values())

@@ -21,6 +21,7 @@ from ..errors import RuntimeClosedError, SchedulerBrokenError, SpecError, Tangra
 from ..lease import Lease
 from ..managers.base import Manager
 from ..options import SchedulerOptions, merge_options
+from ..snapshot import ClusterStatistics, NodeStatistics
 from ..pool import Pool, Quota
 from ..spec import ActionSpec
 from . import _wire
@@ -111,8 +112,9 @@ class TangramCluster:
         ref = getattr(self.actor, method).remote(*args)
         return _ray_get(ref, self.timeout, f"the Tangram scheduler actor {self.namespace}/{self.name} ({method})")
 
-    def statistics(self) -> dict[str, Any]:
-        out: dict[str, Any] = self._call("statistics")
+    def statistics(self) -> ClusterStatistics:
+        """The scheduler actor's snapshot (:class:`~tangram_sdk.snapshot.ClusterStatistics`)."""
+        out: ClusterStatistics = self._call("statistics")
         return out
 
     def check_invariants(self) -> list[str]:
@@ -121,11 +123,12 @@ class TangramCluster:
 
     def add_node(self, label: str, ray_node_id: str | None = None, *, pool: PoolSource = None,
                  managers: Callable[[], Sequence[Manager]] | None = None,
-                 containers: Sequence[str] = ()) -> dict[str, Any]:
-        """Add (or re-add after loss) a node; ``ray_node_id`` defaults to ``label``."""
+                 containers: Sequence[str] = ()) -> NodeStatistics:
+        """Add (or re-add after loss) a node; ``ray_node_id`` defaults to ``label``. Returns its
+        statistics."""
         _check_pool_source("pool", pool)
         _check_managers(managers)
-        out: dict[str, Any] = self._call("add_node", label, ray_node_id or label, pool, managers, list(containers))
+        out: NodeStatistics = self._call("add_node", label, ray_node_id or label, pool, managers, list(containers))
         return out
 
     def remove_node(self, label: str, reason: str = "removed by the operator") -> None:
@@ -604,8 +607,9 @@ class RemoteTangram:
         if item is not None:
             await item[1].exit(failed=failed)
 
-    async def statistics(self) -> dict[str, Any]:
-        """The scheduler actor's snapshot: per node, per quota, clients, peaks, invariant errors.
+    async def statistics(self) -> ClusterStatistics:
+        """The scheduler actor's snapshot (:class:`~tangram_sdk.snapshot.ClusterStatistics`): per
+        node, per quota, clients, peaks, invariant errors.
         SchedulerBrokenError when the actor does not answer within ``connect_timeout``."""
         link = await self._ready()
         key = next(self._keys)
@@ -613,7 +617,7 @@ class RemoteTangram:
         link.waiters[key] = fut
         link.send(("stats", key))
         try:
-            out: dict[str, Any] = await wait_future(
+            out: ClusterStatistics = await wait_future(
                 fut, self.connect_timeout,
                 lambda: f"the Tangram scheduler actor {self.namespace}/{self.name} did not answer statistics "
                         f"within {self.connect_timeout:g} s")
@@ -623,7 +627,7 @@ class RemoteTangram:
             link.waiters.pop(key, None)
         return out
 
-    async def astatistics(self) -> dict[str, Any]:
+    async def astatistics(self) -> ClusterStatistics:
         """:meth:`statistics` under the name every Tangram handle shares (``AnyTangram``)."""
         return await self.statistics()
 
