@@ -78,6 +78,9 @@ class SchedulerOptions:
     max_price: float | None = _opt("float")
     objective: str | None = _opt("str")
     start_or_wait: bool | None = _opt("bool")
+    restore_horizon: float | None = _opt("float")
+    gpu_instances: str | None = _opt("str")
+    gpu_regime_window: float | None = _opt("float")
 
     def as_kwargs(self) -> dict[str, Any]:
         """The options that are set, as the Scheduler's keyword arguments."""

@@ -71,6 +71,10 @@ class Admission(Deadlines):
         cands: list[Action] = []
         sized: dict[int, int] = {}  # priced CPU sizes chosen at admission
         priced = self.elastic and self.planner == "priced"
+        gpu_priced = self.planner == "priced" and bool(self._cells)
+        if self._gpu_tent_end:
+            self._gpu_tent_end.clear()
+            self._gpu_tent.clear()
         scanned = 0
         scan_limit = self.scan_limit
         queue = self._queues[self._prios[0]].values() if len(self._prios) == 1 else self._iter_queue()
@@ -89,7 +93,22 @@ class Admission(Deadlines):
                         exhausted = False
                         break
                 continue
-            if cell >= 0 and a.spec.service and self._should_wait_for_resident(a, cell, now):
+            gtake = a.gpu_min
+            if cell >= 0 and (gpu_priced and (a.spec.service or a.eres == "gpu")):
+                choice = self._gpu_choice(a, gfree, now)  # size, cell, or wait (gpu_sizing)
+                if choice is None:
+                    gfree &= ~self._gpu_awaited
+                    if not self._gpu_wait_all:  # a free warm copy is left: the next one may take it
+                        continue
+                    blocked.add(f"svc:{a.spec.service}:{a.gpu_min}")
+                    svc_blocked = True
+                    exhausted = all(not sig.isdisjoint(blocked) for sig in sigs)
+                    continue
+                gtake, cell = choice
+                self._gpu_reserve(a, gtake, cell, now)
+                if a.eres == "gpu":
+                    sized[a.id] = gtake
+            elif cell >= 0 and a.spec.service and self._should_wait_for_resident(a, cell, now):
                 # later actions of the same service would make the same choice: skip them cheaply
                 blocked.add(f"svc:{a.spec.service}:{a.gpu_min}")
                 svc_blocked = True
@@ -122,7 +141,7 @@ class Admission(Deadlines):
             elif node >= 0:
                 node_free[node] -= take
             if cell >= 0:
-                gfree &= ~(((1 << a.gpu_min) - 1) << cell)
+                gfree &= ~(((1 << gtake) - 1) << cell)
             a.node, a.cell, a.span = node, cell, span
             if a.eres is not None and a.id not in sized:
                 elastic_cands = True
@@ -222,8 +241,18 @@ class Admission(Deadlines):
         lack, node, cell, span = self._fits(a, L.node_count, L.gpu_free, L.mem_free,
                                            L.q_used, L.tokens, now)
         self._round_now = now
-        if not lack and cell >= 0 and a.spec.service and self._should_wait_for_resident(a, cell, now):
-            lack = [f"svc:{a.spec.service}:{a.gpu_min}"]
+        if not lack and cell >= 0 and a.spec.service:
+            if self.planner == "priced":
+                if self._gpu_tent_end:
+                    self._gpu_tent_end.clear()
+                    self._gpu_tent.clear()
+                choice = self._gpu_choice(a, L.gpu_free, now)
+                if choice is None:
+                    lack = [f"svc:{a.spec.service}:{a.gpu_min}"]
+                else:
+                    cell = choice[1]
+            elif self._should_wait_for_resident(a, cell, now):
+                lack = [f"svc:{a.spec.service}:{a.gpu_min}"]
         if lack:
             self._blocked_last = set(lack)
             self._time_sensitive = self.next_wakeup is not None or bool(a.spec.service)
@@ -275,7 +304,7 @@ class Admission(Deadlines):
         if a.eres is not None:
             est *= a.stats.rel(spec, units)
         if restore:
-            est += self._restore_cost(spec.service)
+            est += self._restore_lat(self._restore_cost(spec.service), len(gpus))
         a.est_end = now + est
         self._running[a.id] = a
         self.granted += 1

@@ -94,11 +94,15 @@ class Scheduler(Admission):
         max_price: float | None = None,
         objective: str = "balanced",
         start_or_wait: bool = True,
+        restore_horizon: float = 300.0,
+        gpu_instances: str = "tp",
+        gpu_regime_window: float = 60.0,
     ) -> None:
         if window < 1 or depth < 0 or scan_limit < 1:
             raise ValueError("window and scan_limit must be >= 1, depth >= 0")
         if gpu_slots is not None and not gpu_slots > 0:
             raise ValueError(f"gpu_slots must be None or > 0, got {gpu_slots!r}")
+        self._init_gpu_sizing(restore_horizon, gpu_instances, gpu_regime_window)
         self.pool = pool
         self.window = window
         self.depth = depth
@@ -156,7 +160,7 @@ class Scheduler(Admission):
         ng = len(pool.gpus)
         self._cells = tuple(c for c in pool.gpu_cells if c <= ng)
         self._gpu_holder: list[Action | None] = [None] * ng
-        self._resident = Residency(ng)
+        self._resident = Residency(ng, replica=self.gpu_instances == "replica")
         self._restore_s: dict[str, float] = {}
         self.next_wakeup: float | None = None
         self._shape: dict[ActionSpec, Shape] = {}  # per distinct spec, see Shape
@@ -520,6 +524,10 @@ class Scheduler(Admission):
         self.completed += 1
         self._sum_exec += exec_s
         self._sum_act += now - a.submitted
+        if g.restore and g.gpus and self.planner == "priced":
+            # the hold included the restore the grant asked for: learn the call, not the copy
+            exec_s = max(0.1 * exec_s, exec_s - self._restore_lat(self._restore_cost(a.spec.service),
+                                                                  len(g.gpus)))
         if a.spec.duration is None:
             sp = a.spec.speedup(g.units) if a.eres else 1.0
             a.stats.observe_exec(exec_s, sp, self.duration_alpha,
@@ -554,7 +562,7 @@ class Scheduler(Admission):
             self._resident.remove(key)
         self._cell_memo.clear()
         if ev.restore_s is not None and ev.restore_s >= 0:
+            # kept as one full model's restore: a TP-k instance loads 1/k per GPU in parallel
+            r = ev.restore_s * (len(ev.gpus) if self.gpu_instances == "tp" else 1)
             old = self._restore_s.get(ev.service)
-            self._restore_s[ev.service] = (
-                ev.restore_s if old is None else (1 - self.alpha) * old + self.alpha * ev.restore_s
-            )
+            self._restore_s[ev.service] = r if old is None else (1 - self.alpha) * old + self.alpha * r

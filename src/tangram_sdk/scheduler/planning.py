@@ -10,7 +10,7 @@ from operator import itemgetter
 
 from .action import Action
 from .estimate import Waiter, estimate_waits
-from .moldable import Moldable
+from .gpu_sizing import GpuSizing
 from .split import best_split
 
 __all__ = ["Planning"]
@@ -39,7 +39,7 @@ def _priced(durations: list[tuple[int, float]], emin: int, mu: float) -> list[tu
     return opts
 
 
-class Planning(Moldable):
+class Planning(GpuSizing):
     # -- elastic split --------------------------------------------------------------------------
     def _releases(self, res: str, now: float) -> list[tuple[float, int]]:
         rel = []

@@ -173,7 +173,10 @@ def simulate(
     for li, service, gpus in prewarm:
         lane = lanes[li]
         lane.resident[(service, tuple(gpus))] = 0.0
-        lane.sched.handle(ServiceResidency(service, tuple(gpus), True, restore.get(service)), 0.0)
+        r0 = restore.get(service)
+        # reported like a restore of that instance: a TP-k copy loads 1/k of the weights per GPU
+        lane.sched.handle(ServiceResidency(service, tuple(gpus), True,
+                                           None if r0 is None else r0 / len(gpus)), 0.0)
 
     for i, tr in enumerate(trajectories):
         if tr.acts:

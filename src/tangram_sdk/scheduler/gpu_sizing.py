@@ -1,0 +1,588 @@
+"""Sizing and placement of GPU service actions, decided at admission (the ``priced`` planner).
+
+**Width.** Every kind runs at one width (TP-1/2/4...) at a time, the same for all its calls: the
+width a fixed TP-m FIFO would use, chosen per pool by load. Each candidate width is scored by an
+M/G/c model of the pool in cells of that width (Allen-Cunneen, with the learned spread of call
+durations) at the call rates learned per kind (smoothed over ~30 s); the cheapest predicted mean
+ACT wins, among widths whose calls would wait less than half the time (Erlang C <= 0.55: with few
+wide cells the pooled model misses residency and fragmentation, and a wrong guess there queues
+without bound). A new width must predict 3 % better and the last switch be ``gpu_regime_window``
+seconds old, except narrowing when the width in force waits too often at the latest rates (an
+overload queues within seconds). Mixed widths at the same time were tried and lost: a TP-2 call in
+a 4-GPU cell keeps a TP-4 call out of it (buddy fragmentation), and copies of every width split
+memory. For 60 s after a switch the old width's copies still serve while the new ones restore.
+
+**Placement: start, wait, or restore.** A call of service ``S`` starts on a free cell where ``S`` is
+warm, waits for a busy warm copy, or restores ``S`` on a free cold cell, whichever is cheapest in
+seconds of ACT, counting:
+
+* for this call: its wait, its restore (``R/m`` for a TP-m instance) and its execution, plus the
+  GPU-seconds a restore holds at the price ``mu_work = d Lq / d A`` of the pool's model (the
+  waiting one more GPU-second of work costs everyone else);
+* a restore as an investment, not a cost of the one call that triggers it: each service has a
+  target number of copies, allocated greedily by the drop in expected per-call cost each next copy
+  brings (M/G/c wait over its copies, plus the chance other services occupy them all) times its
+  calls over ``restore_horizon`` seconds, while a copy is worth a restore and memory lasts; a
+  service below its target is credited that value for a new copy, and its queue drains sooner
+  over one more copy;
+* what a restore displaces: the copies an LRU cache would evict (``gpu_slots`` models per GPU)
+  each cost their service the same kind of value; a copy a service needs for its target is only
+  taken by a service with no copy at all, a copy of a width no longer in use costs nothing, and a
+  restore that evicts must beat the alternative by its own cost again (two services trading one
+  slot back and forth pay a restore each time).
+
+A waiting call keeps its awaited cell from everyone behind it (FCFS across widths); the next call
+of its service sees that copy busy for its turn too, so the queue spreads over the free copies.
+
+Memory follows ``gpu_instances`` (:mod:`.residency`): ``"tp"`` (a TP-k instance holds 1/k of the
+weights on each of its GPUs and restores in ``R/k``: a tensor-parallel server such as
+vLLM/SGLang, what the simulator models) or ``"replica"`` (the torch GPU manager: a k-GPU grant
+runs data-parallel on one full copy per GPU, shared by every width; restoring takes ``R``).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from typing import Any
+
+from ..spec import ActionSpec
+from .action import Action
+from .moldable import Moldable
+from .pricing import PRICE_GRID
+from .queueing import erlang_c, lq_slope, mmc_wq
+
+__all__ = ["GpuSizing"]
+
+_MARKET_DT = 1.0  # seconds between market updates (rates are smooth; pricing every event costs)
+_RATE_WINDOW = 30.0  # seconds over which call rates and the GPU queue are smoothed
+_SWITCH = 0.03  # a width must score this much lower mean ACT to replace the one in force
+_P_WAIT = 0.55  # never grow into a width whose calls would wait this often (Erlang C)
+_TRANSITION = 60.0  # seconds after a switch during which the old width's copies still serve
+_P_URGENT = 0.15  # the width in force waits this much more often than that: narrow at once
+_SWAP_MARGIN = 1.0  # a restore that evicts must save this many times its own cost more
+_MU_MAX = PRICE_GRID[-2]  # the largest finite price (an overloaded pool still restores cold services)
+_OVERLOAD = 100.0  # wait, in service times per unit of excess load, of a service with too few copies
+
+
+class _Svc:
+    """One GPU service as the market sees it: learned call rate, duration model, the instance
+    size the price prefers for it, and how many such copies it should keep (``target``)."""
+
+    __slots__ = ("lam", "spec", "d0", "stats", "load", "pref", "target")
+
+    def __init__(self, lam: float, spec: ActionSpec, d0: float, stats: Any) -> None:
+        self.lam = lam
+        self.spec = spec
+        self.d0 = d0
+        self.stats = stats
+        self.load = 0.0  # GPU-seconds per second at the market's sizes
+        self.pref = spec.gpus
+        self.target = 0
+
+    def t(self, k: int) -> float:
+        spec = self.spec
+        if spec.elastic_resource != "gpu":
+            return self.d0
+        return self.d0 * float(self.stats.rel(spec, k))
+
+
+class GpuSizing(Moldable):
+    restore_horizon: float
+    gpu_instances: str
+    regime_window: float
+    _gpu_mkt: Any
+    _gpu_tent: dict[str, list[tuple[int, ...]]]
+    _gpu_tent_end: dict[int, float]
+    _gpu_cells: dict[Any, Any]
+    _gpu_rates: dict[str, Any]
+    _gpu_regime: int
+    _gpu_switched_at: float
+    _gpu_cv_f: float
+    _gpu_awaited: int
+    _gpu_wait_all: bool
+    _gpu_cost_memo: dict[Any, Any]
+    _gpu_loss_memo: dict[Any, float]
+    _gpu_pref: dict[ActionSpec, int]
+    _gpu_prev_pref: dict[ActionSpec, int]
+
+    def _init_gpu_sizing(self, restore_horizon: float, gpu_instances: str, regime_window: float) -> None:
+        if gpu_instances not in ("tp", "replica"):
+            raise ValueError(f"gpu_instances must be 'tp' or 'replica', got {gpu_instances!r}")
+        if not (restore_horizon >= 0 and regime_window >= 0):
+            raise ValueError("restore_horizon and gpu_regime_window must be >= 0")
+        self.restore_horizon = restore_horizon
+        self.gpu_instances = gpu_instances
+        self.regime_window = regime_window
+        self._gpu_mkt = None
+        self._gpu_tent = {}
+        self._gpu_tent_end = {}
+        self._gpu_cells = {}
+        self._gpu_rates = {}
+        self._gpu_regime = 1 << 30  # the widest sizes until a load is measured
+        self._gpu_switched_at = -math.inf
+        self._gpu_cv_f = 1.0
+        self._gpu_awaited = 0
+        self._gpu_wait_all = True
+        self._gpu_cost_memo = {}
+        self._gpu_loss_memo = {}
+        self._gpu_pref = {}
+        self._gpu_prev_pref = {}
+
+    # -- sizes ----------------------------------------------------------------------------------
+    def _gpu_sizes(self, spec: ActionSpec) -> tuple[int, ...]:
+        lo = spec.gpus
+        hi = spec.max_units if spec.elastic_resource == "gpu" else lo
+        return tuple(c for c in self._cells if lo <= c <= hi) or (lo,)
+
+    # -- the market ---------------------------------------------------------------------------
+    def _gpu_market(self, now: float) -> tuple[float, dict[str, _Svc], float, float]:
+        """``(mu, services, pool load, mu_work)``, recomputed every ``_MARKET_DT`` seconds or when
+        a new kind appears (rates are smooth; a market per event would dominate the round)."""
+        memo = self._gpu_mkt
+        if memo is not None and now - memo[0] < _MARKET_DT and now >= memo[0] and memo[1] == len(self._kinds):
+            return memo[2]  # type: ignore[no-any-return]
+        G = max(1, len(self._gpu_holder))
+        kinds = []  # (rate, spec, {size: seconds}, service info)
+        fast = []  # the same at the latest rates: a load rising is believed at once
+        svcs: dict[str, _Svc] = {}
+        rates = self._gpu_rates
+        for name, st in self._kinds.items():
+            spec = st.spec
+            if spec is None or not spec.gpus:
+                continue
+            # arrivals per second smoothed over ~_RATE_WINDOW s: a 32-arrival window swings by
+            # a factor of two, and copies and sizes must not follow that
+            r = rates.get(name)
+            if r is None or r[3] is not st:
+                lam = st.window_rate(now)
+            else:
+                t0, n0, lam0, _st = r
+                dt = now - t0
+                lam = lam0 if dt <= 0 else lam0 + (1.0 - math.exp(-dt / _RATE_WINDOW)) * (
+                    (st.arrivals - n0) / dt - lam0)
+            rates[name] = (now, st.arrivals, lam, st)
+            d0 = self._spec_d0(spec)
+            svc = spec.service
+            info = None
+            if svc is not None:
+                info = svcs.get(svc)
+                if info is None:
+                    info = svcs[svc] = _Svc(lam, spec, d0, st)
+                else:
+                    if lam > info.lam:  # the busiest kind speaks for the service's durations
+                        info.spec, info.d0, info.stats = spec, d0, st
+                    info.lam += lam
+            sizes = self._gpu_sizes(spec)
+            ts = {m: d0 * (st.rel(spec, m) if spec.elastic_resource == "gpu" else 1.0) for m in sizes}
+            kinds.append((lam, spec, ts, info))
+            fast.append((max(lam, st.window_rate(now)), spec, ts, info))
+        m_cur = self._gpu_regime
+        widths = sorted({m for _l, _s, ts, _i in kinds for m in ts}) or [1]
+        # Allen-Cunneen: an M/G/c waits (1 + CV^2)/2 times an M/M/c; the spread of call durations
+        # is learned (log-normal residual variance per kind)
+        lam_sum = sum(k[0] for k in kinds)
+        cv_f = 1.0
+        if lam_sum > 0:
+            cv2 = sum(k[0] * (math.exp(min(k[1] is not None and self._kinds[k[1].kind].log_var or 0.0, 4.0)) - 1.0)
+                      for k in kinds) / lam_sum
+            cv_f = (1.0 + cv2) / 2.0
+        self._gpu_cv_f = cv_f
+        # candidates: one width for every kind (as a TP-m FIFO would run it), scored by the
+        # model's mean ACT; a width whose calls would wait more often than _P_WAIT is not grown
+        # into (the pooled model misses the residency and cell fragmentation of few wide cells,
+        # and there a wrong guess queues without bound: 8 GPUs at TP-4 measured 13-30x its wait)
+        scores = {}
+        for m in widths:
+            ex, wq, pw = self._regime_predict(kinds, m, G, cv_f)
+            scores[m] = (ex + wq, pw)
+        cur = scores.get(m_cur)
+        ok = [m for m in widths if scores[m][1] <= _P_WAIT or m == widths[0]]
+        best_m = min(ok, key=lambda m: (scores[m][0], -m))
+        pick = m_cur
+        if cur is not None and m_cur > widths[0]:
+            pw_fast = self._regime_predict(fast, m_cur, G, cv_f)[2]
+        if cur is None or (m_cur > widths[0] and max(cur[1], pw_fast) > _P_WAIT + _P_URGENT):
+            # narrowing is urgent (an overload queues in seconds), judged at the latest rates
+            nar = [m for m in widths if m < m_cur and (m == widths[0] or self._regime_predict(
+                fast, m, G, cv_f)[2] <= _P_WAIT)]
+            pick = best_m if cur is None else max(nar, default=widths[0])
+        elif (best_m != m_cur and now - self._gpu_switched_at >= self.regime_window
+              and scores[best_m][0] < cur[0] * (1.0 - _SWITCH)):
+            pick = best_m
+        if pick != m_cur:
+            self._gpu_switched_at = now
+            self._gpu_regime = pick
+            self._gpu_prev_pref = dict(self._gpu_pref)
+        if not math.isfinite(self._gpu_switched_at):
+            self._gpu_switched_at = now
+        total = W = 0.0
+        pref: dict[ActionSpec, int] = {}
+        for lam, spec, ts, info in kinds:
+            m = max((x for x in ts if x <= pick), default=min(ts))
+            pref[spec] = m
+            x = lam * m * ts[m]
+            total += x
+            W += lam * ts[m]
+            if info is not None:
+                info.load += x
+                if info.spec is spec:
+                    info.pref = m
+        # what a GPU-second of restoring costs the others: the slope of the model's queue
+        if total > 0:
+            mbar = total / W
+            mu_work = min(_MU_MAX, lq_slope(max(1, int(G / mbar)), total / mbar) / mbar)
+        else:
+            mu_work = 0.0
+        mu = 0.0  # one width per kind: execution is not traded against GPU-seconds here
+        out = (mu, svcs, total, mu_work)
+        self._gpu_mkt = (now, len(self._kinds), out)
+        self._gpu_cost_memo.clear()
+        self._gpu_loss_memo.clear()
+        self._gpu_pref = pref
+        self._gpu_targets(svcs, mu, mu_work, total)
+        return out
+
+    def _regime_predict(self, kinds: list[Any], m: int, G: int, cv_f: float) -> tuple[float, float, float]:
+        """Mean execution, mean wait and the chance to wait if every kind ran at width ``m`` (its widest
+        legal size not above it): an M/G/c model of the pool in cells of the mean width."""
+        A = W = L = 0.0
+        for lam, _spec, ts, _i in kinds:
+            k = max((x for x in ts if x <= m), default=min(ts))
+            t = ts[k]
+            A += lam * k * t
+            W += lam * t
+            L += lam
+        if A <= 0 or L <= 0:
+            return 0.0, 0.0, 0.0
+        mbar = A / W
+        c = max(1, int(G / mbar))
+        a = A / mbar
+        return W / L, cv_f * mmc_wq(c, a, W / L), erlang_c(c, a)
+
+    def _gpu_targets(self, svcs: dict[str, _Svc], mu: float, mu_w: float, load: float) -> None:
+        """How many copies at its preferred size each service should keep: one each, then the
+        next copy to whichever service it helps most (greedy on convex M/M/c waits: the exact
+        staffing optimum), while it is worth a restore and memory lasts. Stable while rates are,
+        so a full pool does not trade copies back and forth on noise."""
+        G = max(1, len(self._gpu_holder))
+        slots = self.gpu_slots if self.gpu_slots is not None else 1.0
+        budget = G * slots  # models' worth of memory (a TP-k copy is one model spread over k)
+        H = self.restore_horizon
+        heap: list[tuple[float, str]] = []
+        for name, info in svcs.items():
+            info.target = 0
+            if info.lam <= 0:
+                continue
+            mem = 1.0 if self.gpu_instances == "tp" else float(info.pref)
+            info.target = 1
+            budget -= mem
+            heap.append((-self._copy_gain(info, 1, mu, load, G, H), name))
+        heapq.heapify(heap)
+        while heap and budget > 1e-9:
+            g, name = heapq.heappop(heap)
+            info = svcs[name]
+            r = self._restore_cost(name)
+            m = info.pref
+            mem = 1.0 if self.gpu_instances == "tp" else float(m)
+            if -g < self._restore_lat(r, m) + mu_w * self._restore_gpu_s(r, m):
+                continue  # not worth a restore; others may still be
+            if mem > budget + 1e-9 or info.target >= G // m:
+                continue
+            info.target += 1
+            budget -= mem
+            heapq.heappush(heap, (-self._copy_gain(info, info.target, mu, load, G, H), name))
+
+    def _copy_gain(self, info: _Svc, n: int, mu: float, load: float, G: int, H: float) -> float:
+        """Seconds of ACT a service's (n+1)-th copy at its preferred size saves over the horizon."""
+        rho_o = min(0.99, max(0.0, (load - info.load) / G))
+        m = info.pref
+        return H * info.lam * (self._svc_cost(info, [m] * n, mu, rho_o) - self._svc_cost(info, [m] * (n + 1), mu, rho_o))
+
+    def _svc_cost(self, info: _Svc, sizes: list[int], mu: float, rho_o: float) -> float:
+        """Expected seconds per call of a service with warm instances of ``sizes``: the best
+        one's execution (priced), an M/M/c wait over them, and the chance all are occupied by
+        other services' calls (each then waits about one service time)."""
+        if not sizes:
+            return math.inf
+        key = (id(info), tuple(sorted(sizes)), mu, rho_o)
+        memo = self._gpu_cost_memo
+        hit = memo.get(key)
+        if hit is not None and hit[0] is info:
+            return hit[1]  # type: ignore[no-any-return]
+        if len(memo) > 8192:
+            memo.clear()
+        best = math.inf
+        tb = 0.0
+        for k in set(sizes):
+            t = info.t(k)
+            c = t * (1.0 + mu * k)
+            if c < best:
+                best, tb = c, t
+        n = len(sizes)
+        a = info.lam * tb
+        wq = mmc_wq(n, a, tb) * self._gpu_cv_f
+        if math.isinf(wq):
+            wq = _OVERLOAD * tb * (a / n)
+        out = best + wq + (rho_o ** n) * tb
+        memo[key] = (info, out)
+        return out
+
+    def _victim_loss(self, key: tuple[str, tuple[int, ...]], svcs: dict[str, _Svc], mu: float,
+                     mu_w: float, rho: float, forced: bool) -> float:
+        """ACT seconds that evicting instance ``key`` costs its service: the calls over the
+        horizon and the queue it has now lose a copy. ``forced``: the evicter has no warm copy at
+        all (it must restore somewhere)."""
+        other = key[0]
+        waiting = self._svc_queued.get(other, 0)
+        mkey = (key, waiting, forced, self._resident.version)
+        memo = self._gpu_loss_memo
+        hit = memo.get(mkey)
+        if hit is not None:
+            return hit
+        if len(memo) > 8192:
+            memo.clear()
+        out = memo[mkey] = self._victim_loss_of(key, svcs, mu, mu_w, rho, forced, waiting)
+        return out
+
+    def _victim_loss_of(self, key: tuple[str, tuple[int, ...]], svcs: dict[str, _Svc], mu: float,
+                        mu_w: float, rho: float, forced: bool, waiting: int) -> float:
+        other = key[0]
+        info = svcs.get(other)
+        if info is None or (info.lam <= 0 and not waiting):
+            return 0.0
+        k = len(key[1])
+        res = self._resident
+        if res.replica:  # a per-GPU copy: losing it loses every cell of the service's width on it
+            k = info.pref
+            cells = res.warm_cells(other, k)
+            have = [k] * len(cells)
+            lost = sum(1 for c in cells if key[1][0] in c)
+        else:
+            if info.spec.elastic_resource == "gpu" and k != info.pref:
+                return 0.0  # a copy of a size its calls no longer take: only memory
+            have = [len(p) for p in res.cells_of(other) if len(p) == k]
+            lost = 1
+        if k == info.pref and len(have) <= info.target and not forced:
+            return math.inf  # a copy its service needs: only one without any copy may take it
+        r_other = self._restore_cost(other)
+        calls = info.lam * self.restore_horizon
+        if len(have) <= lost:
+            # its last copy: its next call restores (its waiters wait for that too)
+            return ((min(1.0, calls) + waiting) * self._restore_lat(r_other, info.pref)
+                    + mu_w * self._restore_gpu_s(r_other, info.pref))
+        rest = have[lost:]
+        rho_o = min(0.99, max(0.0, rho - info.load / max(1, len(self._gpu_holder))))
+        t = info.t(info.pref)
+        return (calls * (self._svc_cost(info, rest, mu, rho_o) - self._svc_cost(info, have, mu, rho_o))
+                + waiting * t * (1.0 / len(rest) - 1.0 / len(have)))
+
+    def _restore_lat(self, r: float, k: int) -> float:
+        """Seconds a k-GPU restore takes: TP instances load 1/k per GPU in parallel; replicas a
+        full copy per GPU, also in parallel."""
+        return r / k if self.gpu_instances == "tp" else r
+
+    def _restore_gpu_s(self, r: float, k: int) -> float:
+        return r if self.gpu_instances == "tp" else r * k
+
+    def _cells_by_use(self, m: int, need: float) -> list[tuple[int, bool]]:
+        """Aligned ``m``-GPU cells, fullest first, each with whether an instance needing ``need``
+        models' worth per GPU fits without evicting (memoised until the instances change)."""
+        res = self._resident
+        key = (m, need)
+        memo = self._gpu_cells
+        if memo.get("v") != res.version:
+            memo.clear()
+            memo["v"] = res.version
+        hit = memo.get(key)
+        if hit is None:
+            use = res.use_at
+            slots = self.gpu_slots
+            G = len(self._gpu_holder)
+            rows = []
+            for o in range(0, G - m + 1, m):
+                u = use[o:o + m]
+                room = (all(x + need <= slots + 1e-9 for x in u) if slots is not None
+                        else not any(x > 1e-9 for x in u))
+                rows.append((-sum(u), o, room))
+            rows.sort()
+            hit = memo[key] = [(o, room) for _u, o, room in rows]
+        return hit
+
+    # -- the decision ---------------------------------------------------------------------------
+    def _avail(self, pos: tuple[int, ...], now: float) -> float:
+        """Seconds until every GPU of ``pos`` is free (running holders by their estimate; one
+        that overran is assumed half done; cells taken earlier in this round by their plan)."""
+        wait = 0.0
+        tent = self._gpu_tent_end
+        for p in pos:
+            h = self._gpu_holder[p]
+            if h is not None:
+                rem = h.est_end - now
+                if rem <= 0:
+                    rem = 0.5 * (now - h.started)
+            else:
+                rem = tent.get(p, now) - now
+            if rem > wait:
+                wait = rem
+        return wait
+
+    def _gpu_choice(self, a: Action, gfree: int, now: float) -> tuple[int, int] | None:
+        """``(units, cell offset)`` for GPU service action ``a`` on the free mask ``gfree``, or
+        None when waiting for a busy warm instance is cheapest."""
+        spec = a.spec
+        svc = spec.service
+        mu, svcs, load, mu_w = self._gpu_market(now)
+        sizes = self._gpu_sizes(spec)
+        pk = self._gpu_pref.get(spec) if a.eres == "gpu" else None
+        if pk is not None and pk in sizes:
+            # exactly the size the regime says: a TP-2 call inside a 4-GPU cell keeps the cell
+            # from a TP-4 call (the buddy-fragmentation of mixed sizes cost more than any
+            # opportunistic use of a free copy of another size gained)
+            sizes = (pk,)
+        use_sizes = sizes
+        prev = self._gpu_prev_pref.get(spec) if a.eres == "gpu" else None
+        if prev is not None and prev != pk and now - self._gpu_switched_at < _TRANSITION:
+            # just after a switch the old width's copies still serve, while the new ones restore
+            use_sizes = sizes + (prev,)
+        info = svcs.get(svc) if svc is not None else None
+        if info is None:
+            info = _Svc(0.0, spec, self._dur_min(a), a.stats)
+        d0 = self._dur_min(a)
+        elastic = a.eres == "gpu"
+        G = max(1, len(self._gpu_holder))
+        rho = min(0.99, load / G)
+        rho_o = min(0.99, max(0.0, (load - info.load) / G))
+        behind = max(0, self._svc_queued.get(svc, 0) - 1) if svc is not None else 0
+        weight = self.restore_horizon * info.lam if svc is not None else 0.0
+        res = self._resident
+        warm: set[tuple[int, ...]] = set()
+        for k in use_sizes:
+            warm |= res.warm_cells(svc, k)
+        tent = self._gpu_tent.get(svc, ()) if svc is not None else ()
+        have = [len(p) for p in warm] + [len(p) for p in tent]
+        have = [x for x in have if x in sizes]  # copies of other sizes are of no use to it
+
+        def t_of(k: int) -> float:
+            return d0 * a.stats.rel(spec, k) if elastic else d0
+
+        # What a new copy is worth (a restore is an investment, not a cost of the one action
+        # that triggers it): the calls over the horizon, if the service is below its target
+        # copies (else others need the memory more), plus the queue behind ``a``, which drains
+        # over one more copy (about t/n - t/(n+1) sooner each)
+        pref = info.pref if svc is not None else sizes[0]
+        below = svc is not None and have.count(pref) < info.target
+        t_q = t_of(pref if pref in sizes else sizes[0])
+
+        def credit(m: int) -> float:
+            if not have:
+                return 0.0
+            c = behind * t_q * (1.0 / len(have) - 1.0 / (len(have) + 1))
+            if below:
+                c += weight * (self._svc_cost(info, have, mu, rho_o) - self._svc_cost(info, have + [m], mu, rho_o))
+            return c
+
+        best = math.inf
+        choice: tuple[int, int] | None = None
+        awaited = 0
+        free_warm = False
+        for pos in warm:
+            k = len(pos)
+            if k not in use_sizes:
+                continue
+            o = pos[0]
+            full = ((1 << k) - 1) << o
+            t = t_of(k)
+            c = t * (1.0 + mu * k)
+            if gfree & full == full:
+                free_warm = True
+                if c < best - 1e-12 or (choice is None and c <= best + 1e-12):
+                    best, choice = c, (k, o)
+            else:
+                c += self._avail(pos, now)
+                if c < best - 1e-12:
+                    best, choice, awaited = c, None, full
+        r = self._restore_cost(svc)
+        slots = self.gpu_slots
+        warm_off: dict[int, set[int]] = {}
+        for pos in warm:
+            warm_off.setdefault(len(pos), set()).add(pos[0])
+        # new instances only at the size the price prefers for this kind (what the fixed TP-m*
+        # policy would hold): mixed sizes fragment memory into copies nobody uses
+        for m in sizes:
+            full = (1 << m) - 1
+            t = t_of(m)
+            fixed = self._restore_lat(r, m) + t * (1.0 + mu * m) + mu_w * self._restore_gpu_s(r, m)
+            cr = credit(m)
+            if fixed - cr >= best:
+                continue
+            need = 1.0 / m if self.gpu_instances == "tp" else 1.0
+            # a free cell with room evicts nothing: take the best fit of those (keeps empty GPUs
+            # for wide instances); else price the evictions of every free cold cell
+            cells = []
+            roomy = -1
+            for o, room in self._cells_by_use(m, need):
+                if (gfree >> o) & full != full or (m in warm_off and o in warm_off[m]):
+                    continue
+                if room or svc is None:
+                    roomy = o
+                    break
+                cells.append(o)
+            if roomy >= 0:
+                c = fixed - cr
+                if c < best - 1e-12:
+                    best, choice = c, (m, roomy)
+                continue
+            if not cells:
+                continue
+            cell_best = math.inf
+            cell_o = -1
+            for o in cells:
+                pos = tuple(range(o, o + m))
+                if slots is None:
+                    victims = sorted(res.inst_at_cell(pos), key=lambda k: (res.last_used[k], k))
+                else:
+                    victims = res.victims(pos, slots, need, svc)
+                loss = 0.0
+                for v in victims:
+                    if v[0] == svc:
+                        continue
+                    loss += self._victim_loss(v, svcs, mu, mu_w, rho, not have)
+                    if loss >= cell_best:
+                        break
+                if loss >= cell_best:
+                    continue
+                c = loss - cr
+                if c < cell_best - 1e-12:
+                    cell_best, cell_o = c, o
+            if cell_o >= 0 and have:
+                # a swap (evict a copy to scale out) must win clearly: learned rates are noisy, and
+                # two services trading one slot back and forth pay a restore each time
+                cell_best += _SWAP_MARGIN * fixed
+            if cell_o >= 0 and fixed + cell_best < best - 1e-12:
+                best, choice = fixed + cell_best, (m, cell_o)
+        # waiting: the awaited instance's GPUs are kept from everyone behind (FCFS: a TP-4 waiter
+        # is not starved by TP-1 grants taking its cell one GPU at a time)
+        self._gpu_awaited = awaited if choice is None else 0
+        if choice is None and awaited:
+            # the next waiter of this service sees the awaited copy busy for this one's turn too
+            end = now + self._avail(tuple(i for i in range(G) if awaited >> i & 1), now) + t_of(
+                awaited.bit_count())
+            for i in range(G):
+                if awaited >> i & 1:
+                    self._gpu_tent_end[i] = end
+        self._gpu_wait_all = not free_warm  # a free warm copy is left for the ones behind
+        return choice
+
+    def _gpu_reserve(self, a: Action, units: int, cell: int, now: float) -> None:
+        """Note a GPU grant decided earlier in this round, for the later candidates' choices: when
+        its cells free up, and a new instance if it restores."""
+        pos = tuple(range(cell, cell + units))
+        t = self._dur_min(a) * (a.stats.rel(a.spec, units) if a.eres == "gpu" else 1.0)
+        svc = a.spec.service
+        if svc is not None and (svc, pos) not in self._resident:
+            t += self._restore_lat(self._restore_cost(svc), units)
+            self._gpu_tent.setdefault(svc, []).append(pos)
+        end = now + t
+        for p in pos:
+            self._gpu_tent_end[p] = end
