@@ -583,3 +583,15 @@ async def test_cuda_restore_evict_cycle(events: list[Any]) -> None:
     assert [i["bytes"] for i in st["instances"]] == [{0: FP}, {0: FP}]  # charged from the restored storage
     await mgr.aclose()
     assert mgr.statistics()["devices"][0]["used"] == 0
+
+
+async def test_statistics_is_a_typed_snapshot(events: list[Any]) -> None:
+    import json
+
+    mgr = await started(manager(), events)
+    await use(mgr, "a")
+    st = mgr.statistics()
+    assert st.devices[0].resident == st["devices"][0]["resident"] == ["a"] and st.restores == 1
+    assert st.instances[0].service == "a" and st.services == st["services"]
+    assert json.loads(json.dumps(st.asdict()))["devices"]["0"]["used"] == st.devices[0].used > 0
+    await mgr.aclose()

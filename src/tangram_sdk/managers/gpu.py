@@ -46,12 +46,13 @@ from ..lease import Lease
 from ..scheduler.decisions import Grant
 from ..scheduler.events import ServiceResidency
 from .._validate import NAME_RE
+from ..snapshot import Snapshot
 from ..spec import ActionSpec
 from . import _torch_store as ts
 from .base import ManagerContext, Offer
 from .services import HttpSleepWake, OffloadableService
 
-__all__ = ["HttpSleepWake", "OffloadableService", "TorchGpuManager"]
+__all__ = ["DeviceStatistics", "GpuStatistics", "HttpSleepWake", "InstanceStatistics", "OffloadableService", "TorchGpuManager"]
 
 log = logging.getLogger(__name__)
 
@@ -208,6 +209,50 @@ class _HeldCharge:
     gpu: int
     service: str
     buffer: ts.HeldBuffer
+
+
+@attrs.frozen(eq=False)
+class DeviceStatistics(Snapshot):
+    """One pool GPU: its torch ``device``, ``budget`` (bytes; None: unlimited), bytes ``used`` by
+    resident copies and ``held`` by running actions, the ``resident`` services."""
+
+    device: str
+    budget: int | None
+    used: int
+    held: int
+    resident: list[str]
+
+
+@attrs.frozen(eq=False)
+class InstanceStatistics(Snapshot):
+    """One copy of a service on a set of GPUs: ``state`` cold/restoring/resident/evicting, ``refs``
+    actions using it, ``bytes`` charged per GPU, the last restore's seconds and last use."""
+
+    service: str
+    gpus: tuple[int, ...]
+    state: str
+    refs: int
+    bytes: dict[int, int]
+    restore_s: float | None
+    last_used: int  # a use counter (LRU order), not a time
+
+
+@attrs.frozen(eq=False)
+class GpuStatistics(Snapshot):
+    """:meth:`TorchGpuManager.statistics` (``asdict()`` for JSON; ``s["evictions"]`` still works)."""
+
+    services: list[str]
+    devices: dict[int, DeviceStatistics]
+    instances: list[InstanceStatistics]
+    restores: int
+    evictions: int
+    hits: int
+    retries: int
+    failures: int
+    call_retries: int
+    held_evictions: int
+    restore_s_total: float
+    host_bytes: int
 
 
 class TorchGpuManager:
@@ -713,23 +758,23 @@ class TorchGpuManager:
         """The services registered so far: an action naming another one is not routed here."""
         return Offer(services=tuple(sorted(self._services)))
 
-    def statistics(self) -> dict[str, Any]:
-        """A snapshot: per-GPU budget/used/held/resident services, per-instance state, counters,
-        and the host bytes the registered torch services keep."""
+    def statistics(self) -> GpuStatistics:
+        """A frozen snapshot (:class:`GpuStatistics`): per-GPU budget/used/held/resident services,
+        per-instance state, counters, and the host bytes the registered torch services keep."""
         devices = {
-            g: {"device": d, "budget": self._budget.get(g), "used": self._used(g), "held": self._held_bytes(g),
-                "resident": sorted(i.service.name for i in self._instances.values()
-                                   if g in i.gpus and i.state == "resident")}
+            g: DeviceStatistics(device=d, budget=self._budget.get(g), used=self._used(g), held=self._held_bytes(g),
+                                resident=sorted(i.service.name for i in self._instances.values()
+                                                if g in i.gpus and i.state == "resident"))
             for g, d in self._devices.items()
         }
         instances = [
-            {"service": i.service.name, "gpus": i.gpus, "state": i.state, "refs": i.refs,
-             "bytes": dict(i.charge), "restore_s": i.restore_s, "last_used": i.last_used}
+            InstanceStatistics(service=i.service.name, gpus=i.gpus, state=i.state, refs=i.refs,
+                               bytes=dict(i.charge), restore_s=i.restore_s, last_used=i.last_used)
             for i in self._instances.values()
         ]
         host = sum(s.store.footprint for s in self._services.values() if isinstance(s, _TorchService))
-        return {"services": sorted(self._services), "devices": devices, "instances": instances,
-                **self._stats, "restore_s_total": self._restore_s_total, "host_bytes": host}
+        return GpuStatistics(services=sorted(self._services), devices=devices, instances=instances,
+                             restore_s_total=self._restore_s_total, host_bytes=host, **self._stats)
 
     def __repr__(self) -> str:
         parts = [f"{len(self._services)} services"]
