@@ -38,15 +38,8 @@ NS = "tangram-chaos"
 
 
 @pytest.fixture(scope="module")
-def cluster() -> Any:
-    if ray.is_initialized():
-        ray.shutdown()
-    ctx = ray.init(num_cpus=2, include_dashboard=False, object_store_memory=200 * 1024 * 1024,
-                   namespace=NS, log_to_driver=False)
-    try:
-        yield ctx
-    finally:
-        ray.shutdown()
+def cluster(ray_local: Any) -> Any:
+    return ray_local
 
 
 async def _settled(tg: RemoteTangram, want: dict[str, int], timeout: float = 3.0) -> dict[str, Any]:

@@ -12,16 +12,14 @@ from __future__ import annotations
 import asyncio
 import importlib
 import sys
-from collections.abc import AsyncIterator
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
 from tangram_sdk.errors import SpecError
-from tangram_sdk.integrations import IntegrationUnavailable, current_lease, using
+from tangram_sdk.integrations import IntegrationUnavailable, current_lease
 from tangram_sdk.integrations import openrlhf as torlhf
-from tangram_sdk.pool import Pool, Quota
 from tangram_sdk.runtime import Tangram
 from tangram_sdk.spec import ActionSpec
 
@@ -36,13 +34,6 @@ def _openrlhf_importable() -> bool:
 
 HAVE_OPENRLHF = _openrlhf_importable()
 needs_openrlhf = pytest.mark.skipif(not HAVE_OPENRLHF, reason="openrlhf not installed: IntegrationUnavailable tested")
-
-
-@pytest.fixture
-async def tangram() -> AsyncIterator[Tangram]:
-    async with Tangram(Pool(cpus=2, quotas={"search": Quota(concurrency=1)})) as t:
-        with using(t):
-            yield t
 
 
 class FakeTokenizer:

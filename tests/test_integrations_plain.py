@@ -7,7 +7,6 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator
 
 import pytest
 
@@ -24,22 +23,14 @@ from tangram_sdk.integrations import (
     resolve_runtime,
     shutdown,
     spec_from_mapping,
-    using,
 )
 from tangram_sdk.integrations._config import SpecMapper, import_object
 from tangram_sdk.integrations._lazy import require
-from tangram_sdk.pool import Pool, Quota
+from tangram_sdk.pool import Pool
 from tangram_sdk.runtime import Tangram
 from tangram_sdk.spec import ActionSpec
 
 ONE_CPU = ActionSpec(kind="step", cpus=1)
-
-
-@pytest.fixture
-async def tangram() -> AsyncIterator[Tangram]:
-    async with Tangram(Pool(cpus=2, quotas={"search": Quota(concurrency=1)})) as t:
-        with using(t):
-            yield t
 
 
 class Peak:

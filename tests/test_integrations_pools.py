@@ -15,7 +15,7 @@ import asyncio
 import importlib
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -71,14 +71,8 @@ SCHEMA = {"type": "function", "function": {"name": "hold", "description": "Hold 
 
 
 @pytest.fixture
-def tool_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
-    import sys
-
-    name = f"pools_tools_{tmp_path.name.replace('-', '_')}"
-    (tmp_path / f"{name}.py").write_text(TOOL_MODULE)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    yield importlib.import_module(name)
-    sys.modules.pop(name, None)
+def tool_module(write_module: Any) -> Any:
+    return write_module(TOOL_MODULE, "pools_tools")
 
 
 @pytest.fixture(autouse=True)

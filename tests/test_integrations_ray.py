@@ -22,7 +22,6 @@ import random
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -51,18 +50,12 @@ SCHEMA = {"type": "function", "function": {
                    "required": ["cpus"]}}}
 
 
+RAY_TESTS_ON_PATH = True  # the workers import tests/rl_*.py (conftest's ray_local)
+
+
 @pytest.fixture(scope="module")
-def cluster() -> Iterator[Any]:
-    if ray.is_initialized():
-        ray.shutdown()
-    path = os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    ctx = ray.init(num_cpus=2, include_dashboard=False, object_store_memory=200 * 1024 * 1024, namespace=NS,
-                   log_to_driver=False, runtime_env={"env_vars": {"PYTHONPATH": path}})
-    sys.path.insert(0, str(TESTS))
-    try:
-        yield ctx
-    finally:
-        ray.shutdown()
+def cluster(ray_local: Any) -> Any:
+    return ray_local
 
 
 def _kill_pool(name: str) -> None:

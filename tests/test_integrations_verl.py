@@ -17,16 +17,14 @@ import json
 import logging
 import sys
 import textwrap
-from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tangram_sdk.errors import SpecError
-from tangram_sdk.integrations import IntegrationUnavailable, current_lease, using
+from tangram_sdk.integrations import IntegrationUnavailable, current_lease
 from tangram_sdk.integrations import verl as tverl
-from tangram_sdk.pool import Pool, Quota
 from tangram_sdk.runtime import Tangram
 from tangram_sdk.spec import ActionSpec
 
@@ -94,20 +92,8 @@ SCHEMA = {
 
 
 @pytest.fixture
-def tool_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
-    name = f"tangram_test_tools_{tmp_path.name.replace('-', '_')}"
-    (tmp_path / f"{name}.py").write_text(TOOL_MODULE)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    mod = importlib.import_module(name)
-    yield mod
-    sys.modules.pop(name, None)
-
-
-@pytest.fixture
-async def tangram() -> AsyncIterator[Tangram]:
-    async with Tangram(Pool(cpus=2, quotas={"search": Quota(concurrency=1)})) as t:
-        with using(t):
-            yield t
+def tool_module(write_module: Any) -> Any:
+    return write_module(TOOL_MODULE, "tangram_test_tools")
 
 
 def write_yaml(path: Path, module: str, tangram_cfg: dict[str, Any]) -> Path:

@@ -39,13 +39,8 @@ HERE = Path(__file__).resolve()
 
 
 @pytest.fixture(scope="module")
-def cluster_address() -> Any:
-    ctx = ray.init(num_cpus=2, include_dashboard=False, object_store_memory=200 * 1024 * 1024,
-                   namespace=NS, log_to_driver=False)
-    try:
-        yield ctx.address_info["gcs_address"]
-    finally:
-        ray.shutdown()
+def cluster_address(ray_local: Any) -> Any:
+    return ray_local.address_info["gcs_address"]
 
 
 def _spawn(address: str, *args: Any) -> subprocess.Popen[str]:
