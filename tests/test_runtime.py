@@ -1,4 +1,9 @@
-"""The live runtime: leases, timeouts, cancellation at every await, errors, and a whole pool after."""
+"""The live runtime: leases, timeouts, cancellation at every await, errors, and a whole pool after.
+
+On looptime's virtual clock (timeouts, rate limits and the actions' own sleeps are exact and cost
+no wall time), except the tests that run real subprocesses. Releases are handled inline, so the
+pool is whole the moment a block exits: no test sleeps to let anything "settle".
+"""
 
 import asyncio
 import os
@@ -21,6 +26,8 @@ from tangram_sdk import (
 )
 from tangram_sdk.testing import FakeManager
 
+pytestmark = pytest.mark.looptime
+
 
 def whole(t: Tangram) -> None:
     t.scheduler.check_invariants()
@@ -38,8 +45,7 @@ async def test_lease_fields_and_release():
             assert len(lease.cpus) == lease.units >= 1 and len(lease.gpus) == 1
             assert lease.queued_s >= 0
             assert "running" in repr(t) and "1 running" in repr(t)
-        await asyncio.sleep(0.01)  # the release is processed by the scheduler task
-        whole(t)
+        whole(t)  # the release was handled inline, before the block exited
         assert t.statistics()["completed"] == 1
 
 
@@ -80,10 +86,9 @@ async def test_timeout_while_queued_returns_nothing_held():
             with pytest.raises(TimeoutError):
                 async with t.acquire(ActionSpec(kind="x", cpus=1), timeout=0.05):
                     pass
-        await asyncio.sleep(0)
+            assert asyncio.get_running_loop().time() == pytest.approx(0.05)  # exactly its timeout
         async with t.acquire(ActionSpec(kind="x", cpus=1), timeout=1):
             pass
-        await asyncio.sleep(0.01)
         whole(t)
 
 
@@ -92,7 +97,6 @@ async def test_exception_inside_action_returns_units_and_propagates():
         with pytest.raises(ZeroDivisionError):
             async with t.acquire(ActionSpec(kind="x", cpus=2)):
                 1 / 0
-        await asyncio.sleep(0.01)
         whole(t)
         assert t.statistics()["failed"] == 1
 
@@ -114,7 +118,6 @@ async def test_cancellation_storm_leaves_the_pool_whole():
                 if i % 3 == 0:
                     task.cancel()  # queued, in grant, or while held
             await asyncio.gather(*tasks, return_exceptions=True)
-        await asyncio.sleep(0.02)
         whole(t)
         st = t.statistics()
         assert st["granted"] == st["released"]
@@ -123,17 +126,16 @@ async def test_cancellation_storm_leaves_the_pool_whole():
 async def test_cancel_between_grant_and_wakeup():
     # the grant lands in the future, then the waiting task is cancelled before it runs again
     async with Tangram(Pool(cpus=1)) as t:
-        holder = t.acquire(ActionSpec(kind="x", cpus=1))
-        await holder.__aenter__()
+        held = await t.acquire_lease(ActionSpec(kind="x", cpus=1))
         waiter = asyncio.create_task(t.acquire(ActionSpec(kind="x", cpus=1)).__aenter__())
-        await asyncio.sleep(0.01)
-        await holder.__aexit__(None, None, None)
+        await asyncio.sleep(0)  # the waiter runs up to its wait: queued
+        assert t.queued == 1
+        await t.release(held)
         # the release granted the waiter inline; cancel it before it ever runs again
         assert t.statistics()["running"] == 1
         waiter.cancel()
         with pytest.raises(asyncio.CancelledError):
             await waiter
-        await asyncio.sleep(0.01)
         whole(t)
 
 
@@ -156,7 +158,6 @@ async def test_manager_failure_returns_units_with_a_typed_error():
             assert await lease.exec(["true"]) == ["true"]
             with pytest.raises(ManagerError, match="service"):
                 _ = lease.service
-        await asyncio.sleep(0.01)
         assert m.released == 2  # the failed apply is released too (it may have half-applied)
         whole(t)
 
@@ -166,7 +167,8 @@ async def test_scheduler_death_reaches_every_waiter():
     async with t:
         async with t.acquire(ActionSpec(kind="x", cpus=1)):
             waiters = [asyncio.create_task(t.acquire(ActionSpec(kind="x", cpus=1)).__aenter__()) for _ in range(3)]
-            await asyncio.sleep(0.01)
+            await asyncio.sleep(0)  # they run up to their wait: queued
+            assert t.queued == 3
 
             def boom(*a, **k):
                 raise RuntimeError("injected core failure")
@@ -200,16 +202,16 @@ async def test_acquire_outside_or_after_the_context_is_refused():
 async def test_closing_fails_queued_waiters():
     t = Tangram(Pool(cpus=1))
     async with t:
-        holder = t.acquire(ActionSpec(kind="x", cpus=1))
-        await holder.__aenter__()
+        held = await t.acquire_lease(ActionSpec(kind="x", cpus=1))
         waiter = asyncio.create_task(t.acquire(ActionSpec(kind="x", cpus=1)).__aenter__())
-        await asyncio.sleep(0.01)
+        await asyncio.sleep(0)
+        assert t.queued == 1
     with pytest.raises(RuntimeClosedError):
         await waiter
-    await holder.__aexit__(None, None, None)
+    await t.release(held)  # after closing: nothing left to return, and no error
 
 
-async def test_rate_limited_quota_is_honoured_in_real_time():
+async def test_rate_limited_quota_is_honoured_on_the_loops_clock():
     pool = Pool(quotas={"search": Quota(concurrency=100, rate=50.0, burst=1)})
     async with Tangram(pool) as t:
         loop = asyncio.get_running_loop()
@@ -221,12 +223,13 @@ async def test_rate_limited_quota_is_honoured_in_real_time():
 
         t0 = loop.time()
         await asyncio.gather(*[search() for _ in range(10)])
-        # 1 immediate + 9 at 50/s -> at least 0.18 s
-        assert stamps[-1] - t0 >= 0.17
+        # 1 immediate + 9 at 50/s: one every 20 ms, never earlier
+        assert stamps[-1] - t0 == pytest.approx(0.18, abs=1e-3)
         gaps = [b - a for a, b in zip(stamps, stamps[1:])]
-        assert min(gaps) >= 0.015
+        assert min(gaps) >= 0.02 - 1e-3
 
 
+@pytest.mark.looptime(False)  # real subprocesses, real timeouts
 @pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="needs Linux sched_setaffinity")
 async def test_lease_run_pins_the_subprocess_to_the_lease_cores():
     ncpu = len(os.sched_getaffinity(0))
@@ -245,6 +248,7 @@ async def test_lease_run_pins_the_subprocess_to_the_lease_cores():
     assert ncpu >= 1
 
 
+@pytest.mark.looptime(False)  # the point is a plain asyncio loop, then a patched one
 async def test_runtime_reads_the_loops_own_clock_when_it_is_not_plain_asyncio():
     """The runtime skips ``loop.time()``'s Python wrapper on a plain asyncio loop, but a loop whose
     clock is patched (virtual time in tests and the simulator's replay) must still be read."""
@@ -263,6 +267,7 @@ async def test_runtime_reads_the_loops_own_clock_when_it_is_not_plain_asyncio():
             assert abs(lease.granted_at - loop.time()) < 1.0
 
 
+@pytest.mark.looptime(False)  # real subprocesses, real timeouts
 async def test_lease_run_timeout_and_cancel_kill_the_command():
     import time
 
@@ -278,8 +283,11 @@ async def test_lease_run_timeout_and_cancel_kill_the_command():
                 await task
             with pytest.raises(SpecError, match="timeout"):
                 await lease.run(["true"], timeout="1")
-        await asyncio.sleep(0.1)
-        ps = os.popen("ps -eo args").read()
+        for _ in range(100):  # the killed commands are reaped (a bound, not a settle time)
+            ps = os.popen("ps -eo args").read()
+            if "sleep 31" not in ps and "sleep 32" not in ps:
+                break
+            await asyncio.sleep(0.05)
         assert "sleep 31" not in ps and "sleep 32" not in ps, ps
         whole(t)
 
