@@ -180,9 +180,10 @@ async def test_over_budget_service_is_refused_at_acquire() -> None:
 
 
 async def test_failed_restore_does_not_leave_the_core_believing_the_service_resident() -> None:
-    """BUG (gpu.py): a failed restore posts no ServiceResidency(resident=False), but the core marked
-    the instance resident when it granted (restore=True). Its placement then prefers a cell that
-    holds nothing and may make actions wait for a "warm" copy that does not exist."""
+    """A failed restore must tell the core the copy is not resident (ServiceResidency(resident=
+    False)): the core marked it resident when it granted (restore=True), and believing it would
+    make placement prefer a cell that holds nothing and actions wait for a "warm" copy that does
+    not exist. (Once a bug in gpu.py.)"""
     fault = Fault()
     fault.service = "rm_a"
     mgr = gpu_manager(fault)
@@ -195,11 +196,11 @@ async def test_failed_restore_does_not_leave_the_core_believing_the_service_resi
 
 
 async def test_cancel_during_an_lru_eviction_does_not_wedge_the_instance() -> None:
-    """BUG (gpu.py): ``anyio.CancelScope(shield=True)`` does not stop a native ``Task.cancel()``
-    (asyncio.wait_for, TaskGroup, task.cancel()). A cancel that lands while ``_make_room`` evicts a
-    victim leaves the victim in state 'evicting' forever (``_evict_many`` resets only the victims
-    *after* the interrupted one); the next action that needs that instance waits on it forever.
-    Found by benchmarks/soak.py (a hung trajectory after ~9k actions)."""
+    """A native ``Task.cancel()`` (asyncio.wait_for, TaskGroup, task.cancel()) landing while an LRU
+    eviction runs must not leave the victim 'evicting' forever: the next action needing it would
+    wait for good. ``anyio.CancelScope(shield=True)`` does not stop such a cancel, which is why the
+    eviction runs to its end in its own task. (Once a bug in gpu.py, found by benchmarks/soak.py:
+    a hung trajectory after ~9k actions.)"""
     fault = Fault()
     mgr = gpu_manager(fault, n=1, slots=1.5)  # one device, room for one instance
     async with Tangram(Pool(gpus=1), managers=[mgr]) as t:
@@ -227,10 +228,11 @@ async def test_cancel_during_an_lru_eviction_does_not_wedge_the_instance() -> No
 # ------------------------------------------------------------------------------------- cancellation inside manager calls
 # FakeManager(apply_delay=, release_delay=): a manager whose calls take a while (like a Docker API call)
 async def test_second_cancel_during_release_still_returns_the_units() -> None:
-    """BUG (runtime.py ``_Acquire.__aexit__``): the release path is "shielded" with
-    ``anyio.CancelScope(shield=True)``, which does not stop a native ``Task.cancel()``. A second
-    cancel while a manager releases (TaskGroup teardown, an outer timeout) aborts ``_unapply`` and
-    skips ``_leave``: the core never hears Released and the cores are gone for good."""
+    """A second cancel while a manager releases (TaskGroup teardown, an outer timeout) must not
+    abort the release: the managers' undo and the return of the units run in their own task
+    (``_shield.finish``), and the cancel is delivered after. (Once a bug: the release path was
+    "shielded" with ``anyio.CancelScope(shield=True)``, which a native ``Task.cancel()`` passes, and
+    the cores were gone for good.)"""
     m = FakeManager("slow", release_delay=0.05)
     async with Tangram(Pool(cpus=2), managers=[m]) as t:
         held = asyncio.Event()

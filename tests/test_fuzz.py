@@ -1,9 +1,8 @@
 """Fuzzing the input boundaries: spec/pool validation, trace (JSONL) parsing, cpuset strings and
 container ids. The contract under test: bad input gives the documented error (SpecError,
 TraceError naming the line, CgroupError) and nothing else — never a TypeError/AttributeError/
-RecursionError/OverflowError from deep inside.
-
-Tests whose name says ``bug`` fail today; each docstring names the fix.
+RecursionError/OverflowError from deep inside. Each of these inputs once escaped as such an
+error; the docstrings say which.
 """
 
 from __future__ import annotations
@@ -74,19 +73,17 @@ def test_actionspec_valid_or_spec_error(kw: dict[str, Any], kind: Any) -> None:
 @example(quotas=5)
 @example(quotas=[1])
 @example(quotas="ab")
-def test_bug_actionspec_quotas_of_the_wrong_shape_raise_spec_error(quotas: Any) -> None:
-    """BUG (spec.py ``_freeze_quotas``): a non-iterable or wrongly shaped ``quotas`` (5, [1], "ab",
-    [[1, 2, 3]]) escapes as TypeError/ValueError from tuple unpacking instead of SpecError. Fix:
-    accept only a Mapping or an iterable of 2-tuples; wrap the unpacking in
-    ``try/except (TypeError, ValueError): raise SpecError(...)``."""
+def test_actionspec_quotas_of_the_wrong_shape_raise_spec_error(quotas: Any) -> None:
+    """A non-iterable or wrongly shaped ``quotas`` (5, [1], "ab", [[1, 2, 3]]) is a SpecError, not
+    a TypeError/ValueError from tuple unpacking."""
     _valid_or((SpecError,), ActionSpec, kind="x", quotas=quotas)
 
 
 @FUZZ
 @given(duration=st.integers(2**1024, 2**1100))
-def test_bug_actionspec_huge_integer_duration_is_a_spec_error(duration: int) -> None:
-    """BUG (spec.py): ``math.isfinite(10**400)`` raises OverflowError. Fix: catch OverflowError
-    (or convert with ``float()`` inside a try) and raise SpecError; same in Quota(rate=...)."""
+def test_actionspec_huge_integer_duration_is_a_spec_error(duration: int) -> None:
+    """A duration too large for a float (``math.isfinite(10**400)`` raises OverflowError) is a
+    SpecError; Quota(rate=...) likewise."""
     _valid_or((SpecError,), ActionSpec, kind="x", duration=duration)
 
 
@@ -94,11 +91,11 @@ def test_bug_actionspec_huge_integer_duration_is_a_spec_error(duration: int) -> 
 @given(p=anything, table=anything, fn_value=anything, resource=anything, max_units=anything)
 @example(p="x", table={1: 1.0}, fn_value=0.5, resource="cpu", max_units=2)
 @example(p=0.5, table={1: "x"}, fn_value=0.5, resource="cpu", max_units=2)
-def test_bug_efficiency_models_raise_only_spec_error(p: Any, table: Any, fn_value: Any, resource: Any,
+def test_efficiency_models_raise_only_spec_error(p: Any, table: Any, fn_value: Any, resource: Any,
                                                      max_units: Any) -> None:
-    """BUG (spec.py): ``Amdahl("x")``/``Amdahl(None)`` raise ValueError/TypeError from the ``float``
-    converter, ``Table.from_mapping({1: "x"})`` or ``([1])`` raise ValueError/AttributeError. Fix:
-    convert inside the validators and raise SpecError naming the value."""
+    """``Amdahl("x")``/``Amdahl(None)``, ``Table.from_mapping({1: "x"})`` or ``([1])`` and a bad
+    efficiency callable are SpecErrors naming the value, never the ValueError/TypeError/
+    AttributeError of a conversion."""
     _valid_or((SpecError,), Amdahl, p)
     _valid_or((SpecError,), Table.from_mapping, table)
     _valid_or((SpecError,), Elasticity, resource, max_units, table)
@@ -110,20 +107,18 @@ def test_bug_efficiency_models_raise_only_spec_error(p: Any, table: Any, fn_valu
        conc=anything, rate=anything, burst=anything)
 @example(cpus=1.5, gpus=0, numa=None, cells=(1, 2), memory=None, quotas={}, conc=1, rate=None, burst=None)
 @example(cpus=2, gpus=0, numa=5, cells=(1,), memory=None, quotas=[("a", 1)], conc=1, rate=10**400, burst=None)
-def test_bug_pool_and_quota_raise_only_spec_error(cpus: Any, gpus: Any, numa: Any, cells: Any, memory: Any,
+def test_pool_and_quota_raise_only_spec_error(cpus: Any, gpus: Any, numa: Any, cells: Any, memory: Any,
                                                   quotas: Any, conc: Any, rate: Any, burst: Any) -> None:
-    """BUG (pool.py): ``Pool(cpus=1.5)``/``Pool(cpus=None)``/``Pool(gpu_cells=5)``/``Pool(numa=5)``
-    raise TypeError ("not iterable"), ``Pool(quotas=[...])`` AttributeError, ``Quota(rate=10**400)``
-    OverflowError. Fix: type-check before iterating (``isinstance(value, (list, tuple))``), accept
-    only a Mapping for quotas, catch OverflowError; all as SpecError."""
+    """``Pool(cpus=1.5)``/``Pool(cpus=None)``/``Pool(gpu_cells=5)``/``Pool(numa=5)``,
+    ``Pool(quotas=[...])`` and ``Quota(rate=10**400)`` are SpecErrors, not the TypeError ("not
+    iterable"), AttributeError or OverflowError of the conversion."""
     _valid_or((SpecError,), Quota, conc, rate, burst)
     _valid_or((SpecError,), Pool, cpus=cpus, gpus=gpus, numa=numa, gpu_cells=cells, memory=memory, quotas=quotas)
 
 
-def test_bug_pool_core_count_is_bounded_like_cpuset_strings() -> None:
-    """BUG (pool.py): ``parse_cpuset`` refuses ids >= 65536 (bounded work for hostile input) but
-    ``Pool(cpus=N)`` builds ``tuple(range(N))`` for any N; a trace header ``{"pool": {"cpus": 10**10}}``
-    exhausts memory. Fix: apply the same 65536 bound to counts and id lists (SpecError)."""
+def test_pool_core_count_is_bounded_like_cpuset_strings() -> None:
+    """``Pool(cpus=N)`` has the bound ``parse_cpuset`` has (ids < 65536, bounded work for hostile
+    input): a trace header ``{"pool": {"cpus": 10**10}}`` is a SpecError, not exhausted memory."""
     with pytest.raises(SpecError):
         Pool(cpus=1 << 17)
 
@@ -286,7 +281,7 @@ def _load(lines: list[bytes]) -> None:
 
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(lines=st.lists(trace_lines(), min_size=1, max_size=6))
-def test_bug_trace_reader_random_traces_raise_only_trace_error_naming_the_line(lines: list[bytes]) -> None:
+def test_trace_reader_random_traces_raise_only_trace_error_naming_the_line(lines: list[bytes]) -> None:
     """Random traces (valid, mutated, pool headers, random text and bytes). Fails today on the
     cases pinned one by one below."""
     _load(lines)
@@ -302,12 +297,10 @@ def test_bug_trace_reader_random_traces_raise_only_trace_error_naming_the_line(l
     pytest.param(b'{"pool": {"cpus": 1}}\n{"arrival": 1, "kind": "x", "duration": 1, "traj": [1]}',
                  id="unhashable-traj-TypeError"),
 ])
-def test_bug_trace_reader_malformed_line_cases(bad: bytes) -> None:
-    """BUG (sim/trace.py): each of these escapes as a non-TraceError without a line number.
-    Fixes: read the file as bytes and decode per line (UnicodeDecodeError -> "line N: not UTF-8");
-    catch ``(json.JSONDecodeError, RecursionError, ValueError)`` around ``json.loads``; catch
-    AttributeError/ValueError in ``_pool``; check ``float(arrival)``/``float(duration)`` for
-    OverflowError in ``_num`` (finite as a float); require ``traj`` to be a string or an int."""
+def test_trace_reader_malformed_line_cases(bad: bytes) -> None:
+    """Each of these malformed lines is a TraceError naming the line (not UTF-8, bad JSON, too
+    deep, a bad pool, a number past float range, an unhashable ``traj``), never another exception
+    without a line number."""
     _load(bad.split(b"\n"))
 
 

@@ -52,9 +52,9 @@ async def test_short_soak_leaks_nothing() -> None:
 
 
 async def test_short_soak_with_every_fault_leaks_nothing() -> None:
-    """The same with cancels also inside manager releases and GPU applies. FAILS today: a cancel
-    during ``_unapply`` skips ``Tangram._leave`` (grants, quota units and waiters leak) and a cancel
-    during an LRU eviction wedges the GPU instance (see tests/test_chaos.py)."""
+    """The same with cancels also inside manager releases and GPU applies: nothing leaks (a cancel
+    inside a manager's release once skipped returning the units, and one inside an LRU eviction
+    wedged the GPU instance; see tests/test_chaos.py)."""
     soak = Soak(trajectories=1024, actions=3, epochs=1, seed=2, cancel_p=0.10, raise_p=0.05, timeout_p=0.15,
                 gpu=torch_available, think_ms=0.0, avoid_known_bugs=False, stall_s=10.0)
     rep = await soak.run()
@@ -85,11 +85,9 @@ async def test_per_spec_caches_stay_bounded_under_random_durations() -> None:
 
 
 async def test_core_state_per_kind_stays_bounded() -> None:
-    """FAILS today (finding): the core keeps a KindStats (with the kind's last spec) for every
-    ``kind`` ever seen and walks all of them when it plans an elastic split (``_arrivals``). A job
-    that names kinds per repo/task (``kind=f"pytest-{repo}"``) grows memory and per-round cost
-    without bound (~0.4 KB per kind; 50k kinds = ~20 MB). Proposed: bound ``_kinds`` like the spec
-    caches (evict the least recently arrived kinds past 4096, or let stale kinds decay out)."""
+    """The core's per-kind state (a KindStats with the kind's last spec, walked when it plans an
+    elastic split) stays bounded: a job that names kinds per repo/task (``kind=f"pytest-{repo}"``)
+    must not grow memory and per-round cost without bound (it once did: ~0.4 KB per kind)."""
     async with Tangram(Pool(cpus=2)) as t:
         for i in range(6000):
             async with t.acquire(ActionSpec(kind=f"pytest-repo{i}", cpus=1)):
