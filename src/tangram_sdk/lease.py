@@ -79,6 +79,10 @@ class Lease:
         """Managers hang handles here (``"exec"``, ``"service"``, ``"call"``, ``"container"``)."""
         self._attached[key] = value
 
+    def attached(self) -> tuple[str, ...]:
+        """The keys managers attached (sorted), e.g. ``("container", "exec")``."""
+        return tuple(sorted(self._attached))
+
     def attachment(self, key: str) -> Any:
         try:
             return self._attached[key]

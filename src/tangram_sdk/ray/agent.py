@@ -161,7 +161,7 @@ class NodeAgent:
             raise
         finally:
             held.settled.set()
-        return sorted(lease._attached)
+        return list(lease.attached())
 
     async def release(self, action_id: int) -> dict[str, str] | None:
         """Undo the managers' work. When one holds the units back (QuarantineError: a container
