@@ -126,3 +126,14 @@ def test_learned_call_duration_excludes_the_restore_the_grant_asked_for() -> Non
     assert g.restore
     s.handle(Released(1), 3.5)  # 3 s restore + 0.5 s call
     assert s.estimated_duration(spec) == pytest.approx(0.5, rel=0.05)
+
+
+def test_no_width_at_which_a_called_service_has_no_room() -> None:
+    """9 teachers on 5 GPUs (2 models a GPU): at TP-1 all 9 stay resident, at TP-2 two cells hold
+    8 copies and the ninth restores on every call, evicting another (fifo2: ~1400 restores, 2.2x
+    fifo1's ACT). Tangram must not pick such a width: within 2 % of fifo1, and few restores."""
+    wl = mopd(2048, gpus=5, seed=0)
+    t = summarise(run_policy(wl, "tangram"))
+    f1 = summarise(run_policy(wl, "fifo1"))
+    assert t["act_mean_s"] <= 1.02 * f1["act_mean_s"], (t["act_mean_s"], f1["act_mean_s"])
+    assert t["restores"] < 100

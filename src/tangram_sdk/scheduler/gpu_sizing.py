@@ -6,9 +6,14 @@ M/G/c model of the pool in cells of that width (Allen-Cunneen, with the learned 
 durations) at the call rates learned per kind (smoothed over ~30 s); the cheapest predicted mean
 ACT wins, among widths whose calls would wait less than half the time (Erlang C <= 0.55: with few
 wide cells the pooled model misses residency and fragmentation, and a wrong guess there queues
-without bound). A new width must predict 3 % better and the last switch be ``gpu_regime_window``
-seconds old, except narrowing when the width in force waits too often at the latest rates (an
-overload queues within seconds). Mixed widths at the same time were tried and lost: a TP-2 call in
+without bound), and at which every service called now keeps a resident copy (``G // m`` aligned
+cells of ``gpu_slots x m`` TP-m copies: the model sees no residency, and 9 teachers on 5 GPUs at
+TP-2 thrashed a restore per call of the ninth). The first width, before any load is measured, is
+the widest leaving two cells that holds the services already resident. A new width must predict
+3 % better, also at the latest rates, the last switch be ``gpu_regime_window`` seconds old, and the
+saving over ``restore_horizon`` pay for restoring the copies at the new width; narrowing when the
+width in force waits too often at the latest rates is urgent (an overload queues within seconds)
+and goes to the narrower width those rates score best. Mixed widths at the same time were tried and lost: a TP-2 call in
 a 4-GPU cell keeps a TP-4 call out of it (buddy fragmentation), and copies of every width split
 memory. For 60 s after a switch the old width's copies still serve while the new ones restore.
 
@@ -60,6 +65,7 @@ _SWITCH = 0.03  # a width must score this much lower mean ACT to replace the one
 _P_WAIT = 0.55  # never grow into a width whose calls would wait this often (Erlang C)
 _TRANSITION = 60.0  # seconds after a switch during which the old width's copies still serve
 _P_URGENT = 0.15  # the width in force waits this much more often than that: narrow at once
+_START_CELLS = 2  # the first width: the widest that still leaves this many cells in the pool
 _SWAP_MARGIN = 1.0  # a restore that evicts must save this many times its own cost more
 _MU_MAX = PRICE_GRID[-2]  # the largest finite price (an overloaded pool still restores cold services)
 _OVERLOAD = 100.0  # wait, in service times per unit of excess load, of a service with too few copies
@@ -119,7 +125,7 @@ class GpuSizing(Moldable):
         self._gpu_tent_end = {}
         self._gpu_cells = {}
         self._gpu_rates = {}
-        self._gpu_regime = 1 << 30  # the widest sizes until a load is measured
+        self._gpu_regime = 1 << 30  # chosen at the first look (initial_gpu_width)
         self._gpu_switched_at = -math.inf
         self._gpu_cv_f = 1.0
         self._gpu_awaited = 0
@@ -134,6 +140,18 @@ class GpuSizing(Moldable):
         lo = spec.gpus
         hi = spec.max_units if spec.elastic_resource == "gpu" else lo
         return tuple(c for c in self._cells if lo <= c <= hi) or (lo,)
+
+    def initial_gpu_width(self, spec: ActionSpec, services: int = 1) -> int:
+        """The width the core grants ``spec`` before it has measured any load: the widest legal
+        one leaving ``_START_CELLS`` cells in the pool at which ``services`` copies stay resident
+        (a warm start restores copies at it)."""
+        sizes = self._gpu_sizes(spec)
+        if spec.elastic_resource != "gpu":
+            return spec.gpus
+        G = max(1, len(self._gpu_holder))
+        unbounded = self.gpu_slots is None  # no memory model: every width holds every copy
+        return max((m for m in sizes if G // m >= _START_CELLS and (
+            unbounded or self._copies_fit(m, G) >= services)), default=sizes[0])
 
     # -- the market ---------------------------------------------------------------------------
     def _gpu_market(self, now: float) -> tuple[float, dict[str, _Svc], float, float]:
@@ -179,6 +197,15 @@ class GpuSizing(Moldable):
             fast.append((max(lam, st.window_rate(now)), spec, ts, info))
         m_cur = self._gpu_regime
         widths = sorted({m for _l, _s, ts, _i in kinds for m in ts}) or [1]
+        # a width is a candidate only if every service called now keeps a resident copy at it
+        # (the queueing model below sees no residency): without this 5 GPUs and 9 teachers went
+        # TP-2, where 8 copies fit, and the ninth restored on every call (2.2 s mean ACT vs TP-1's
+        # 0.63). Light loads could afford that thrash (6 GPUs at batch 512: fifo4 is 6 % better)
+        if self.gpu_slots is not None:
+            active = sum(1 for info in svcs.values() if info.lam > 0)
+            if m_cur == 1 << 30:  # the first look: the services already resident count too
+                active = max(active, len(self._resident.by_service))
+            widths = [m for m in widths if m == widths[0] or self._copies_fit(m, G) >= active]
         # Allen-Cunneen: an M/G/c waits (1 + CV^2)/2 times an M/M/c; the spread of call durations
         # is learned (log-normal residual variance per kind)
         lam_sum = sum(k[0] for k in kinds)
@@ -196,6 +223,10 @@ class GpuSizing(Moldable):
         for m in widths:
             ex, wq, pw = self._regime_predict(kinds, m, G, cv_f)
             scores[m] = (ex + wq, pw)
+        if m_cur == 1 << 30:  # the first look: the widest width leaving _START_CELLS cells
+            two = [m for m in widths if G // m >= _START_CELLS]
+            m_cur = self._gpu_regime = max(two) if two else widths[0]
+            self._gpu_switched_at = now
         cur = scores.get(m_cur)
         ok = [m for m in widths if scores[m][1] <= _P_WAIT or m == widths[0]]
         best_m = min(ok, key=lambda m: (scores[m][0], -m))
@@ -206,10 +237,30 @@ class GpuSizing(Moldable):
             # narrowing is urgent (an overload queues in seconds), judged at the latest rates
             nar = [m for m in widths if m < m_cur and (m == widths[0] or self._regime_predict(
                 fast, m, G, cv_f)[2] <= _P_WAIT)]
-            pick = best_m if cur is None else max(nar, default=widths[0])
+            # to the narrower width the latest rates score best (not merely the next one down:
+            # a second urgent step would restore every copy twice)
+            pick = best_m if cur is None else min(nar, default=widths[0], key=lambda m: (
+                sum(self._regime_predict(fast, m, G, cv_f)[:2]), -m))
         elif (best_m != m_cur and now - self._gpu_switched_at >= self.regime_window
               and scores[best_m][0] < cur[0] * (1.0 - _SWITCH)):
-            pick = best_m
+            # at the latest rates too (a rising load must not be met by growing wider)
+            ex_f, wq_f, pw_f = self._regime_predict(fast, best_m, G, cv_f)
+            if best_m < m_cur or (pw_f <= _P_WAIT and ex_f + wq_f < sum(
+                    self._regime_predict(fast, m_cur, G, cv_f)[:2]) * (1.0 - _SWITCH)):
+                pick = best_m
+        if pick != m_cur and cur is not None:
+            # a switch restores copies at the new width (the calls that meet them cold wait for
+            # them): worth it only if the predicted saving over restore_horizon pays for that
+            fast_new = sum(self._regime_predict(fast, pick, G, cv_f)[:2])
+            fast_cur = sum(self._regime_predict(fast, m_cur, G, cv_f)[:2])
+            gain = (min(cur[0], fast_cur) if math.isfinite(fast_cur) else fast_cur) - min(scores[pick][0], fast_new)
+            cost = 0.0
+            for name, info in svcs.items():
+                if info.lam > 0:
+                    n = max(1, len(self._resident.warm_cells(name, info.pref)))
+                    cost += n * self._restore_lat(self._restore_cost(name), pick)
+            if math.isfinite(gain) and gain * lam_sum * max(self.restore_horizon, self.regime_window, 1.0) < cost:
+                pick = m_cur
         if pick != m_cur:
             self._gpu_switched_at = now
             self._gpu_regime = pick
@@ -259,6 +310,12 @@ class GpuSizing(Moldable):
         c = max(1, int(G / mbar))
         a = A / mbar
         return W / L, cv_f * mmc_wq(c, a, W / L), erlang_c(c, a)
+
+    def _copies_fit(self, m: int, G: int) -> float:
+        """Copies at width ``m`` the pool's memory holds in aligned cells (``gpu_slots`` x m TP-m
+        copies a cell, ``gpu_slots`` under 'replica')."""
+        slots = float(self.gpu_slots or 1.0)
+        return (G // m) * slots * (m if self.gpu_instances == "tp" else 1)
 
     def _gpu_targets(self, svcs: dict[str, _Svc], mu: float, mu_w: float, load: float) -> None:
         """How many copies at its preferred size each service should keep: one each, then the
@@ -496,8 +553,8 @@ class GpuSizing(Moldable):
             c = t * (1.0 + mu * k)
             if gfree & full == full:
                 free_warm = True
-                if c < best - 1e-12 or (choice is None and c <= best + 1e-12):
-                    best, choice = c, (k, o)
+                if c < best - 1e-12 or (c <= best + 1e-12 and (choice is None or o < choice[1])):
+                    best, choice = c, (k, o)  # a tie goes to the lowest cell: deterministic
             else:
                 c += self._avail(pos, now)
                 if c < best - 1e-12:

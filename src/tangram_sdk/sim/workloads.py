@@ -59,6 +59,8 @@ CODING = dict(
     busy_frac=0.47,                          # paper: sandbox busy ~47% of a trajectory's life
     think_sigma=0.6,                         # decode pause spread (lognormal)
     sandbox_cpus=3,                          # static sizing: 3840 cores / 1280 trajectories
+    sandbox_rate=None,                       # static: sandbox creations per second (None: unlimited)
+    sandbox_startup_per_inflight=0.0,        # static: extra start-up seconds per creation in flight
     true_parallel=None,                      # how tests really scale, if not as declared (Amdahl p)
 )
 
@@ -98,10 +100,14 @@ SEARCH = dict(
     think_mean=12.0, think_sigma=0.5,        # Qwen3-32B decode of ~400 tokens at ~35 tok/s (assumption)
     search_mean=1.5, search_sigma=0.6,       # web-search API latency, seconds (assumption)
     search_concurrency=512, search_rate=200.0,  # API quota: in flight, requests/s (assumption)
-    judge_work_mean=6.0, judge_sigma=0.5,    # GPT-OSS judge/reward, seconds at 1 GPU (assumption)
+    judge_work_mean=0.5, judge_sigma=0.5,    # GPT-OSS judge/reward, seconds at 1 GPU (assumption; 6 s
+                                             # kept all 8 GPUs ~97 % busy under every policy)
     judge_parallel=0.85, judge_max_gpus=8,
     gpus=8,                                  # one 8-GPU node for the judge (paper: reward GPUs <3% busy)
     restore_s=4.0,                           # judge restore from pinned host memory (assumption)
+    search_procs=1,                          # fixed policies: per-process search semaphores (1: one quota)
+    iso_batch=1, iso_batch_cost=0.9,         # isolated judge server batching (1: a FIFO per GPU)
+    iso_tp=1,                                # isolated judge: GPUs per call
 )
 
 
@@ -142,6 +148,9 @@ MOPD = dict(
     restore_s=3.0,                           # ~60 GB of weights from pinned host memory (assumption)
     gpu_slots=2,                             # 141 GB H200 holds two ~60 GB teachers (TP-k: 1/k each)
     iso_gpus=4,                              # paper: task-isolated 9 teachers x 4 GPUs = 36
+    iso_tp=1,                                # isolated servers: GPUs per call (4: one TP-4 server a teacher)
+    iso_batch=1, iso_batch_cost=0.9,         # isolated servers: concurrent calls batched per GPU (1: a
+                                             # FIFO per GPU); a batch of n takes 1 + cost (n - 1) calls
 )
 
 
@@ -174,6 +183,7 @@ def mopd(batch: int = 2048, *, seed: int = 0, gpus: int | None = None, **over: A
 
 
 WORKLOADS: dict[str, Callable[..., Workload]] = {"ai-coding": ai_coding, "deepsearch": deepsearch, "mopd": mopd}
+PARAMS: dict[str, dict[str, Any]] = {"ai-coding": CODING, "deepsearch": SEARCH, "mopd": MOPD}
 
 
 def build(name: str, batch: int | None = None, **kw: Any) -> Workload:
@@ -195,9 +205,9 @@ def isolated_prewarm(wl: Workload, policy: Any) -> list[tuple[int, str, tuple[in
 
 
 def shared_prewarm(wl: Workload, policy: Any) -> list[tuple[int, str, tuple[int, ...]]]:
-    """One copy of every service for a shared pool, at the width its calls first ask for there
-    (the widest for an elastic call: the core's starting sizes), hottest first, each on the next
-    aligned cell with room (``gpu_slots`` models per GPU; a TP-k copy uses 1/k of one per GPU)."""
+    """One copy of every service for a shared pool, at the width the core first grants its calls
+    (``Scheduler.initial_gpu_width``), hottest first, each on the next aligned cell with room
+    (``gpu_slots`` models per GPU; a TP-k copy uses 1/k of one per GPU)."""
     first: dict[str, ActionSpec] = {}
     for tr in wl.trajectories:
         for act in tr.acts:
@@ -212,7 +222,7 @@ def shared_prewarm(wl: Workload, policy: Any) -> list[tuple[int, str, tuple[int,
     out = []
     for svc in sorted(first, key=lambda s: -wl.service_share.get(s, 0.0)):
         _lane, spec = policy.route(first[svc])
-        k = spec.max_units if spec.elastic_resource == "gpu" else spec.gpus
+        k = policy.lanes[0].initial_gpu_width(spec, services=len(first))
         cells = [o for o in range(0, len(ids) - k + 1, k)]
         if not cells:
             continue
@@ -239,10 +249,16 @@ def run_policy(wl: Workload, name: str, *, progress: Any = None, iso_gpus: int |
     from .engine import simulate
 
     kw: dict[str, Any] = {}
+    p = wl.params
     if name == "isolated":
-        kw = dict(services=wl.services, service_share=wl.service_share, gpus_per_service=iso_gpus)
+        kw = dict(services=wl.services, service_share=wl.service_share, gpus_per_service=iso_gpus,
+                  iso_batch=int(p.get("iso_batch", 1)), iso_batch_cost=float(p.get("iso_batch_cost", 1.0)),
+                  iso_tp=int(p.get("iso_tp", 1)))
     if name == "static":
-        kw = dict(sandbox_cpus=wl.params.get("sandbox_cpus", 3))
+        kw = dict(sandbox_cpus=p.get("sandbox_cpus", 3), sandbox_rate=p.get("sandbox_rate"),
+                  sandbox_startup_per_inflight=float(p.get("sandbox_startup_per_inflight", 0.0)))
+    if name != "tangram" and int(p.get("search_procs", 1)) > 1:
+        kw["quota_procs"] = int(p["search_procs"])
     if (name == "tangram" or name.startswith("fifo")) and "gpu_slots" not in sched_opts and wl.pool.gpus:
         # the core knows device capacity: tangram and the fixed-DoP FIFOs run the same core, so
         # the comparison isolates elasticity (isolated slices keep their models resident anyway)
