@@ -112,7 +112,7 @@ def test_cli_gpus_needed_and_progress(capsys, monkeypatch) -> None:  # type: ign
     rc = cli_main([*args, "--gpus-needed"])
     assert rc == 0
     cap = capsys.readouterr()
-    assert "GPUs needed at equal mean ACT" in cap.out
+    assert "GPUs needed vs isolated" in cap.out and "ACT +10%" in cap.out
     # stderr is not a terminal here: one line per run, no \r redraws in a log
     n = mopd(16, gpus=12).n_actions
     assert "\r" not in cap.err and f"mopd  tangram b=16: {n} actions simulated in" in cap.err

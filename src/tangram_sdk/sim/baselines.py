@@ -12,6 +12,19 @@
 * ``isolated`` -- task-level: every GPU service owns a fixed slice of GPUs with its own FIFO queue
   (one Scheduler per slice), its model always resident there; each call uses ``tp`` GPUs.
   Actions needing no GPU share one FIFO scheduler over the CPUs and quotas.
+
+The baselines' real failure modes and fairness, as options (off by default unless a workload
+turns them on; docs/simulator.md):
+
+* ``static``: sandbox creation is rate limited (``sandbox_rate`` per second, like a Kubernetes
+  API or image pull limit) and the start-up grows with the creations in flight
+  (``sandbox_startup_per_inflight`` seconds each);
+* ``quota_procs``: the fixed policies guard each quota with per-process semaphores, N rollout
+  processes each holding ``1/N`` of the concurrency and rate, trajectories spread over them
+  round-robin (a process cannot borrow the idle share of another), against Tangram's one quota;
+* ``iso_batch``: an isolated model server batches up to that many concurrent calls per GPU, a
+  batch of ``n`` taking ``1 + iso_batch_cost * (n - 1)`` times one call (SGLang-style continuous
+  batching; prefill-bound scoring gains little, so the cost is close to 1).
 """
 
 from __future__ import annotations
@@ -21,7 +34,7 @@ from typing import Any
 
 import attrs
 
-from ..pool import Pool
+from ..pool import Pool, Quota
 from ..scheduler.core import Scheduler
 from ..spec import ActionSpec, Elasticity
 
@@ -34,7 +47,8 @@ POLICIES = ("tangram", "static", "fifo1", "fifo4", "fifo16", "isolated")
 CPU_UPDATE_S = 0.02
 # Trajectory-static: container start-up per trajectory (image cached, Kubernetes-like pod start).
 SANDBOX_STARTUP_S = 2.0
-SANDBOX_CPUS = 3  # 15 x 256 cores / 1280 trajectories = 3 cores each: the paper's static sizing
+SANDBOX_CPUS = 3
+_SLOT = 1024  # batch slot j of physical GPU g has id j * _SLOT + g (GPU ids stay below 65536)  # 15 x 256 cores / 1280 trajectories = 3 cores each: the paper's static sizing
 
 
 class Policy:
@@ -43,7 +57,9 @@ class Policy:
     def __init__(self, name: str, lanes: list[Scheduler], *, hold: ActionSpec | None = None,
                  hold_startup_s: float = 0.0, cpu_overhead_s: float = CPU_UPDATE_S,
                  dop: int | None = None, service_lane: Mapping[str, int] | None = None,
-                 tp: int = 1, report_residency: bool = True) -> None:
+                 tp: int = 1, report_residency: bool = True, sandbox_rate: float | None = None,
+                 sandbox_startup_per_inflight: float = 0.0, quota_lanes: Sequence[int] = (),
+                 batch: int = 1, batch_cost: float = 1.0) -> None:
         self.name = name
         self.lanes = lanes
         self.hold = hold
@@ -53,6 +69,11 @@ class Policy:
         self.service_lane = dict(service_lane or {})
         self.tp = tp
         self.report_residency = report_residency
+        self.sandbox_rate = sandbox_rate
+        self.sandbox_startup_per_inflight = sandbox_startup_per_inflight
+        self.quota_lanes = tuple(quota_lanes)  # per-process semaphore lanes, by trajectory
+        self.batch = batch  # isolated servers: concurrent calls per physical GPU
+        self.batch_cost = batch_cost
         self._cache: dict[ActionSpec, tuple[int, ActionSpec]] = {}
 
     def in_sandbox(self, spec: ActionSpec) -> bool:
@@ -63,6 +84,16 @@ class Policy:
         if hit is None:
             hit = self._cache[spec] = self._route(spec)
         return hit
+
+    def route_traj(self, spec: ActionSpec, traj: int) -> tuple[int, ActionSpec]:
+        """:meth:`route` for an action of trajectory ``traj`` (per-process quota lanes)."""
+        if self.quota_lanes and spec.quotas and not spec.gpus and not spec.cpus:
+            return self.quota_lanes[traj % len(self.quota_lanes)], spec
+        return self.route(spec)
+
+    def phys_gpu(self, gid: int) -> int:
+        """The physical GPU behind a grant's GPU id (an isolated server's batch slots share one)."""
+        return gid % _SLOT if self.batch > 1 else gid
 
     def _route(self, spec: ActionSpec) -> tuple[int, ActionSpec]:
         if self.service_lane:
@@ -95,37 +126,76 @@ def _scaled(spec: ActionSpec, k: int) -> float | None:
     return None if spec.duration is None else spec.duration * spec.relative_duration(k)
 
 
+def _quota_lanes(lanes: list[Scheduler], pool: Pool, procs: int, opts: Mapping[str, Any]) -> list[int]:
+    """Append ``procs`` lanes, each holding 1/procs of every quota (per-process semaphores)."""
+    if procs <= 1 or not pool.quotas:
+        return []
+    out = []
+    for _ in range(procs):
+        qs = {}
+        for qname, q in pool.quotas:
+            qs[qname] = Quota(
+                concurrency=None if q.concurrency is None else max(1, q.concurrency // procs),
+                rate=None if q.rate is None else q.rate / procs,
+                burst=None if q.rate is None or q.burst is None else max(1, q.burst // procs),
+                tokens_per_s=None if q.tokens_per_s is None else q.tokens_per_s / procs,
+                token_burst=None if q.tokens_per_s is None or q.token_burst is None
+                else max(1, q.token_burst // procs))
+        out.append(len(lanes))
+        lanes.append(Scheduler(Pool(quotas=qs), elastic=False, **opts))
+    return out
+
+
 def make_policy(name: str, pool: Pool, *, services: Sequence[str] = (), service_share: Mapping[str, float]
                 | None = None, gpus_per_service: int | None = None, iso_tp: int = 1,
                 sandbox_cpus: int = SANDBOX_CPUS, sandbox_startup_s: float = SANDBOX_STARTUP_S,
+                sandbox_rate: float | None = None, sandbox_startup_per_inflight: float = 0.0,
+                quota_procs: int = 1, iso_batch: int = 1, iso_batch_cost: float = 1.0,
                 **sched_opts: Any) -> Policy:
     """Build policy ``name`` over ``pool``. ``services``/``service_share``/``gpus_per_service``
     size the isolated slices (fixed ``gpus_per_service`` each, else proportional to call share, at
-    least ``iso_tp`` each)."""
+    least ``iso_tp`` each). The failure-mode options (module docstring) apply to the fixed
+    policies only: Tangram holds one quota for the pool and creates no sandboxes."""
+    if iso_batch < 1 or iso_batch > 64 or not 0 < iso_batch_cost <= 1 or quota_procs < 1:
+        raise ValueError("iso_batch must be in 1..64, quota_procs >= 1, 0 < iso_batch_cost <= 1")
+    if sandbox_rate is not None and not sandbox_rate > 0:
+        raise ValueError(f"sandbox_rate must be None or > 0, got {sandbox_rate!r}")
     if name == "tangram":
         return Policy(name, [Scheduler(pool, **{"elastic": True, "lookahead": True, **sched_opts})])
     if name.startswith("fifo") and name[4:].isdigit():
         d = int(name[4:])
-        return Policy(name, [Scheduler(pool, **{**sched_opts, "elastic": False})], dop=d)
+        lanes: list[Scheduler] = [Scheduler(pool, **{**sched_opts, "elastic": False})]
+        ql = _quota_lanes(lanes, pool, quota_procs, {k: v for k, v in sched_opts.items() if k != "elastic"})
+        return Policy(name, lanes, dop=d, quota_lanes=ql)
     if name == "static":
         hold = ActionSpec(kind="sandbox", cpus=sandbox_cpus)
-        return Policy(name, [Scheduler(pool, elastic=False, **sched_opts)], hold=hold,
-                      hold_startup_s=sandbox_startup_s, cpu_overhead_s=0.0)
+        lanes = [Scheduler(pool, elastic=False, **sched_opts)]
+        ql = _quota_lanes(lanes, pool, quota_procs, sched_opts)
+        return Policy(name, lanes, hold=hold, hold_startup_s=sandbox_startup_s, cpu_overhead_s=0.0,
+                      sandbox_rate=sandbox_rate, sandbox_startup_per_inflight=sandbox_startup_per_inflight,
+                      quota_lanes=ql)
     if name == "isolated":
+        if iso_batch > 1 and (iso_tp > 1 or len(pool.gpus) and max(pool.gpus) >= _SLOT):
+            raise ValueError(f"isolated batching models TP-1 servers on GPU ids < {_SLOT}")
         if not services:
             raise ValueError("the isolated policy needs GPU services (this workload has none)")
         sizes = _slices(list(services), len(pool.gpus), service_share, gpus_per_service, iso_tp)
-        lanes: list[Scheduler] = []
+        lanes = []
         lane_of: dict[str, int] = {}
         at = 0
         for svc, k in zip(services, sizes):
-            ids = pool.gpus[at:at + k]
+            ids = list(pool.gpus[at:at + k])
             at += k
             lane_of[svc] = len(lanes)
+            if iso_batch > 1:  # batch slots: iso_batch schedulable ids per physical GPU, TP-1 calls;
+                # every GPU's first slot before any second one (a call batches only when all are busy)
+                ids = [j * _SLOT + g for j in range(iso_batch) for g in ids]
             lanes.append(Scheduler(Pool(gpus=list(ids), gpu_cells=pool.gpu_cells), elastic=False, **sched_opts))
         rest = Pool(cpus=list(pool.cpus), numa=pool.numa, memory=pool.memory, quotas=dict(pool.quotas))
         lanes.append(Scheduler(rest, elastic=False, **sched_opts))
-        return Policy(name, lanes, service_lane=lane_of, tp=iso_tp)
+        ql = _quota_lanes(lanes, pool, quota_procs, sched_opts)
+        return Policy(name, lanes, service_lane=lane_of, tp=iso_tp, quota_lanes=ql, batch=iso_batch,
+                      batch_cost=iso_batch_cost)
     raise ValueError(f"unknown policy {name!r}; choose from {', '.join(POLICIES)} or fifo<N>")
 
 

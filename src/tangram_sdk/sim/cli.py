@@ -35,10 +35,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gpus", type=positive_int, default=None,
                    help="mopd/deepsearch/trace: GPU pool size (mopd default 40, deepsearch 8)")
     p.add_argument("--cpus", type=positive_int, default=None, help="trace: CPU pool size when the trace has no pool")
-    p.add_argument("--iso-gpus", type=positive_int, default=None,
-                   help="isolated: GPUs per service (mopd default 4; else proportional to call share)")
+    p.add_argument("--iso-gpus", type=_iso_gpus, default=None, metavar="N|share",
+                   help="isolated: N GPUs per service (the isolated pool is N x services; mopd default 4), "
+                        "or 'share': the whole --gpus pool split in proportion to call share, >= 1 each")
+    p.add_argument("--param", action="append", default=None, metavar="NAME=VALUE", type=_param,
+                   help="override one workload parameter (docs/simulator.md lists them), e.g. "
+                        "decode_tok_s=60; repeatable")
     p.add_argument("--gpus-needed", action="store_true",
-                   help="search the smallest GPU pool on which tangram matches the isolated baseline's mean ACT")
+                   help="search the smallest GPU pools on which tangram's mean ACT is within 0, 10 and 25 %% "
+                        "of the isolated baseline's")
     p.add_argument("--sweep-batch", type=int_list, default=None,
                    help="comma list of batch sizes, e.g. 256,512,1024,1536")
     p.add_argument("--json", dest="json_out", type=output_file, default=None, help="write all results as JSON here")
@@ -46,6 +51,27 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="write PNG figures into DIR (created if missing): ACT CDF, CPU and GPU utilisation; "
                         "the batch sweep with --sweep-batch (needs matplotlib: the plot extra)")
     p.add_argument("--no-progress", action="store_true", help="no progress on stderr")
+
+
+def _iso_gpus(text: str) -> int | str:
+    if text.strip().lower() == "share":
+        return "share"
+    try:
+        return positive_int(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"must be an integer > 0 or 'share', got {text!r}") from None
+
+
+def _param(text: str) -> tuple[str, Any]:
+    name, sep, value = text.partition("=")
+    if not sep or not name.strip():
+        raise argparse.ArgumentTypeError(f"expected NAME=VALUE, got {text!r}")
+    v: Any
+    try:
+        v = json.loads(value)
+    except ValueError:
+        v = value
+    return name.strip(), v
 
 
 _POLICY = re.compile(r"tangram|static|isolated|fifo[1-9][0-9]*")
@@ -67,6 +93,19 @@ def check(args: argparse.Namespace) -> str | None:
                     ("--batch", not trace), ("--sweep-batch", not trace)):
         if getattr(args, opt[2:].replace("-", "_")) is not None and not ok:
             return f"{opt} does not apply to --workload {args.workload}"
+    if args.param:
+        if trace:
+            return "--param does not apply to --workload trace"
+        from .workloads import PARAMS
+
+        known = PARAMS[args.workload]
+        for name, value in args.param:
+            if name not in known:
+                return (f"--param: {args.workload} has no parameter {name!r} "
+                        f"(choose from {', '.join(sorted(known))})")
+            if isinstance(known[name], (int, float)) and not isinstance(known[name], bool) and (
+                    isinstance(value, bool) or not isinstance(value, (int, float))):
+                return f"--param {name}: expected a number, got {value!r}"
     if args.plot and args.plot.lower().endswith(".png"):
         return f"--plot takes a directory (it writes several PNGs into it), got {args.plot!r}"
     if args.plot and missing_module("matplotlib"):
@@ -117,6 +156,8 @@ def _workload(args: argparse.Namespace, batch: int | None) -> Workload:
             kw["cores"] = args.cores
     elif args.gpus is not None:
         kw["gpus"] = args.gpus
+    for name, value in getattr(args, "param", None) or ():
+        kw[name] = value
     return build(args.workload, batch, **kw)
 
 
@@ -127,6 +168,9 @@ def _policies(args: argparse.Namespace, wl: Workload) -> list[str]:
 
 
 def _iso(args: argparse.Namespace, wl: Workload) -> int | None:
+    """GPUs per isolated slice, or None for the proportional split of the whole pool."""
+    if args.iso_gpus == "share":
+        return None
     if args.iso_gpus is not None:
         return int(args.iso_gpus)
     iso: int | None = wl.params.get("iso_gpus")
@@ -217,11 +261,16 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+GPUS_NEEDED_SLACK = (0.0, 0.10, 0.25)  # tangram's mean ACT within this much of the isolated baseline's
+
+
 def _gpus_needed(args: argparse.Namespace, wl: Workload) -> dict[str, Any]:
-    """Smallest GPU pool on which tangram's mean ACT <= the isolated baseline's."""
-    iso = summarise(_run(args, wl, "isolated"))
+    """Smallest GPU pools on which tangram's mean ACT is within 0, +10 % and +25 % of the isolated
+    baseline's (by bisection over pool sizes; one run per size probed, shared by the three)."""
+    iso_run = _run(args, wl, "isolated")
+    iso = summarise(iso_run)
     target = iso["act_mean_s"]
-    iso_gpus = (_iso(args, wl) or 1) * len(wl.services)
+    iso_gpus = iso_run.pool_gpus  # what its slices really hold (``--iso-gpus N``: N x services)
     cache: dict[int, float] = {}
 
     def act_at(g: int) -> float:
@@ -230,10 +279,22 @@ def _gpus_needed(args: argparse.Namespace, wl: Workload) -> dict[str, Any]:
             cache[g] = summarise(_run(args2, _workload(args2, len(wl.trajectories)), "tangram"))["act_mean_s"]
         return cache[g]
 
-    need = min_pool_for(act_at, target, 1, max(iso_gpus, 1))
-    res = {"isolated_gpus": iso_gpus, "isolated_act_mean_s": target, "tangram_gpus": need,
-           "tangram_act_at_need_s": cache.get(need) if need else None,
-           "saved": (1 - need / iso_gpus) if need else None, "probed": dict(sorted(cache.items()))}
-    print(f"\nGPUs needed at equal mean ACT ({target:.3f} s): isolated {iso_gpus} -> tangram {need}"
-          + (f" ({res['saved']:.1%} saved)" if need else " (not reached)"))
+    need = {}
+    for slack in GPUS_NEEDED_SLACK:
+        need[slack] = min_pool_for(act_at, target * (1 + slack), 1, max(iso_gpus, 1))
+    exact = need[0.0]
+    res = {"isolated_gpus": iso_gpus, "isolated_act_mean_s": target, "tangram_gpus": exact,
+           "tangram_act_at_need_s": cache.get(exact) if exact else None,
+           "saved": (1 - exact / iso_gpus) if exact else None,
+           "within": {f"+{slack:.0%}": {"tangram_gpus": g, "target_act_s": target * (1 + slack),
+                                        "tangram_act_s": cache.get(g) if g else None,
+                                        "saved": (1 - g / iso_gpus) if g else None}
+                      for slack, g in need.items()},
+           "probed": dict(sorted(cache.items()))}
+    print(f"\nGPUs needed vs isolated ({iso_gpus} GPUs, mean ACT {target:.3f} s):")
+    for slack, g in need.items():
+        label = "equal ACT" if not slack else f"ACT +{slack:.0%}"
+        print(f"  {label:>9}: tangram {g if g else 'not reached'}"
+              + (f" ({1 - g / iso_gpus:.1%} saved, ACT {cache[g]:.3f} s)" if g else ""))
+    print("  probed: " + ", ".join(f"{g}: {a:.3f} s" for g, a in sorted(cache.items())))
     return res

@@ -130,7 +130,7 @@ def simulate(
     restore = dict(restore_s or {})
     lanes = [_Lane(s, gpu_slots, restore) for s in policy.lanes]
     res = Result(policy.name, workload, sum(len(s.pool.cpus) for s in policy.lanes),
-                 sum(len(s.pool.gpus) for s in policy.lanes))
+                 sum(len(s.pool.gpus) for s in policy.lanes) // max(1, getattr(policy, "batch", 1)))
     rr = None if time_resolution is None else round(1.0 / time_resolution)
 
     def q(t: float) -> float:
@@ -170,6 +170,16 @@ def simulate(
     hold = policy.hold
     cpu_cost = policy.cpu_overhead_s
     startup = policy.hold_startup_s
+    sb_rate = getattr(policy, "sandbox_rate", None)
+    sb_slope = getattr(policy, "sandbox_startup_per_inflight", 0.0)
+    create_next = 0.0
+    creating = 0
+    startup_of: dict[int, float] = {}
+    batch = getattr(policy, "batch", 1)
+    batch_cost = getattr(policy, "batch_cost", 1.0)
+    phys_active: dict[int, int] = {}
+    phys = getattr(policy, "phys_gpu", lambda gid: gid)
+    phys_busy_delta = [0]
     for li, service, gpus in prewarm:
         lane = lanes[li]
         lane.resident[(service, tuple(gpus))] = 0.0
@@ -209,10 +219,18 @@ def simulate(
         grant_of[aid] = g
         nc, ng = len(g.cpus), len(g.gpus)
         if aid in hold_traj:  # a trajectory's sandbox: ready after container start-up
+            nonlocal create_next, creating
             ti = hold_traj[aid]
             hold_units[ti] = nc
             changes.append((now, nc, 0, ng, 0))
-            push(q(now + startup), _READY, aid)
+            begin = now
+            if sb_rate:  # creations are rate limited: wait for the next slot
+                begin = max(now, create_next)
+                create_next = begin + 1.0 / sb_rate
+            su = startup + sb_slope * creating  # start-up grows with the creations in flight
+            creating += 1
+            startup_of[aid] = su
+            push(q(begin + su), _READY, aid)
             return
         r = rec_of[aid]
         act = act_of[r]
@@ -223,11 +241,25 @@ def simulate(
         if svc is not None and ng:
             over += restore_cost(li, svc, g.gpus, now)
         ex = act.work * act.relative_duration(units)
+        if batch > 1 and ng:  # a batching server: the calls sharing a GPU slow each other
+            n = 0
+            for gid in g.gpus:
+                p = phys(gid)
+                phys_active[p] = phys_active.get(p, 0) + 1
+                n = max(n, phys_active[p])
+                if phys_active[p] == 1:
+                    phys_busy_delta[0] += 1
+            ex *= 1.0 + batch_cost * (n - 1)
         res.grant[r] = now
         res.exec_s[r] = ex
         res.overhead[r] = over
         res.units[r] = units or nc or ng
-        changes.append((now, nc, nc, ng, ng))
+        if batch > 1 and ng:
+            d = phys_busy_delta[0]
+            phys_busy_delta[0] = 0
+            changes.append((now, nc, nc, d, d))
+        else:
+            changes.append((now, nc, nc, ng, ng))
         push(q(now + (ex + over)), _DONE, aid)
 
     def restore_cost(li: int, svc: str, gpus: tuple[int, ...], now: float) -> float:
@@ -323,7 +355,7 @@ def simulate(
                 aid = next_id
                 next_id += 1
                 rec_of[aid] = r
-                li, sspec = policy.route(spec)
+                li, sspec = policy.route_traj(spec, ti) if hasattr(policy, "route_traj") else policy.route(spec)
                 lane_of[aid] = li
                 feed(li, Submitted(aid, sspec), now)
             flush_resid(now)
@@ -338,7 +370,16 @@ def simulate(
             else:
                 g = grant_of.pop(aid)
                 nc, ng = len(g.cpus), len(g.gpus)
-                changes.append((now, -nc, -nc, -ng, -ng))
+                if batch > 1 and ng:
+                    d = 0
+                    for gid in g.gpus:
+                        p = phys(gid)
+                        phys_active[p] -= 1
+                        if not phys_active[p]:
+                            d += 1
+                    changes.append((now, -nc, -nc, -d, -d))
+                else:
+                    changes.append((now, -nc, -nc, -ng, -ng))
                 li = lane_of.pop(aid)
                 feed(li, Released(aid), now)
                 flush_resid(now)
@@ -364,11 +405,14 @@ def simulate(
         elif cls == _READY:
             hid = a
             r = pending_first.pop(hid)
-            res.overhead[r] += startup
+            su = startup_of.pop(hid)
+            creating -= 1
+            res.overhead[r] += su
             ti = hold_traj[hid]
             run_in_sandbox(ti, r, now)
-            # the wait for the sandbox counts as the first action's queueing; start-up as overhead
-            res.grant[r] = now - startup
+            # the wait for the sandbox (and for a creation slot) counts as the first action's
+            # queueing; the start-up as overhead
+            res.grant[r] = now - su
         elif cls == _TICK:
             lane = lanes[a]
             if b == lane.timer_gen and lane.timer_at is not None:
