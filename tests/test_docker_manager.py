@@ -391,3 +391,11 @@ async def test_end_to_end_with_tangram(manager_factory: Any, docker_engine: str)
         await asyncio.gather(*(action(i) for i in range(64)))
     assert not overlaps
     assert manager.statistics()["applies"] == 64
+
+
+async def test_statistics_is_a_typed_snapshot(started_manager: DockerCpuManager) -> None:
+    import json
+
+    s = started_manager.statistics()
+    assert s.backend == s["backend"] == started_manager.active_backend and s.counters["applies"] == s["applies"]
+    assert json.loads(json.dumps(s.asdict()))["park_cpus"] == s.park_cpus

@@ -56,6 +56,8 @@ from collections.abc import Iterator, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal
 
+import attrs
+
 from .._cpuset import format_cpuset, parse_cpuset
 from .._deadline import check_timeout
 from ..errors import ActionOOMError, CgroupError, DockerError, QuarantineError, SpecError
@@ -63,6 +65,7 @@ from . import _cgroup
 from ._cgroup import MemoryBusyError, MemoryLimits
 from ._docker import KILLED, DockerClient, is_memory_busy, is_not_found, never_sent, validate_ref
 from ._limits import CreationGate
+from ..snapshot import Snapshot
 from .base import ManagerContext, Offer
 
 if TYPE_CHECKING:
@@ -70,7 +73,7 @@ if TYPE_CHECKING:
     from ..scheduler.decisions import Grant
     from ..spec import ActionSpec
 
-__all__ = ["DockerCpuManager", "Sandbox", "SandboxPool"]
+__all__ = ["DockerCpuManager", "DockerStatistics", "Sandbox", "SandboxPool"]
 
 log = logging.getLogger(__name__)
 
@@ -129,6 +132,29 @@ def _unchanged(exc: BaseException) -> bool:
     container is gone. Anything else (a timeout, a dropped connection, a cancel mid-call, a cgroup
     write that failed half-way) may have given, or may still give, the container the cores."""
     return isinstance(exc, DockerError) and (never_sent(exc) or _gone(exc))
+
+
+@attrs.frozen(eq=False)
+class DockerStatistics(Snapshot):
+    """:meth:`DockerCpuManager.statistics`. ``backend`` "api" | "cgroup"; ``containers`` known,
+    ``granted`` of them holding cores now; ``park_cpus`` the cores parked containers share;
+    ``quarantined``: per container whose park (or a grant that may have reached the daemon) failed,
+    its ``cpus``, ``since_s``, ``attempts``, ``error``; ``memory_limited``: bytes per container
+    holding an action's limit; ``memory_peaks``: per action kind; ``sandboxes``: the creation
+    gate; ``counters`` (applies, releases, api_updates, cgroup_writes, fallbacks, park_failures...)
+    read flat in the dict access."""
+
+    _flatten = ("counters",)
+
+    backend: str
+    containers: int
+    granted: int
+    park_cpus: str
+    quarantined: dict[str, dict[str, Any]]
+    memory_limited: dict[str, int | None]
+    memory_peaks: dict[str, dict[str, int]]
+    sandboxes: dict[str, Any]
+    counters: dict[str, int]
 
 
 class DockerCpuManager:
@@ -212,24 +238,26 @@ class DockerCpuManager:
         """The containers this manager knows (every name and id it has seen for each)."""
         return Offer(containers=tuple(sorted(self._boxes)))
 
-    def statistics(self) -> dict[str, Any]:
+    def statistics(self) -> DockerStatistics:
+        """A frozen snapshot (:class:`DockerStatistics`; ``asdict()`` for JSON, ``s["key"]`` still
+        works)."""
         boxes = {b.id: b for b in self._boxes.values()}
         now = time.monotonic()
-        return {
-            **self._stats,
-            "backend": self._active_backend,
-            "containers": len(boxes),
-            "granted": sum(1 for b in boxes.values() if b.active),
-            "park_cpus": format_cpuset(self.park_cpus),
+        return DockerStatistics(
+            backend=self._active_backend,
+            containers=len(boxes),
+            granted=sum(1 for b in boxes.values() if b.active),
+            park_cpus=format_cpuset(self.park_cpus),
             # containers whose park failed: their cores stay out of the pool until re-parked
-            "quarantined": {cid: {"cpus": sorted(q.cpus), "since_s": round(now - q.since, 3),
-                                  "attempts": q.attempts, "error": q.error}
-                            for cid, q in self._quarantined.items()},
+            quarantined={cid: {"cpus": sorted(q.cpus), "since_s": round(now - q.since, 3),
+                               "attempts": q.attempts, "error": q.error}
+                         for cid, q in self._quarantined.items()},
             # memory limits held by containers right now (bytes), and the peak per action kind
-            "memory_limited": {b.id: b.mem_now.memory for b in boxes.values() if b.mem_now is not None},
-            "memory_peaks": {k: dict(v) for k, v in self._peaks.items()},
-            "sandboxes": self._gate.statistics(),
-        }
+            memory_limited={b.id: b.mem_now.memory for b in boxes.values() if b.mem_now is not None},
+            memory_peaks={k: dict(v) for k, v in self._peaks.items()},
+            sandboxes=self._gate.statistics(),
+            counters=dict(self._stats),
+        )
 
     def __repr__(self) -> str:
         s = self.statistics()
