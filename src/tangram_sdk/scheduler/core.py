@@ -316,10 +316,6 @@ class Scheduler(Admission):
     def running(self) -> int:
         return len(self._running)
 
-    def is_queued(self, action_id: int) -> bool:
-        a = self._live.get(action_id)
-        return a is not None and a.grant is None
-
     def grant_of(self, action_id: int) -> Grant | None:
         a = self._running.get(action_id)
         return None if a is None else a.grant

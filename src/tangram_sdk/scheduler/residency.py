@@ -163,10 +163,3 @@ class Residency:
         for p in cell:
             out.update(self.inst_at[p])
         return out
-
-    def others_on(self, service: str | None, cell: tuple[int, ...]) -> int:
-        """Resident instances of other services (or other cells of this one) overlapping ``cell``."""
-        n = sum(self.per_pos[p] for p in cell)
-        if service is not None and cell in self.cells_of(service):
-            n -= len(cell)
-        return n

@@ -32,8 +32,9 @@ __all__ = ["Act", "Trajectory", "Result", "simulate", "Observer"]
 
 Observer = Callable[[Sequence[Event], float, Sequence[Decision]], None]
 
-# event classes: at equal times, completions first, then residency reports, then arrivals, then ticks
-_DONE, _END, _RESID, _START, _SUBMIT, _READY, _TICK = 0, 1, 2, 3, 4, 5, 6
+# event classes: at equal times, completions first, then trajectory ends, then arrivals, sandboxes
+# ready, ticks (residency reports are fed inline, right after the event that caused them)
+_DONE, _END, _SUBMIT, _READY, _TICK = 0, 1, 2, 3, 4
 
 
 @attrs.frozen(slots=True)
@@ -419,8 +420,6 @@ def simulate(
                 lane.timer_at = None
                 feed(a, Tick(), now)
                 flush_resid(now)
-        elif cls == _RESID:
-            pass
     if progress is not None:
         progress(total_acts, total_acts)
     for lane in lanes:

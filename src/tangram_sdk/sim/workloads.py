@@ -1,14 +1,14 @@
 """Workload generators: seeded, closed-loop trajectories plus the pool they run on.
 
-Every parameter is documented with its source in docs/simulator.md (paper figures from
-/work/shared/paper-notes.md where published, stated assumptions otherwise). Random draws use one
+Every parameter is documented with its source in docs/simulator.md (the papers' published figures
+where there are some, stated assumptions otherwise). Random draws use one
 ``numpy.random.Generator`` per workload, so a seed fixes the whole trace.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import attrs
@@ -272,7 +272,3 @@ def run_policy(wl: Workload, name: str, *, progress: Any = None, iso_gpus: int |
         prewarm = []
     return simulate(wl.trajectories, pol, workload=wl.name, restore_s=wl.restore_s, gpu_slots=wl.gpu_slots,
                     prewarm=prewarm, progress=progress)
-
-
-def seq_floats(xs: Sequence[float]) -> list[float]:
-    return [float(x) for x in xs]
