@@ -96,7 +96,7 @@ def cells(quick: bool, seeds: int) -> list[Cell]:
                         dict(batch=batch, nodes=nodes, seed=seed, test_max_cpus=16, true_parallel=0.5),
                         ("tangram",) + _fifos(16)))
     # (batch, GPUs): 6 GPUs at batch 2048 is the contended GPU cell of the calibrated MOPD
-    # (isolated-36 ~5 % busy puts 10 GPUs at ~18 %); there the best fixed TP is 2 and TP-4 queues
+    # (~1.15 GPUs of TP-1 load: isolated-36 ~3 % busy, 10 GPUs ~12 %, 6 ~19 %); there the best fixed TP is 2 and TP-4 queues
     # 10x. The full matrix also keeps a light 6-GPU cell (batch 512), the one GPU cell Tangram
     # loses (fifo4's thrash on 8 copies for 9 teachers is cheap at that load: docs/evaluation.md)
     gpu_cells = (((2048, 6), (512, 10), (512, 16)) if quick else

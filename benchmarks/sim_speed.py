@@ -4,7 +4,7 @@
 
 Requirement (issue 5): one mopd step at batch 3072 (~100k actions) in <= 30 s on this 2-core machine.
 ``fifo1`` (no elastic planning) isolates the engine's own cost from the scheduler's. The MOPD
-default is calibrated lighter (8-16 calls, isolated-36 ~5 % busy); the speed point keeps the
+default is calibrated lighter (8-16 calls, isolated-36 ~3 % busy); the speed point keeps the
 earlier, heavier shape (24-40 calls per trajectory, 4096-token chunks at 30 tok/s: ~98k actions at
 3072, the pool ~19 % busy) unless ``--param`` says otherwise.
 """

@@ -140,7 +140,7 @@ MOPD = dict(
     teachers=9, zipf_s=1.0,                  # paper: 9 teacher models, called very unevenly (Zipf assumed)
     calls_min=8, calls_max=16,               # teacher calls per trajectory: 8k-token chunks of a long response
     chunk_tokens=8192, decode_tok_s=15.0,    # student decode between calls -> think ~546 s (assumption),
-                                             # set so the isolated 36-GPU pool is ~5 % busy (paper: <5 %)
+                                             # set so the isolated 36-GPU pool is under 5 % busy (~3 %)
     think_sigma=0.3,
     work_mean=0.5, work_sigma=0.5,           # teacher log-prob prefill of a chunk at 1 GPU (assumption)
     teacher_parallel=0.8, teacher_max_gpus=4,
