@@ -132,3 +132,25 @@ def test_managers_package_is_a_face() -> None:
     for name in ("Manager", "ManagerContext", "BaseManager", "Offer", "Applied", "DockerCpuManager",
                  "SandboxPool", "TorchGpuManager", "HttpSleepWake", "OffloadableService"):
         assert name in managers.__all__ and getattr(managers, name) is not None, name
+
+
+def test_scheduler_package_is_a_face_with_one_observer_contract() -> None:
+    import tangram_sdk.runtime as runtime
+    import tangram_sdk.scheduler as scheduler
+    import tangram_sdk.sim.engine as engine
+    from tangram_sdk.scheduler.core import Scheduler
+
+    for name in ("Scheduler", "SchedulerStats", "Observer", "Event", "Submitted", "Released", "Cancelled",
+                 "Tick", "TokensUsed", "ServiceResidency", "Decision", "Grant", "Reject"):
+        assert name in scheduler.__all__ and getattr(scheduler, name) is not None, name
+    assert scheduler.Scheduler is Scheduler
+    # the runtime and the simulator take the same observers: one contract, not two copies
+    assert runtime.Observer is engine.Observer is scheduler.Observer
+    copies = []
+    for path, tree in _modules():
+        for n in ast.walk(tree):
+            named = (n.name == "Observer" if isinstance(n, ast.ClassDef)
+                     else isinstance(n, ast.Assign) and any(getattr(t, "id", None) == "Observer" for t in n.targets))
+            if named and path.name != "observer.py":
+                copies.append(f"{path.relative_to(SRC)}:{n.lineno}")
+    assert not copies, f"a second Observer: {copies}"

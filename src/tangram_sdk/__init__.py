@@ -25,7 +25,7 @@ from .managers import BaseManager, Manager, ManagerContext, Offer
 from .options import SchedulerOptions
 from .pool import Pool, Quota
 from .runtime import Tangram
-from .scheduler.core import Scheduler
+from .scheduler import Scheduler
 from .spec import ActionSpec, Amdahl, Elasticity, Table
 
 __all__ = [  # noqa: F822 (the managers are lazy attributes)

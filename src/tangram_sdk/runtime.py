@@ -38,19 +38,13 @@ from .lease import Lease
 from .managers.base import Applied, Manager, ManagerContext
 from .options import SchedulerOptions, merge_options
 from .pool import Pool
-from .scheduler.core import Scheduler
-from .scheduler.decisions import Decision, Grant, Reject
-from .scheduler.events import Cancelled, Event, Released, Submitted, Tick, TokensUsed
+from .scheduler import Cancelled, Decision, Event, Grant, Observer, Reject, Released, Scheduler, Submitted, Tick, TokensUsed
 from .snapshot import RuntimeStatistics
 from .spec import ActionSpec
 
 __all__ = ["Tangram", "Observer"]
 
 log = logging.getLogger("tangram_sdk")
-
-# observer(events, now, decisions): called after every round (decision logs, traces, metrics)
-Observer = Callable[[Sequence[Event], float, Sequence[Decision]], None]
-
 
 class Tangram:
     """Action-level resource manager for one pool, embedded in the current asyncio loop.

@@ -23,14 +23,10 @@ from typing import Any
 
 import attrs
 
-from ..scheduler.core import Scheduler
-from ..scheduler.decisions import Decision, Grant, Reject
-from ..scheduler.events import Event, Released, ServiceResidency, Submitted, Tick
+from ..scheduler import Event, Grant, Observer, Reject, Released, Scheduler, ServiceResidency, Submitted, Tick
 from ..spec import ActionSpec, Efficiency
 
 __all__ = ["Act", "Trajectory", "Result", "simulate", "Observer"]
-
-Observer = Callable[[Sequence[Event], float, Sequence[Decision]], None]
 
 # event classes: at equal times, completions first, then trajectory ends, then arrivals, sandboxes
 # ready, ticks (residency reports are fed inline, right after the event that caused them)
