@@ -56,6 +56,36 @@ def test_unset_fields_leave_the_scheduler_defaults_and_the_value_serialises() ->
 
 
 def test_every_field_is_a_scheduler_option() -> None:
-    params = inspect.signature(Scheduler.__init__).parameters
+    from tangram_sdk.options import SchedulerKeywords
+
+    params = set(inspect.signature(Scheduler._configure).parameters) - {"self", "pool"}
     fields = {a.name for a in SchedulerOptions.__attrs_attrs__}
-    assert fields <= set(params) - {"self", "pool"}, sorted(fields - set(params))
+    # the three spellings of the options name the same ones: fields, typed keywords, defaults
+    assert fields == set(SchedulerKeywords.__annotations__) == params, sorted(fields ^ params)
+
+
+def test_the_scheduler_takes_options_beside_its_keywords() -> None:
+    pool = Pool(cpus=8)
+    s = Scheduler(pool, options=SchedulerOptions(window=4, objective="step"), depth=8)
+    assert (s.window, s.depth, s.objective) == (4, 8, "step")
+    k = Scheduler(pool, window=4, depth=8, objective="step")
+    assert (k.window, k.depth, k.objective, k.max_price) == (s.window, s.depth, s.objective, s.max_price)
+    assert Scheduler(pool, options=SchedulerOptions()).window == Scheduler(pool).window  # None: the default
+    with pytest.raises(SpecError, match=r"\['window'\] given both"):
+        Scheduler(pool, options=SchedulerOptions(window=2), window=3)
+    with pytest.raises(SpecError, match="must be a SchedulerOptions"):
+        Scheduler(pool, options={"window": 2})  # type: ignore[arg-type]
+    with pytest.raises(TypeError):  # a misspelt keyword is still Python's own error
+        Scheduler(pool, windwo=2)  # type: ignore[call-arg]
+
+
+def test_a_simulated_policy_takes_the_same_options() -> None:
+    from tangram_sdk.sim.baselines import make_policy
+
+    pol = make_policy("tangram", Pool(cpus=8), options=SchedulerOptions(window=3, max_price=1.0))
+    (lane,) = pol.lanes
+    assert (lane.window, lane.max_price, lane.elastic) == (3, 1.0, True)
+    fifo = make_policy("fifo4", Pool(cpus=8), options=SchedulerOptions(depth=5))
+    assert fifo.lanes[0].depth == 5 and fifo.lanes[0].elastic is False
+    with pytest.raises(SpecError, match="given both"):
+        make_policy("tangram", Pool(cpus=8), options=SchedulerOptions(window=3), window=4)

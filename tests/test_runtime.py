@@ -375,4 +375,5 @@ async def test_statistics_is_a_frozen_typed_snapshot_that_still_reads_like_the_o
             d = s.asdict()
             assert json.loads(json.dumps(d)) == d and d["submitted"] == 1 and d["waiters"] == 1
             assert dict(s) == d and s == d
+            assert (s.core.granted, s.core.mean_act_s) == (1, None)  # the core's own typed snapshot
         assert t.statistics().running == 0 and (await t.astatistics()).asdict() == t.statistics().asdict()

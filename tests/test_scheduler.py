@@ -25,7 +25,10 @@ def test_simple_grant_and_release_returns_units():
     assert s.ledger.free_cpus == 4
     s.check_invariants()
     st = s.statistics()
-    assert st["completed"] == 1 and st["mean_act_s"] == pytest.approx(1.0)
+    assert st.completed == 1 and st.mean_act_s == pytest.approx(1.0) and st.cpus_free == 4
+    assert st["completed"] == 1 and dict(st) == st.asdict()  # the old dict access, for one release
+    with pytest.raises(AttributeError):  # frozen
+        st.completed = 0  # type: ignore[misc]
 
 
 def test_fcfs_no_overtaking_on_a_contended_resource():

@@ -11,14 +11,14 @@ here; ranges (``window >= 1``...) by the Scheduler, both as SpecError.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, TypedDict
 
 import attrs
 
 from ._validate import show
 from .errors import SpecError
 
-__all__ = ["SchedulerOptions", "merge_options"]
+__all__ = ["SchedulerKeywords", "SchedulerOptions", "merge_options"]
 
 
 def _typed(kind: str) -> Any:
@@ -98,6 +98,38 @@ class SchedulerOptions:
         if unknown:
             raise SpecError(f"unknown scheduler option(s) {unknown}; known: {sorted(known)}")
         return cls(**values)
+
+
+class SchedulerKeywords(TypedDict, total=False):
+    """The same options as keyword arguments (``Scheduler(pool, window=4)``), typed for mypy;
+    ``tests/test_options.py`` keeps the three spellings (these keys, the SchedulerOptions fields and
+    the Scheduler's defaults) naming the same options."""
+
+    window: int
+    depth: int
+    scan_limit: int
+    elastic: bool
+    lookahead: bool
+    default_duration: float
+    default_restore_s: float
+    alpha: float
+    duration_alpha: float
+    learn_efficiency: bool
+    mu_grid: Iterable[float]
+    max_evictions: int
+    lookahead_cap: int
+    skip_rounds: bool
+    gpu_slots: float | None
+    planner: str
+    load_target: float
+    price_horizon: float
+    price_smoothing: float
+    max_price: float | None
+    objective: str
+    start_or_wait: bool
+    restore_horizon: float
+    gpu_instances: str
+    gpu_regime_window: float
 
 
 def merge_options(options: SchedulerOptions | None, keywords: Mapping[str, Any]) -> dict[str, Any]:

@@ -73,15 +73,15 @@ class Tangram:
     ) -> None:
         if not isinstance(pool, Pool):
             raise SpecError(f"Tangram needs a Pool, got {pool!r}")
-        scheduler_options = merge_options(options, scheduler_options)
+        names = sorted(merge_options(options, scheduler_options))  # SpecError: not options, or both ways
         self.pool = pool
         self.managers: tuple[Manager, ...] = tuple(managers)
         self.observers: list[Observer] = list(observers)
         self._batch = batch
         try:
-            self._core = Scheduler(pool, **scheduler_options)
+            self._core = Scheduler(pool, options=options, **scheduler_options)
         except (TypeError, ValueError) as exc:  # an unknown option, or a bad value for one
-            raise SpecError(f"scheduler options {sorted(scheduler_options)} rejected: {exc}") from exc
+            raise SpecError(f"scheduler options {names} rejected: {exc}") from exc
         self._ids = itertools.count(1)
         self._waiters: dict[int, _Waiter] = {}  # every acquire from submit until it leaves
         self._pending: list[Event] = []

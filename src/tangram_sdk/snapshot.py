@@ -3,16 +3,20 @@ read-only dict access (``stats["cpus_free"]``, ``.get``, ``in``) kept for one re
 
 Why a base class and not plain dicts: a typo in a field name is an AttributeError (or a mypy error)
 instead of a silent ``None`` from ``.get``, and the shape of each snapshot is written down once.
-A snapshot may carry ``extra``: keys another layer reports that are not typed here yet (the
-scheduling core's counters), visible through the dict access and ``asdict()``.
+A snapshot may carry another layer's snapshot whose keys read flat (``_flatten``: the scheduling
+core's counters in the runtime's, a node's runtime in the Ray actor's), through the dict access and
+``asdict()``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
+
+if TYPE_CHECKING:
+    from .scheduler.core import SchedulerStats
 
 __all__ = ["ClusterStatistics", "NodeStatistics", "RuntimeStatistics", "Snapshot"]
 
@@ -74,9 +78,10 @@ class RuntimeStatistics(Snapshot):
     ``state``: new / open / closed / broken. ``waiters``: acquires submitted and not yet left
     (queued or holding). ``quarantined``: finished actions whose units a manager still holds back
     (a container it could not park yet; they count as running). ``quotas``: per quota ``used``,
-    ``concurrency``, ``tokens``, ``token_level``. ``core``: the scheduling core's other counters and
-    means (submitted, granted, released, cancelled, rejected, failed, completed, rounds, evictions,
-    mean_act_s, mean_queue_s, mean_exec_s, resident_services), flattened into the dict access."""
+    ``concurrency``, ``tokens``, ``token_level``. ``core``: the scheduling core's own snapshot
+    (:class:`~tangram_sdk.scheduler.SchedulerStats`: submitted, granted, released, cancelled,
+    rejected, failed, completed, rounds, evictions, mean_act_s, mean_queue_s, mean_exec_s,
+    resident_services), flattened into the dict access."""
 
     _flatten = ("core",)
 
@@ -92,14 +97,14 @@ class RuntimeStatistics(Snapshot):
     running: int
     queued: int
     quotas: Mapping[str, Mapping[str, Any]]
-    core: Mapping[str, Any]
+    core: SchedulerStats
 
     @classmethod
-    def from_core(cls, core: Mapping[str, Any], *, state: str, waiters: int, quarantined: int) -> RuntimeStatistics:
-        c = dict(core)
-        typed = {k: c.pop(k) for k in ("cpus_total", "cpus_free", "gpus_total", "gpus_free", "memory_total",
-                                        "memory_free", "running", "queued", "quotas")}
-        return cls(state=state, waiters=waiters, quarantined=quarantined, core=c, **typed)
+    def from_core(cls, core: SchedulerStats, *, state: str, waiters: int, quarantined: int) -> RuntimeStatistics:
+        return cls(state=state, waiters=waiters, quarantined=quarantined, cpus_total=core.cpus_total,
+                   cpus_free=core.cpus_free, gpus_total=core.gpus_total, gpus_free=core.gpus_free,
+                   memory_total=core.memory_total, memory_free=core.memory_free, running=core.running,
+                   queued=core.queued, quotas=core.quotas, core=core)
 
 
 @attrs.frozen(eq=False)

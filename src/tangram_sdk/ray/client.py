@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 from types import TracebackType
 from typing import Any
 
+import attrs
 from typing_extensions import Self
 
 from .._deadline import check_timeout, wait_future, within
@@ -299,11 +300,9 @@ def _check_managers(managers: Any) -> None:
 
 def _check_scheduler_options(quotas: Mapping[str, Quota], options: Mapping[str, Any]) -> None:
     """Build one scheduler here so a bad option fails deploy() with SpecError, not the actor."""
-    import inspect
-
     from ..scheduler.core import Scheduler
 
-    known = set(inspect.signature(Scheduler.__init__).parameters) - {"self", "pool"}
+    known = {a.name for a in attrs.fields(SchedulerOptions)}
     unknown = sorted(set(options) - known)
     if unknown:
         raise SpecError(f"unknown scheduler option(s) {unknown}; known: {sorted(known)}")

@@ -31,10 +31,14 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any
 
+import attrs
+
+from ..options import SchedulerOptions, merge_options
 from ..pool import Pool
+from ..snapshot import Snapshot
 from ..spec import ActionSpec
 from .action import Action, Shape, resource_keys
 from .decisions import Decision, Grant, Reject
@@ -45,6 +49,11 @@ from .admission import Admission
 from .pricing import PRICE_GRID
 from .residency import Residency
 
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
+    from ..options import SchedulerKeywords
+
 __all__ = ["Scheduler", "SchedulerStats"]
 
 _DEFAULT_MU_GRID = (0.0, 0.05, 0.15, 0.5, 1.5, 5.0, math.inf)
@@ -53,8 +62,36 @@ _MAX_KINDS = 4096  # learned per-kind state kept (least recently seen forgotten 
 _OBJECTIVES = {"act": 2.0, "balanced": 2.0, "step": 0.75}
 
 
-class SchedulerStats(dict[str, Any]):
-    """A plain-dict snapshot (easy to log or serialise)."""
+@attrs.frozen(eq=False)
+class SchedulerStats(Snapshot):
+    """:meth:`Scheduler.statistics`: the pool's ledger and the core's counters right now (frozen;
+    ``asdict()`` for JSON; ``s["granted"]``, ``.get``, ``dict(s)`` keep working for one release).
+
+    ``quotas``: per quota ``used``, ``concurrency``, ``tokens`` and ``token_level`` (the request
+    and token buckets, None without one). Means are None until there is something to average."""
+
+    cpus_total: int
+    cpus_free: int
+    gpus_total: int
+    gpus_free: int
+    memory_total: int | None
+    memory_free: int | None
+    quotas: Mapping[str, Mapping[str, Any]]
+    running: int
+    queued: int
+    submitted: int
+    granted: int
+    released: int
+    cancelled: int
+    rejected: int
+    failed: int
+    completed: int
+    rounds: int
+    evictions: int
+    mean_act_s: float | None
+    mean_queue_s: float | None
+    mean_exec_s: float | None
+    resident_services: int
 
 
 class Scheduler(Admission):
@@ -66,9 +103,16 @@ class Scheduler(Admission):
     ``gpu_slots``: how many model copies one GPU's memory holds (a TP-k instance uses 1/k per GPU);
     when given, restoring a service prices only the copies an LRU cache would really evict there,
     instead of every copy on the cell.
+
+    Options come as keywords or as ``options=SchedulerOptions(...)`` (the value a Tangram, a
+    deploy and a simulated policy share); one option given both ways is a SpecError.
     """
 
-    def __init__(
+    def __init__(self, pool: Pool, *, options: SchedulerOptions | None = None,
+                 **keywords: Unpack[SchedulerKeywords]) -> None:
+        self._configure(pool, **merge_options(options, keywords))
+
+    def _configure(
         self,
         pool: Pool,
         *,

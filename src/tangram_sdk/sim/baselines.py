@@ -34,6 +34,7 @@ from typing import Any
 
 import attrs
 
+from ..options import SchedulerOptions, merge_options
 from ..pool import Pool, Quota
 from ..scheduler.core import Scheduler
 from ..spec import ActionSpec, Elasticity
@@ -151,11 +152,13 @@ def make_policy(name: str, pool: Pool, *, services: Sequence[str] = (), service_
                 sandbox_cpus: int = SANDBOX_CPUS, sandbox_startup_s: float = SANDBOX_STARTUP_S,
                 sandbox_rate: float | None = None, sandbox_startup_per_inflight: float = 0.0,
                 quota_procs: int = 1, iso_batch: int = 1, iso_batch_cost: float = 1.0,
-                **sched_opts: Any) -> Policy:
+                options: SchedulerOptions | None = None, **sched_opts: Any) -> Policy:
     """Build policy ``name`` over ``pool``. ``services``/``service_share``/``gpus_per_service``
     size the isolated slices (fixed ``gpus_per_service`` each, else proportional to call share, at
     least ``iso_tp`` each). The failure-mode options (module docstring) apply to the fixed
-    policies only: Tangram holds one quota for the pool and creates no sandboxes."""
+    policies only: Tangram holds one quota for the pool and creates no sandboxes. Scheduler
+    options (``options=SchedulerOptions(...)`` or keywords, as for a Tangram) go to every lane."""
+    sched_opts = merge_options(options, sched_opts)
     if iso_batch < 1 or iso_batch > 64 or not 0 < iso_batch_cost <= 1 or quota_procs < 1:
         raise ValueError("iso_batch must be in 1..64, quota_procs >= 1, 0 < iso_batch_cost <= 1")
     if sandbox_rate is not None and not sandbox_rate > 0:

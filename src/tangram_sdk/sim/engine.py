@@ -25,6 +25,7 @@ import attrs
 
 from ..scheduler import Event, Grant, Observer, Reject, Released, Scheduler, ServiceResidency, Submitted, Tick
 from ..spec import ActionSpec, Efficiency
+from .baselines import Policy
 
 __all__ = ["Act", "Trajectory", "Result", "simulate", "Observer"]
 
@@ -104,7 +105,7 @@ class _Lane:
 
 def simulate(
     trajectories: Sequence[Trajectory],
-    policy: Any,
+    policy: Policy,
     *,
     workload: str = "custom",
     observers: Sequence[Observer] = (),
@@ -127,7 +128,7 @@ def simulate(
     restore = dict(restore_s or {})
     lanes = [_Lane(s, gpu_slots, restore) for s in policy.lanes]
     res = Result(policy.name, workload, sum(len(s.pool.cpus) for s in policy.lanes),
-                 sum(len(s.pool.gpus) for s in policy.lanes) // max(1, getattr(policy, "batch", 1)))
+                 sum(len(s.pool.gpus) for s in policy.lanes) // max(1, policy.batch))
     rr = None if time_resolution is None else round(1.0 / time_resolution)
 
     def q(t: float) -> float:
@@ -167,15 +168,15 @@ def simulate(
     hold = policy.hold
     cpu_cost = policy.cpu_overhead_s
     startup = policy.hold_startup_s
-    sb_rate = getattr(policy, "sandbox_rate", None)
-    sb_slope = getattr(policy, "sandbox_startup_per_inflight", 0.0)
+    sb_rate = policy.sandbox_rate
+    sb_slope = policy.sandbox_startup_per_inflight
     create_next = 0.0
     creating = 0
     startup_of: dict[int, float] = {}
-    batch = getattr(policy, "batch", 1)
-    batch_cost = getattr(policy, "batch_cost", 1.0)
+    batch = policy.batch
+    batch_cost = policy.batch_cost
     phys_active: dict[int, int] = {}
-    phys = getattr(policy, "phys_gpu", lambda gid: gid)
+    phys = policy.phys_gpu
     phys_busy_delta = [0]
     for li, service, gpus in prewarm:
         lane = lanes[li]
@@ -352,7 +353,7 @@ def simulate(
                 aid = next_id
                 next_id += 1
                 rec_of[aid] = r
-                li, sspec = policy.route_traj(spec, ti) if hasattr(policy, "route_traj") else policy.route(spec)
+                li, sspec = policy.route_traj(spec, ti)
                 lane_of[aid] = li
                 feed(li, Submitted(aid, sspec), now)
             flush_resid(now)
