@@ -137,3 +137,49 @@ def test_scheduler_grants_fewer_cores_to_a_kind_that_does_not_speed_up():
     assert learned.count(1) / len(learned) > 0.8
     assert declared.count(1) / len(declared) < 0.1
     assert set(learned) == {1, 16}
+
+
+def test_measured_parallelism_teaches_beta_from_one_size():
+    """Every completion at 8 cores, so the duration regression has no slope to see (the
+    declaration stands, test above); the CPU time the commands got says 'one core's worth' and
+    beta drops within a handful of completions. Measured parallelism matching the declared
+    speedup keeps the declaration."""
+    busy, healthy = KindStats(4.0), KindStats(4.0)
+    for _ in range(6):
+        busy.observe_exec(4.0, SPEC.speedup(8), 0.002, learn_beta=True, parallelism=1.0)
+        healthy.observe_exec(4.0 / SPEC.speedup(8), SPEC.speedup(8), 0.002, learn_beta=True,
+                             parallelism=SPEC.speedup(8))
+    assert busy.beta <= 0.1
+    assert healthy.beta >= 0.95
+    off = KindStats(4.0)
+    off.observe_exec(4.0, SPEC.speedup(8), 0.002, learn_beta=False, parallelism=1.0)
+    assert off.beta == 1.0  # learn_efficiency=False keeps the declared model
+
+
+def test_two_arrivals_share_the_pool_once_two_cores_are_known_to_deliver_one():
+    """Two cores, actions declared Amdahl 0.95 up to 2 cores. Declared, two simultaneous arrivals
+    get 2 cores and a wait; once released actions report parallelism 1.0 (a busy machine), the
+    core prices the second core at what it delivers and both start at once on one core each."""
+    spec = ActionSpec(kind="w", cpus=1, elastic=Elasticity("cpu", max_units=2, efficiency=Amdahl(0.95)))
+
+    def pair(s, aid, t):
+        out = s.submit(aid, spec, t) + s.submit(aid + 1, spec, t)
+        return [d for d in out if isinstance(d, Grant)]
+
+    fresh = Scheduler(Pool(cpus=2))
+    first = pair(fresh, 1, 0.0)
+    assert [g.units for g in first] == [2]  # one runs on both cores, the other waits
+    s = Scheduler(Pool(cpus=2))
+    aid, t = 1, 0.0
+    units = []
+    for _ in range(10):  # one at a time on an idle pool, each really getting one core's worth
+        (g,) = [d for d in s.submit(aid, spec, t) if isinstance(d, Grant)]
+        units.append(g.units)
+        t += 1.0
+        s.release(aid, t, parallelism=1.0 if g.units > 1 else None)
+        aid += 1
+        t += 0.5
+    assert units[0] == 2 and units[-1] == 1  # even an idle second core is not worth taking now
+    assert s._kinds["w"].beta == 0.0
+    both = pair(s, aid, t)
+    assert sorted(g.units for g in both) == [1, 1]

@@ -47,7 +47,7 @@ class Lease:
     """
 
     __slots__ = ("action_id", "spec", "cpus", "gpus", "units", "memory", "quotas", "queued_s",
-                 "granted_at", "_attached", "_memscope")
+                 "granted_at", "_attached", "_memscope", "_cpu_s", "_run_s")
 
     def __init__(
         self,
@@ -73,6 +73,8 @@ class Lease:
         self.granted_at = granted_at
         self._attached: dict[str, Any] = {}
         self._memscope: MemoryScope | None = None  # shared by this lease's runs
+        self._cpu_s = 0.0  # CPU and wall seconds of this lease's measured runs (parallelism)
+        self._run_s = 0.0
 
     # -- for managers ---------------------------------------------------------------------------
     def attach(self, key: str, value: Any) -> None:
@@ -146,8 +148,20 @@ class Lease:
             if self._memscope is None:
                 self._memscope = MemoryScope(self.memory)
             memory = self._memscope
-        return await run_pinned(cmd, self.cpus, timeout=timeout, max_output=max_output, env=full,
-                                memory=memory, **kw)
+        result = await run_pinned(cmd, self.cpus, timeout=timeout, max_output=max_output, env=full,
+                                  memory=memory, **kw)
+        if result.cpu_s is not None:
+            self._cpu_s += result.cpu_s
+            self._run_s += result.duration_s
+        return result
+
+    @property
+    def parallelism(self) -> float | None:
+        """Cores' worth of work this lease's :meth:`run` commands got (their CPU seconds over
+        their wall seconds), None before one finished. Released with the lease, it tells the
+        scheduler what a grant of this size really delivered (a busy machine, a tool that uses
+        one core of four), so the next grants of the kind are sized by that."""
+        return self._cpu_s / self._run_s if self._run_s > 0 else None
 
     def __repr__(self) -> str:
         from ._cpuset import format_cpuset

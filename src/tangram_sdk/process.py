@@ -49,22 +49,49 @@ class ExecResult:
     duration_s: float
     truncated: bool = False
     timed_out: bool = False
+    cpu_s: float | None = None
+    """CPU seconds the command (and the descendants it waited for) used: ``lease.run`` measures it
+    (``None`` from a container, or when the command was killed); ``cpu_s / duration_s`` is the
+    cores' worth the command really got, which the scheduler learns efficiency from."""
+
+    @property
+    def parallelism(self) -> float | None:
+        """Cores' worth of work the command got while it ran (``cpu_s / duration_s``)."""
+        if self.cpu_s is None or not self.duration_s > 0:
+            return None
+        return self.cpu_s / self.duration_s
 
     @property
     def ok(self) -> bool:
         return self.exit_code == 0 and not self.timed_out
 
-# argv: cores, memory ("cg:<cgroup.procs path>" | "as:<bytes>" | "-"), then the command
+# argv: cores, memory ("cg:<cgroup.procs path>" | "as:<bytes>" | "-"), CPU-time fd, then the
+# command. The shim forks: the child joins the memory cgroup (so the limit holds the command, not
+# the shim's interpreter) and execs; the shim waits with wait4, writes the command's CPU seconds
+# (its own and its reaped descendants') to the fd and exits as the child did (a signal re-raised).
 _SHIM = (
-    "import os,sys\n"
+    "import os,sys,signal\n"
     "c=[int(x) for x in sys.argv[1].split(',') if x]\n"
     "c and hasattr(os,'sched_setaffinity') and os.sched_setaffinity(0,c)\n"
-    "m=sys.argv[2]\n"
-    "if m[:3]=='cg:':\n"
-    " f=os.open(m[3:],os.O_WRONLY);os.write(f,str(os.getpid()).encode());os.close(f)\n"
-    "elif m[:3]=='as:':\n"
-    " import resource;n=int(m[3:]);resource.setrlimit(resource.RLIMIT_AS,(n,n))\n"
-    "os.execvp(sys.argv[3],sys.argv[3:])\n"
+    "m=sys.argv[2];w=int(sys.argv[3]);a=sys.argv[4:]\n"
+    "p=os.fork()\n"
+    "if p==0:\n"
+    " os.close(w)\n"
+    " if m[:3]=='cg:':\n"
+    "  f=os.open(m[3:],os.O_WRONLY);os.write(f,str(os.getpid()).encode());os.close(f)\n"
+    " elif m[:3]=='as:':\n"
+    "  import resource;n=int(m[3:]);resource.setrlimit(resource.RLIMIT_AS,(n,n))\n"
+    " os.execvp(a[0],a)\n"
+    "for g in (signal.SIGINT,signal.SIGTERM,signal.SIGHUP):signal.signal(g,lambda n,f:os.kill(p,n))\n"
+    "while 1:\n"
+    " try:_,st,ru=os.wait4(p,0);break\n"
+    " except InterruptedError:pass\n"
+    "os.write(w,repr(ru.ru_utime+ru.ru_stime).encode());os.close(w)\n"
+    "if os.WIFSIGNALED(st):\n"
+    " g=os.WTERMSIG(st)\n"
+    " if g!=signal.SIGKILL:signal.signal(g,signal.SIG_DFL)\n"
+    " os.kill(os.getpid(),g)\n"
+    "os._exit(os.WEXITSTATUS(st))\n"
 )
 
 Enforcement = Literal["cgroup", "rlimit", "none"]
@@ -246,15 +273,23 @@ async def run_pinned(
 async def _run(argv: list[str], cpus: Sequence[int], mem_arg: str, limit: float | None, max_output: int,
                env: Mapping[str, str] | None, cwd: str | None, stdin: bytes | None) -> ExecResult:
     started = time.monotonic()
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-c", _SHIM, ",".join(str(c) for c in cpus), mem_arg, *argv,
-        stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-        env=None if env is None else dict(env),
-        cwd=cwd,
-        start_new_session=True,
-    )
+    r_fd, w_fd = os.pipe()
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-c", _SHIM, ",".join(str(c) for c in cpus), mem_arg, str(w_fd), *argv,
+            stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            env=None if env is None else dict(env),
+            cwd=cwd,
+            start_new_session=True,
+            pass_fds=(w_fd,),
+        )
+    except BaseException:
+        os.close(r_fd)
+        raise
+    finally:
+        os.close(w_fd)
     timed_out = False
     out, err = bytearray(), bytearray()
     truncated = False
@@ -277,13 +312,24 @@ async def _run(argv: list[str], cpus: Sequence[int], mem_arg: str, limit: float 
             readers.cancel()
             truncated = True
         code = await proc.wait()
+        cpu_s = _read_cpu(r_fd)  # the shim has exited: its write end is closed, this cannot block
     except BaseException:
         _kill_group(proc)
         raise
+    finally:
+        os.close(r_fd)
     return ExecResult(
         exit_code=code, stdout=bytes(out), stderr=bytes(err), duration_s=time.monotonic() - started,
-        truncated=truncated, timed_out=timed_out,
+        truncated=truncated, timed_out=timed_out, cpu_s=cpu_s,
     )
+
+
+def _read_cpu(fd: int) -> float | None:
+    try:
+        raw = os.read(fd, 64)
+        return float(raw) if raw else None
+    except (OSError, ValueError):
+        return None
 
 
 def _kill_group(proc: asyncio.subprocess.Process) -> None:

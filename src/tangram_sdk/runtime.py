@@ -442,16 +442,16 @@ class Tangram:
         finally:
             self._handling = False
 
-    def _released(self, aid: int, failed: bool) -> None:
+    def _released(self, aid: int, failed: bool, parallelism: float | None = None) -> None:
         if self._state != "open" or self._broken is not None:
             return
         if self._handling or self.observers:
-            self._post(Released(aid, failed=failed))
+            self._post(Released(aid, failed=failed, parallelism=parallelism))
             return
         self._handling = True
         try:
             now = self._clock()
-            self._dispatch((), now, self._core.release(aid, now, failed=failed))
+            self._dispatch((), now, self._core.release(aid, now, failed=failed, parallelism=parallelism))
             self._settle_round()
         except BaseException as exc:
             self._die(exc)
@@ -556,6 +556,7 @@ class Tangram:
         """The waiter has left, but its units return only once every ``until`` (a manager's
         re-park...) has resolved; until then they count as ``quarantined``."""
         aid = w.aid
+        par = None if w.lease is None else w.lease.parallelism
         self._forget(w)
 
         async def later() -> None:
@@ -563,7 +564,7 @@ class Tangram:
                 await asyncio.gather(*until, return_exceptions=True)
             finally:
                 self._held_back.pop(aid, None)
-                self._released(aid, failed)
+                self._released(aid, failed, par)
 
         self._held_back[aid] = asyncio.get_running_loop().create_task(later(), name=f"tangram-held-back-{aid}")
 
@@ -617,7 +618,8 @@ class Tangram:
         if self._waiters.pop(w.aid, None) is not None and w.task is not None and self._managed_left is not None:
             self._managed_left.set()  # inline _forget: this is the hot path
         if granted:
-            self._released(w.aid, failed)
+            lease = w.lease
+            self._released(w.aid, failed, None if lease is None else lease.parallelism)
         else:
             self._post(Cancelled(w.aid))
 

@@ -294,7 +294,7 @@ class Scheduler(Admission):
         if type(event) is Submitted:
             return self.submit(event.action_id, event.spec, now, deadline=event.deadline)
         if type(event) is Released:
-            return self.release(event.action_id, now, failed=event.failed)
+            return self.release(event.action_id, now, failed=event.failed, parallelism=event.parallelism)
         out: list[Decision] = []
         self._apply(event, now, out)
         out.extend(self._round(now))
@@ -325,10 +325,11 @@ class Scheduler(Admission):
         """``handle(TokensUsed(quota, delta), now)``: correct a weighted bucket after a call."""
         return self.handle(TokensUsed(quota, delta), now)
 
-    def release(self, action_id: int, now: float, *, failed: bool = False) -> list[Decision]:
-        """``handle(Released(action_id, failed), now)`` without building the event."""
+    def release(self, action_id: int, now: float, *, failed: bool = False,
+                parallelism: float | None = None) -> list[Decision]:
+        """``handle(Released(action_id, failed, parallelism), now)`` without building the event."""
         self._need_round = True
-        self._release(action_id, now, failed=failed)
+        self._release(action_id, now, failed=failed, parallelism=parallelism)
         return self._round(now)
 
     def handle_many(self, events: Iterable[Event], now: float) -> list[Decision]:
@@ -455,7 +456,7 @@ class Scheduler(Admission):
             return
         self._need_round = True
         if isinstance(ev, Released):
-            self._release(ev.action_id, now, failed=ev.failed)
+            self._release(ev.action_id, now, failed=ev.failed, parallelism=ev.parallelism)
         elif isinstance(ev, Cancelled):
             self._cancel(ev.action_id, now)
         elif isinstance(ev, ServiceResidency):
@@ -541,7 +542,7 @@ class Scheduler(Admission):
         for k in by_age[: len(by_age) // 4]:
             del self._kinds[k]
 
-    def _release(self, aid: int, now: float, *, failed: bool) -> None:
+    def _release(self, aid: int, now: float, *, failed: bool, parallelism: float | None = None) -> None:
         a = self._running.pop(aid, None)
         if a is None:
             if self._drop_queued(aid):
@@ -571,7 +572,8 @@ class Scheduler(Admission):
         if a.spec.duration is None:
             sp = a.spec.speedup(g.units) if a.eres else 1.0
             a.stats.observe_exec(exec_s, sp, self.duration_alpha,
-                                 learn_beta=self.learn_efficiency and a.eres is not None)
+                                 learn_beta=self.learn_efficiency and a.eres is not None,
+                                 parallelism=parallelism if g.units > 1 else None)
 
     def _drop_queued(self, aid: int) -> bool:
         a = self._live.get(aid)

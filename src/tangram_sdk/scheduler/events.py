@@ -24,10 +24,14 @@ class Submitted:
 
 @attrs.frozen
 class Released:
-    """A granted action finished (or failed: ``failed=True`` keeps its time out of duration learning)."""
+    """A granted action finished (or failed: ``failed=True`` keeps its time out of duration learning).
+
+    ``parallelism``: cores' worth of work its commands really got (CPU seconds / wall seconds,
+    measured by ``lease.run``), or None: direct evidence of the efficiency it ran at."""
 
     action_id: int
     failed: bool = False
+    parallelism: float | None = None
 
 
 @attrs.frozen

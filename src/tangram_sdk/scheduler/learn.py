@@ -16,6 +16,7 @@ RING = 32
 _PRIOR_SD = 0.5  # how far from the declared efficiency (beta = 1) the prior lets beta move easily
 _MIN_PER_SIZE = 32  # completions at a size before it counts as evidence about the slope
 _BETA_MAX = 1.25
+_PAIRED_VAR = 0.02  # variance of log(measured parallelism) around beta * log(declared speedup)
 
 
 class KindStats:
@@ -33,7 +34,7 @@ class KindStats:
     """
 
     __slots__ = ("t1", "t1_samples", "gap", "last_arrival", "arrivals", "spec", "ring", "ring_i",
-                 "log_var", "beta", "buckets", "_rel", "_rel_beta")
+                 "log_var", "beta", "buckets", "_rel", "_rel_beta", "_pxx", "_pxy")
 
     def __init__(self, prior_t1: float) -> None:
         self.t1 = prior_t1  # seconds at one unit of the elastic resource (or plain duration)
@@ -49,6 +50,8 @@ class KindStats:
         self.buckets: dict[float, list[float]] = {}  # log declared speedup -> [weight, mean, var]
         self._rel: dict[tuple[Any, int], float] = {}
         self._rel_beta = 1.0
+        self._pxx = 0.0  # measured parallelism: decaying sums of x * x and x * y (see observe_exec)
+        self._pxy = 0.0
 
     def observe_arrival(self, now: float, alpha: float) -> None:
         if self.last_arrival is not None:
@@ -63,9 +66,17 @@ class KindStats:
             ring[self.ring_i] = now
             self.ring_i = (self.ring_i + 1) % RING
 
-    def observe_exec(self, exec_s: float, speedup: float, alpha: float, *, learn_beta: bool) -> None:
+    def observe_exec(self, exec_s: float, speedup: float, alpha: float, *, learn_beta: bool,
+                     parallelism: float | None = None) -> None:
         """One completion: ``exec_s`` seconds at units whose declared speedup (vs one unit) is
         ``speedup``. ``learn_beta=False`` keeps the declared efficiency (beta = 1).
+
+        ``parallelism``: the cores' worth of work the action's commands really got (CPU seconds
+        over wall seconds). For work that conserves its CPU time that *is* the speedup it ran at,
+        paired with the size in one completion, so it is not confounded the way sizes and lengths
+        are across completions: ``y = log(parallelism)`` against ``x = log(speedup)``, through the
+        origin, is beta with no second size needed. A busy machine (two pinned processes getting
+        one core's worth) or a tool that ignores its cores shows up after a few completions.
 
         Samples are averaged per granted size first: completions arrive in an order that
         correlates size with length (a long action granted few units in a busy phase completes
@@ -87,6 +98,10 @@ class KindStats:
         b[1] += w * d
         b[2] = (1 - w) * (b[2] + w * d * d)
         self.t1_samples += 1
+        if parallelism is not None and parallelism > 0 and x > 0.05 and math.isfinite(parallelism):
+            keep = 1.0 - max(alpha, 1.0 / RING)  # forget old evidence: a machine gets busy and idle
+            self._pxx = keep * self._pxx + x * x
+            self._pxy = keep * self._pxy + x * math.log(min(parallelism, speedup * 1.5))
         self._fit(learn_beta)
 
     def _fit(self, learn_beta: bool) -> None:
@@ -106,7 +121,14 @@ class KindStats:
         # running), and sizes granted at different moments are cut off differently: a slope fitted
         # from a few early samples at two close sizes is noise (it learned "no speedup" from a
         # burst at 12 and 16 cores, then ran 300 tests on one core)
-        if learn_beta and sum(1 for w, _m, _v in bs.values() if w >= _MIN_PER_SIZE) > 1:
+        if learn_beta and self._pxx > 0:
+            # measured parallelism (observe_exec): residuals of log parallelism are small, so a
+            # few completions move beta; the prior still holds one completion to a partial step
+            prior = 1.0 / (_PRIOR_SD * _PRIOR_SD)
+            v = _PAIRED_VAR
+            beta = (self._pxy / v + prior) / (self._pxx / v + prior)
+            beta = min(_BETA_MAX, max(0.0, round(beta * 20.0) / 20.0))
+        elif learn_beta and sum(1 for w, _m, _v in bs.values() if w >= _MIN_PER_SIZE) > 1:
             cxx = cxy = 0.0
             for x, (w, my, _v) in bs.items():
                 cxx += w * (x - mx) ** 2
