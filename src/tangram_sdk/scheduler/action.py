@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from ..spec import ActionSpec
 from .decisions import Grant
 from .learn import KindStats
@@ -33,10 +35,18 @@ class Action:
         self.stats = stats
 
 
-# What the core derives once per distinct spec: why it can never fit (None: it can), the resources
-# it contends for, its minimum cores and GPUs, its elastic resource with the unit range, and the
-# speedup at the minimum (durations are learned per unit and planned from the minimum).
-Shape = tuple[str | None, frozenset[str], int, int, str | None, int, int, float]
+class Shape(NamedTuple):
+    """What the core derives once per distinct spec (memoised by spec, so a tuple: cheap to
+    unpack into each :class:`Action`)."""
+
+    reason: str | None  # why it can never fit this pool (None: it can)
+    keys: frozenset[str]  # the resources it contends for (see resource_keys)
+    cpu_min: int
+    gpu_min: int
+    eres: str | None  # its elastic resource, "cpu" / "gpu" / None
+    emin: int  # the elastic unit range
+    emax: int
+    sp_min: float  # speedup at the minimum (durations are learned per unit, planned from the minimum)
 
 
 def resource_keys(spec: ActionSpec) -> frozenset[str]:

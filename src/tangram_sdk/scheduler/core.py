@@ -239,7 +239,7 @@ class Scheduler(Admission):
     def feasibility(self, spec: ActionSpec) -> str | None:
         """Why ``spec`` can never be granted by this pool, or None when it can (memoised: rollouts
         submit the same few specs millions of times)."""
-        return self._shape_of(spec)[0]
+        return self._shape_of(spec).reason
 
     def _shape_of(self, spec: ActionSpec) -> Shape:
         cache = self._shape
@@ -254,8 +254,8 @@ class Scheduler(Admission):
             eres, emin, emax = None, 0, 0
         else:
             eres, emin, emax = el.resource, (spec.cpus if el.resource == "cpu" else spec.gpus), el.max_units
-        shape = cache[spec] = (self._feasibility(spec), resource_keys(spec), spec.cpus, spec.gpus,
-                               eres, emin, emax, spec.speedup(emin) if eres else 1.0)
+        shape = cache[spec] = Shape(self._feasibility(spec), resource_keys(spec), spec.cpus, spec.gpus,
+                                    eres, emin, emax, spec.speedup(emin) if eres else 1.0)
         return shape
 
     def _feasibility(self, spec: ActionSpec) -> str | None:
@@ -480,7 +480,7 @@ class Scheduler(Admission):
             raise ValueError(f"action id {aid} submitted twice")
         self.submitted += 1
         shape = self._shape_of(spec)
-        reason = shape[0]
+        reason = shape.reason
         if reason is not None:
             self.rejected += 1
             out.append(Reject(aid, reason))
