@@ -13,12 +13,18 @@ from __future__ import annotations
 import heapq
 from bisect import bisect_right
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 __all__ = ["Waiter", "estimate_waits"]
 
-# (arrival time, min units, duration at min units, max units, spec for T(m)/T(min) or None)
-Waiter = tuple[float, int, float, int, Any]
+class Waiter(NamedTuple):
+    """One action the estimate serves FCFS: queued now, or expected to arrive."""
+
+    arrival: float
+    need: int  # its minimum units
+    dur: float  # seconds at the minimum
+    maxu: int  # the most units it can use (``need`` when not elastic in this resource)
+    spec: Any  # for T(m)/T(min) when it gets more than its minimum (an ActionSpec)
 
 
 def estimate_waits(

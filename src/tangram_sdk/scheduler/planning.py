@@ -72,7 +72,7 @@ class Planning(GpuSizing):
                 continue
             need = a.cpu_min if res == "cpu" else a.gpu_min
             if need:
-                out.append((now, need, self._dur_min(a), a.emax if a.eres == res else need, a.spec))
+                out.append(Waiter(now, need, self._dur_min(a), a.emax if a.eres == res else need, a.spec))
         return out
 
     def _arrivals(self, res: str, now: float, horizon: float) -> list[Waiter]:
@@ -106,7 +106,7 @@ class Planning(GpuSizing):
                 d = st.t1 / st.speedup_at(spec, spec.min_units) if spec.elastic else st.t1
             need = spec.cpus if res == "cpu" else spec.gpus
             maxu = spec.max_units if spec.elastic_resource == res else need
-            out.extend([(now + (j + 0.5) * step, need, d, maxu, spec) for j in range(k)])
+            out.extend([Waiter(now + (j + 0.5) * step, need, d, maxu, spec) for j in range(k)])
         out.sort(key=_by_time)
         return out
 
@@ -298,7 +298,7 @@ class Planning(GpuSizing):
         for a in out_:
             d = self._dur_min(a)
             free += a.emin
-            waiters.append((now, a.emin, d, a.emax, a.spec))
+            waiters.append(Waiter(now, a.emin, d, a.emax, a.spec))
         waiters.extend(queued)
         waiters.extend(arrivals)
         memo = self._spec_rel
