@@ -46,15 +46,7 @@ class Admission(Deadlines):
                 (only,) = (a for q in self._queues.values() for a in q.values())
             if only.eres is None:
                 return self._round_single(only, now)
-        self._now = now
-        if self._cold_memo:
-            self._cold_memo.clear()
-        if self._warm_memo:
-            self._warm_memo.clear()
-        if self._rel_memo:
-            self._rel_memo.clear()
-        self._rates_memo = None
-        self._krates = None
+        self._memo.reset(now)
         L = self.ledger
         if L.tokens:
             L.refill(now)
@@ -233,8 +225,9 @@ class Admission(Deadlines):
     def _decide_single(self, a: Action, now: float) -> bool:
         """Does the lone action ``a`` fit now? Sets its placement, or (when it does not) the
         blocked state that round skipping relies on."""
-        if self._warm_memo:
-            self._warm_memo.clear()
+        warm = self._memo.warm  # not a round: only the warm-copy waits are asked again here
+        if warm:
+            warm.clear()
         L = self.ledger
         if L.tokens:
             L.refill(now)

@@ -45,6 +45,7 @@ from .decisions import Decision, Grant, Reject
 from .events import Cancelled, Event, Released, ServiceResidency, Submitted, Tick, TokensUsed
 from .learn import KindStats
 from .ledger import Ledger
+from .memo import RoundMemo
 from .admission import Admission
 from .pricing import PRICE_GRID
 from .residency import Residency
@@ -210,19 +211,12 @@ class Scheduler(Admission):
         self._shape: dict[ActionSpec, Shape] = {}  # per distinct spec, see Shape
         self._max_node = max(self.ledger.node_size) if self.ledger.node_size else 0
         self._sig_count: dict[frozenset[str], int] = {}  # queued actions per resource-key set
-        self._cold_memo: dict[tuple[str, int], float] = {}
-        self._warm_memo: dict[tuple[str | None, int], tuple[float, int]] = {}  # per round, see below
         self._spec_rel: dict[tuple[int, int], tuple[Any, float]] = {}  # estimator's T(m)/T(min) cache
         # _pick_cold_cell answers per (size, free mask): valid until residency changes
         self._cell_memo: dict[tuple[int, int], int] = {}
         self._newest: Action | None = None
-        self._rel_memo: dict[tuple[int, int], float] = {}  # (action, units) -> T(m)/T(min), per round
-        self._rates_memo: dict[str, float] | None = None
-        self._krates: list[tuple[KindStats, float]] | None = None
-        self._krates_at = -math.inf
-        self._rates_at = -math.inf
+        self._memo = RoundMemo()  # what this round computes once (reset at each round's start)
         self._svc_queued: dict[str, int] = {}  # queued actions per GPU service
-        self._now = 0.0
         # round skipping: a submission that the last round's blocked set already covers, with no
         # resources freed and no time-dependent state since, cannot be granted: skip the round
         self._need_round = True

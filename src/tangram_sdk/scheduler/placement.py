@@ -96,7 +96,7 @@ class Placement(SchedulerState):
         # the soonest warm copy and how many there are: the same for every action of the service
         # scanned in this round (holders change only when the round grants), so computed once
         memo_key = (svc, size)
-        hit = self._warm_memo.get(memo_key)
+        hit = self._memo.warm.get(memo_key)
         if hit is None:
             best_wait = math.inf
             n_warm = 0
@@ -115,7 +115,7 @@ class Placement(SchedulerState):
                             wait = rem
                 if wait < best_wait:
                     best_wait = wait
-            hit = self._warm_memo[memo_key] = (best_wait, n_warm or 1)
+            hit = self._memo.warm[memo_key] = (best_wait, n_warm or 1)
         best_wait, n_warm = hit
         # everyone queued behind ``a`` for this service waits on the same warm copies: compare the
         # backlog's drain time with one restore, or a hot service never scales out (issue 5 finding)
@@ -145,33 +145,35 @@ class Placement(SchedulerState):
         """Restore plus displacement for a new ``size``-GPU instance of ``svc``, on the free cell
         where that is cheapest (memoised per round: the price grid asks many times)."""
         key = (svc, size)
-        hit = self._cold_memo.get(key)
+        hit = self._memo.cold.get(key)
         if hit is not None:
             return hit
         restore = self._restore_cost(svc)
         o = self._pick_cell(size, svc, self.ledger.gpu_free)  # where placement would put it
         best = self._displacement(svc, tuple(range(o, o + size)), dur, now) if o >= 0 else 0.0
-        self._cold_memo[key] = restore + best
+        self._memo.cold[key] = restore + best
         return restore + best
 
     def _service_rate(self, service: str, now: float) -> float:
         """Calls per second of ``service`` (all kinds using it), from the learned arrival rates;
         computed for every service at once, at most once per round."""
-        rates = self._rates_memo
-        if rates is None or self._rates_at != now:
+        m = self._memo
+        rates = m.rates
+        if rates is None or m.rates_at != now:
             rates = {}
             for st, lam in self._kind_rates(now):
                 svc = st.spec.service if st.spec is not None else None
                 if svc is not None:
                     rates[svc] = rates.get(svc, 0.0) + lam
-            self._rates_memo, self._rates_at = rates, now
+            m.rates, m.rates_at = rates, now
         return rates.get(service, 0.0)
 
     def _kind_rates(self, now: float) -> list[tuple[KindStats, float]]:
         """Every kind's learned arrival rate at ``now``, once per round (placement pricing and
         the arrival lookahead both ask)."""
-        memo = self._krates
-        if memo is None or self._krates_at != now:
-            memo = self._krates = [(st, st.rate(now)) for st in self._kinds.values()]
-            self._krates_at = now
+        m = self._memo
+        memo = m.krates
+        if memo is None or m.krates_at != now:
+            memo = m.krates = [(st, st.rate(now)) for st in self._kinds.values()]
+            m.krates_at = now
         return memo

@@ -185,7 +185,7 @@ class Planning(GpuSizing):
         out = []
         warm_sizes = ({len(pos) for pos in self._resident.cells_of(spec.service)}
                       if steps is not None and spec.service is not None else None)
-        rel = self._rel_memo
+        rel = self._memo.rel
         for m in sizes:
             key = (a.id, m)
             r = rel.get(key)
@@ -194,7 +194,7 @@ class Planning(GpuSizing):
             t = d0 * r
             if warm_sizes is not None and m not in warm_sizes:
                 assert spec.service is not None
-                t += self._cold_cost(spec.service, m, d0, self._now)
+                t += self._cold_cost(spec.service, m, d0, self._memo.now)
             out.append((m, t))
         return out
 

@@ -18,6 +18,7 @@ from ..spec import ActionSpec
 from .action import Action, Shape
 from .learn import KindStats
 from .ledger import Ledger
+from .memo import RoundMemo
 from .residency import Residency
 
 __all__ = ["SchedulerState"]
@@ -52,17 +53,10 @@ class SchedulerState:
     _shape: dict[ActionSpec, Shape]
     _max_node: int
     _sig_count: dict[frozenset[str], int]
-    _cold_memo: dict[tuple[str, int], float]
-    _warm_memo: dict[tuple[str | None, int], tuple[float, int]]
     _spec_rel: dict[tuple[int, int], tuple[Any, float]]
     _cell_memo: dict[tuple[int, int], int]
-    _rel_memo: dict[tuple[int, int], float]
-    _rates_memo: dict[str, float] | None
-    _rates_at: float
-    _krates: list[tuple[KindStats, float]] | None
-    _krates_at: float
+    _memo: RoundMemo
     _svc_queued: dict[str, int]
-    _now: float
     _live: dict[int, Action]
     _nqueued: int
     _need_round: bool
