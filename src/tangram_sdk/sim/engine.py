@@ -19,7 +19,7 @@ import heapq
 import math
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import attrs
 
@@ -27,7 +27,7 @@ from ..scheduler import Event, Grant, Observer, Reject, Released, Scheduler, Ser
 from ..spec import ActionSpec, Efficiency
 from .baselines import Policy
 
-__all__ = ["Act", "Trajectory", "Result", "simulate", "Observer"]
+__all__ = ["Act", "Change", "Trajectory", "Result", "simulate", "Observer"]
 
 # event classes: at equal times, completions first, then trajectory ends, then arrivals, sandboxes
 # ready, ticks (residency reports are fed inline, right after the event that caused them)
@@ -66,6 +66,27 @@ class Trajectory:
     tail: float = 0.0
 
 
+class Change(NamedTuple):
+    """A resource change point of :attr:`Result.changes`: at ``t``, units allocated and busy
+    moved by these deltas (a sandbox is allocated while idle; an action in it only makes it busy)."""
+
+    t: float
+    cpu_alloc: int
+    cpu_busy: int
+    gpu_alloc: int
+    gpu_busy: int
+
+
+class _Entry(NamedTuple):
+    """One event in the heap, ordered as a tuple: time, then class (see above), then sequence."""
+
+    t: float
+    cls: int
+    seq: int
+    a: int  # trajectory (submit, end), action id (done, ready) or lane (tick)
+    b: int = 0  # the tick's timer generation (a stale tick is dropped)
+
+
 class Result:
     """Per-action columns (index = action number in submission order) plus per-trajectory ends and
     resource timelines. ``metrics.summarise`` turns it into numbers."""
@@ -83,8 +104,7 @@ class Result:
         self.overhead: list[float] = []
         self.units: list[int] = []
         self.traj_end: list[float] = []
-        # (time, d_cpu_alloc, d_cpu_busy, d_gpu_alloc, d_gpu_busy): resource change points
-        self.changes: list[tuple[float, int, int, int, int]] = []
+        self.changes: list[Change] = []
         self.restores = 0
         self.wall_s = 0.0
         self.scheduler_stats: list[dict[str, Any]] = []
@@ -139,13 +159,13 @@ def simulate(
         as a timer armed with ``loop.call_at`` does on looptime's clock."""
         return t if rr is None else (math.floor((t - 1e-9) * rr) + 1) / rr
 
-    heap: list[tuple[float, int, int, int, int]] = []  # (t, class, seq, a, b)
+    heap: list[_Entry] = []
     seq = 0
 
     def push(t: float, cls: int, a: int, b: int = 0) -> None:
         nonlocal seq
         seq += 1
-        heapq.heappush(heap, (t, cls, seq, a, b))
+        heapq.heappush(heap, _Entry(t, cls, seq, a, b))
 
     n_traj = len(trajectories)
     pos = [0] * n_traj  # next act index per trajectory
@@ -220,7 +240,7 @@ def simulate(
             nonlocal create_next, creating
             ti = hold_traj[aid]
             hold_units[ti] = nc
-            changes.append((now, nc, 0, ng, 0))
+            changes.append(Change(now, nc, 0, ng, 0))
             begin = now
             if sb_rate:  # creations are rate limited: wait for the next slot
                 begin = max(now, create_next)
@@ -255,9 +275,9 @@ def simulate(
         if batch > 1 and ng:
             d = phys_busy_delta[0]
             phys_busy_delta[0] = 0
-            changes.append((now, nc, nc, d, d))
+            changes.append(Change(now, nc, nc, d, d))
         else:
-            changes.append((now, nc, nc, ng, ng))
+            changes.append(Change(now, nc, nc, ng, ng))
         push(q(now + (ex + over)), _DONE, aid)
 
     def restore_cost(li: int, svc: str, gpus: tuple[int, ...], now: float) -> float:
@@ -327,7 +347,7 @@ def simulate(
         res.overhead[r] += act.overhead
         res.units[r] = m or spec.cpus
         busy = m or spec.cpus
-        changes.append((now, 0, busy, 0, 0))
+        changes.append(Change(now, 0, busy, 0, 0))
         push(q(now + (ex + act.overhead)), _DONE, aid)
 
     last_report = 0
@@ -364,7 +384,7 @@ def simulate(
             if aid in direct:
                 direct.discard(aid)
                 act = act_of[r]
-                changes.append((now, 0, -(res.units[r]), 0, 0))
+                changes.append(Change(now, 0, -(res.units[r]), 0, 0))
             else:
                 g = grant_of.pop(aid)
                 nc, ng = len(g.cpus), len(g.gpus)
@@ -375,9 +395,9 @@ def simulate(
                         phys_active[p] -= 1
                         if not phys_active[p]:
                             d += 1
-                    changes.append((now, -nc, -nc, -d, -d))
+                    changes.append(Change(now, -nc, -nc, -d, -d))
                 else:
-                    changes.append((now, -nc, -nc, -ng, -ng))
+                    changes.append(Change(now, -nc, -nc, -ng, -ng))
                 li = lane_of.pop(aid)
                 feed(li, Released(aid), now)
                 flush_resid(now)
@@ -398,7 +418,7 @@ def simulate(
             hid = hold_of[ti]
             if hid:
                 g = grant_of.pop(hid)
-                changes.append((now, -len(g.cpus), 0, -len(g.gpus), 0))
+                changes.append(Change(now, -len(g.cpus), 0, -len(g.gpus), 0))
                 feed(0, Released(hid), now)
         elif cls == _READY:
             hid = a
