@@ -64,6 +64,8 @@ _RATE_WINDOW = 30.0  # seconds over which call rates and the GPU queue are smoot
 _SWITCH = 0.03  # a width must score this much lower mean ACT to replace the one in force
 _P_WAIT = 0.55  # never grow into a width whose calls would wait this often (Erlang C)
 _TRANSITION = 60.0  # seconds after a switch during which the old width's copies still serve
+_TRANSITION_URGENT = 0.0  # ... after an urgent narrowing: none (saturated old cells never free a
+                          # GPU for the new width's copies; deepsearch's judge queued 5.9 s so)
 _P_URGENT = 0.15  # the width in force waits this much more often than that: narrow at once
 _START_CELLS = 2  # the first width: the widest that still leaves this many cells in the pool
 _SWAP_MARGIN = 1.0  # a restore that evicts must save this many times its own cost more
@@ -104,6 +106,7 @@ class GpuSizing(Moldable):
     _gpu_rates: dict[str, Any]
     _gpu_regime: int
     _gpu_switched_at: float
+    _gpu_transition: float
     _gpu_cv_f: float
     _gpu_awaited: int
     _gpu_wait_all: bool
@@ -127,6 +130,7 @@ class GpuSizing(Moldable):
         self._gpu_rates = {}
         self._gpu_regime = 1 << 30  # chosen at the first look (initial_gpu_width)
         self._gpu_switched_at = -math.inf
+        self._gpu_transition = _TRANSITION
         self._gpu_cv_f = 1.0
         self._gpu_awaited = 0
         self._gpu_wait_all = True
@@ -231,6 +235,7 @@ class GpuSizing(Moldable):
         ok = [m for m in widths if scores[m][1] <= _P_WAIT or m == widths[0]]
         best_m = min(ok, key=lambda m: (scores[m][0], -m))
         pick = m_cur
+        urgent = False
         if cur is not None and m_cur > widths[0]:
             pw_fast = self._regime_predict(fast, m_cur, G, cv_f)[2]
         if cur is None or (m_cur > widths[0] and max(cur[1], pw_fast) > _P_WAIT + _P_URGENT):
@@ -241,6 +246,7 @@ class GpuSizing(Moldable):
             # a second urgent step would restore every copy twice)
             pick = best_m if cur is None else min(nar, default=widths[0], key=lambda m: (
                 sum(self._regime_predict(fast, m, G, cv_f)[:2]), -m))
+            urgent = cur is not None
         elif (best_m != m_cur and now - self._gpu_switched_at >= self.regime_window
               and scores[best_m][0] < cur[0] * (1.0 - _SWITCH)):
             # at the latest rates too (a rising load must not be met by growing wider)
@@ -248,7 +254,7 @@ class GpuSizing(Moldable):
             if best_m < m_cur or (pw_f <= _P_WAIT and ex_f + wq_f < sum(
                     self._regime_predict(fast, m_cur, G, cv_f)[:2]) * (1.0 - _SWITCH)):
                 pick = best_m
-        if pick != m_cur and cur is not None:
+        if pick != m_cur and cur is not None and not urgent:
             # a switch restores copies at the new width (the calls that meet them cold wait for
             # them): worth it only if the predicted saving over restore_horizon pays for that
             fast_new = sum(self._regime_predict(fast, pick, G, cv_f)[:2])
@@ -263,6 +269,7 @@ class GpuSizing(Moldable):
                 pick = m_cur
         if pick != m_cur:
             self._gpu_switched_at = now
+            self._gpu_transition = _TRANSITION_URGENT if urgent else _TRANSITION
             self._gpu_regime = pick
             self._gpu_prev_pref = dict(self._gpu_pref)
         if not math.isfinite(self._gpu_switched_at):
@@ -499,7 +506,7 @@ class GpuSizing(Moldable):
             sizes = (pk,)
         use_sizes = sizes
         prev = self._gpu_prev_pref.get(spec) if a.eres == "gpu" else None
-        if prev is not None and prev != pk and now - self._gpu_switched_at < _TRANSITION:
+        if prev is not None and prev != pk and now - self._gpu_switched_at < self._gpu_transition:
             # just after a switch the old width's copies still serve, while the new ones restore
             use_sizes = sizes + (prev,)
         info = svcs.get(svc) if svc is not None else None
