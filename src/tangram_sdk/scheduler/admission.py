@@ -13,8 +13,6 @@ __all__ = ["Admission"]
 
 
 class Admission(Deadlines):
-    _nqueued: int
-    _newest: Action | None
     _need_round: bool
     _blocked_last: set[str]
     _round_now: float
@@ -33,17 +31,18 @@ class Admission(Deadlines):
         return self._round_fcfs(now)
 
     def _round_fcfs(self, now: float) -> list[Decision]:
-        if not self._nqueued:
+        wq = self._queue
+        if not wq.n:
             self.next_wakeup = None
             return []
         if not self._need_round:
             return []
         self.next_wakeup = None
         self.rounds += 1
-        if self._nqueued == 1:
-            only = self._newest
-            if only is None or self._queues[only.spec.priority].get(only.id) is not only:
-                (only,) = (a for q in self._queues.values() for a in q.values())
+        if wq.n == 1:
+            only = wq.newest
+            if only is None or wq.by_prio[only.spec.priority].get(only.id) is not only:
+                (only,) = wq
             if only.eres is None:
                 return self._round_single(only, now)
         self._memo.reset(now)
@@ -56,7 +55,7 @@ class Admission(Deadlines):
         q_used = dict(L.q_used) if L.q_used else L.q_used
         tokens = dict(L.tokens) if L.tokens else L.tokens
         blocked: set[str] = set()
-        sigs = self._sig_count
+        sigs = wq.sig_count
         exhausted = False  # every queued action needs something already blocked: stop scanning
         svc_blocked = False  # a service waits for its warm copy: the next round may differ in time
         elastic_cands = False
@@ -69,7 +68,7 @@ class Admission(Deadlines):
             self._gpu_tent.clear()
         scanned = 0
         scan_limit = self.scan_limit
-        queue = self._queues[self._prios[0]].values() if len(self._prios) == 1 else self._iter_queue()
+        queue = wq.by_prio[wq.prios[0]].values() if len(wq.prios) == 1 else iter(wq)
         for a in queue:
             if scanned >= scan_limit or exhausted:
                 break
@@ -290,7 +289,7 @@ class Admission(Deadlines):
         g = Grant(a.id, cpus, gpus, units if a.eres else 0, spec.memory, spec.quotas, restore, spec.tokens)
         L.take(g)
         if queued:
-            self._dequeue(a)
+            self._queue.remove(a)
         a.grant = g
         a.started = now
         est = self._dur_min(a)

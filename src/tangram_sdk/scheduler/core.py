@@ -30,7 +30,6 @@ cells and restore pricing), over the state declared in :mod:`.state`.
 from __future__ import annotations
 
 import math
-from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -46,6 +45,7 @@ from .events import Cancelled, Event, Released, ServiceResidency, Submitted, Tic
 from .learn import KindStats
 from .ledger import Ledger
 from .memo import RoundMemo
+from .queue import WaitQueue
 from .admission import Admission
 from .pricing import PRICE_GRID
 from .residency import Residency
@@ -185,7 +185,6 @@ class Scheduler(Admission):
         self.max_price = max_price
         self.start_or_wait = start_or_wait
         self._price_cap = max(i for i, mu in enumerate(PRICE_GRID) if mu <= max_price)
-        self._spec_queued: dict[ActionSpec, int] = {}  # queued actions per distinct spec
         self._dops: dict[tuple[ActionSpec, float], tuple[int, ...]] = {}  # size per grid price
         self._node_rel_all: Any = None  # expected releases, per round (moldable sizing)
         self._node_rel_round = -1
@@ -193,11 +192,10 @@ class Scheduler(Admission):
         self._deadlines: list[tuple[float, int, int]] = []
         self._market_memo: dict[tuple[int, ActionSpec], Any] = {}
         self.ledger = Ledger(pool)
-        # FIFO per priority. OrderedDict, not dict: a dict drained from the front keeps its dead
-        # slots until the next resize, and every round's scan would step over them first.
-        self._queues: dict[int, OrderedDict[int, Action]] = {}
-        self._prios: list[int] = []
-        self._nqueued = 0
+        self._queue = WaitQueue()
+        # its per-spec and per-service counts under the names the sizing modules read them by
+        self._spec_queued = self._queue.spec_queued
+        self._svc_queued = self._queue.svc_queued
         self._running: dict[int, Action] = {}
         self._live: dict[int, Action] = {}  # queued or running, by id
         self._kinds: dict[str, KindStats] = {}
@@ -210,13 +208,10 @@ class Scheduler(Admission):
         self.next_wakeup: float | None = None
         self._shape: dict[ActionSpec, Shape] = {}  # per distinct spec, see Shape
         self._max_node = max(self.ledger.node_size) if self.ledger.node_size else 0
-        self._sig_count: dict[frozenset[str], int] = {}  # queued actions per resource-key set
         self._spec_rel: dict[tuple[int, int], tuple[Any, float]] = {}  # estimator's T(m)/T(min) cache
         # _pick_cold_cell answers per (size, free mask): valid until residency changes
         self._cell_memo: dict[tuple[int, int], int] = {}
-        self._newest: Action | None = None
         self._memo = RoundMemo()  # what this round computes once (reset at each round's start)
-        self._svc_queued: dict[str, int] = {}  # queued actions per GPU service
         # round skipping: a submission that the last round's blocked set already covers, with no
         # resources freed and no time-dependent state since, cannot be granted: skip the round
         self._need_round = True
@@ -349,7 +344,7 @@ class Scheduler(Admission):
 
     @property
     def queued(self) -> int:
-        return self._nqueued
+        return self._queue.n
 
     @property
     def running(self) -> int:
@@ -383,7 +378,7 @@ class Scheduler(Admission):
                         "tokens": (round(L.tokens[n], 3) if n in L.tokens else None),
                         "token_level": (round(L.tokens["#" + n], 3) if "#" + n in L.tokens else None)}
                     for n in L.q_used},
-            running=len(self._running), queued=self._nqueued,
+            running=len(self._running), queued=self._queue.n,
             submitted=self.submitted, granted=self.granted, released=self.released,
             cancelled=self.cancelled, rejected=self.rejected, failed=self.failed,
             completed=self.completed, rounds=self.rounds, evictions=self.evictions,
@@ -441,7 +436,7 @@ class Scheduler(Admission):
             parts.append(f"gpu {len(self.pool.gpus) - L.free_gpus}/{len(self.pool.gpus)}")
         for n in L.q_used:
             parts.append(f"{n} {L.q_used[n]}")
-        return f"<Scheduler {' '.join(parts)} | {len(self._running)} running, {self._nqueued} queued>"
+        return f"<Scheduler {' '.join(parts)} | {len(self._running)} running, {self._queue.n} queued>"
 
     # ------------------------------------------------------------------------------ events
     def _apply(self, ev: Event, now: float, out: list[Decision]) -> None:
@@ -489,44 +484,22 @@ class Scheduler(Admission):
         self._seq += 1
         a = self._live[aid] = Action(aid, spec, self._seq, now, st, shape)
         keys = a.keys
-        if direct and not self._nqueued and a.eres is None:
+        wq = self._queue
+        if direct and not wq.n and a.eres is None:
             self.rounds += 1
             self.next_wakeup = None
             if self._decide_single(a, now):
                 out.append(self._grant(a, 0, now, queued=False))
                 return a
-            self._enqueue(a, keys)
+            wq.add(a, keys)
             return a
         if not (self.skip_rounds and not self._need_round and keys and keys <= self._blocked_last
                 and (not self._time_sensitive or now == self._round_now)
-                and (len(self._prios) == 1 and spec.priority == self._prios[0]
-                     or self._not_ahead(spec.priority))):
+                and (len(wq.prios) == 1 and spec.priority == wq.prios[0]
+                     or wq.not_ahead(spec.priority))):
             self._need_round = True
-        self._enqueue(a, keys)
+        wq.add(a, keys)
         return a
-
-    def _enqueue(self, a: Action, keys: frozenset[str]) -> None:
-        spec = a.spec
-        q = self._queues.get(spec.priority)
-        if q is None:
-            q = self._queues[spec.priority] = OrderedDict()
-            self._prios = sorted(self._queues, reverse=True)
-        q[a.id] = a
-        self._nqueued += 1
-        self._newest = a  # the only one when the queue was empty: the uncontended round needs no scan
-        kc = self._sig_count
-        kc[keys] = kc.get(keys, 0) + 1
-        sq = self._spec_queued
-        sq[spec] = sq.get(spec, 0) + 1
-        if spec.service is not None:
-            self._svc_queued[spec.service] = self._svc_queued.get(spec.service, 0) + 1
-
-    def _not_ahead(self, prio: int) -> bool:
-        """A new action of priority ``prio`` would not be scanned before any queued one."""
-        prios = self._prios
-        if len(prios) == 1:
-            return prio <= prios[0] or not self._queues[prios[0]]
-        return all(prio <= p for p in prios if self._queues[p])
 
     def _forget_kinds(self) -> None:
         """Bound what is learned per kind: a job naming kinds per task (``f"pytest-{repo}"``) must
@@ -573,7 +546,7 @@ class Scheduler(Admission):
         a = self._live.get(aid)
         if a is None or a.grant is not None:
             return False
-        self._dequeue(a)
+        self._queue.remove(a)
         del self._live[aid]
         return True
 

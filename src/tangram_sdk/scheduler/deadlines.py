@@ -34,7 +34,7 @@ class Deadlines(Planning):
             a = self._live.get(aid)
             if a is None or a.grant is not None:
                 continue
-            self._dequeue(a)
+            self._queue.remove(a)
             del self._live[aid]
             self.rejected += 1
             self._need_round = True
@@ -58,7 +58,7 @@ class Deadlines(Planning):
         remember the deadline so the queue drops it then."""
         est = self._estimate_start(a, now)
         if est > deadline:
-            self._dequeue(a)
+            self._queue.remove(a)
             del self._live[a.id]
             self.rejected += 1
             when = "never, as the pool stands" if math.isinf(est) else f"in about {est - now:.3f} s"
@@ -75,7 +75,7 @@ class Deadlines(Planning):
         ahead_cpu = ahead_gpu = 0
         ahead_q: dict[str, int] = {}
         ahead_t: dict[str, int] = {}
-        for x in self._iter_queue():
+        for x in self._queue:
             if x is a:
                 break
             ahead_cpu += x.cpu_min

@@ -119,7 +119,7 @@ class Placement(SchedulerState):
         best_wait, n_warm = hit
         # everyone queued behind ``a`` for this service waits on the same warm copies: compare the
         # backlog's drain time with one restore, or a hot service never scales out (issue 5 finding)
-        backlog = (self._sig_count.get(a.keys, 1) - 1) * self._dur_min(a) / n_warm
+        backlog = (self._queue.sig_count.get(a.keys, 1) - 1) * self._dur_min(a) / n_warm
         wait = best_wait + backlog
         # Restoring here may displace other services' warm copies; each one that is called again
         # within the wait pays a restore of its own. Without this price a hot service scaling out
@@ -136,7 +136,7 @@ class Placement(SchedulerState):
         for other in victims:
             if other == svc:
                 continue
-            if self._svc_queued.get(other):
+            if self._queue.svc_queued.get(other):
                 return math.inf  # its own waiters would use that warm copy: never take it from them
             cost += self._restore_cost(other) * min(1.0, self._service_rate(other, now) * horizon)
         return cost

@@ -58,14 +58,14 @@ class Planning(GpuSizing):
         if not evict:
             return False
         skip = {a.id for a in group}
-        for a in self._iter_queue():
+        for a in self._queue:
             if a.id not in skip and (a.cpu_min if res == "cpu" else a.gpu_min):
                 return False
         return True
 
     def _queued_waiters(self, res: str, now: float, skip: set[int]) -> list[Waiter]:
         out: list[Waiter] = []
-        for a in self._iter_queue():
+        for a in self._queue:
             if len(out) >= self.depth:
                 break
             if a.id in skip:

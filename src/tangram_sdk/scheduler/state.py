@@ -4,13 +4,13 @@
 restore costs) and ``Planning`` (how many elastic units, judged by the completion-time estimate)
 are one object split by job: ``Scheduler(Planning(Placement(SchedulerState)))``. The attributes
 are set by ``Scheduler.__init__``; this class only names their types and holds the small helpers
-all three use.
+all three use. The state with a life of its own is owned, not mixed in: the :class:`.Ledger`
+(free units), the :class:`.Residency` (warm GPU copies), the :class:`.WaitQueue` (who waits, with
+its counts) and the :class:`.RoundMemo` (what one round computes once).
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
-from collections.abc import Iterator
 from typing import Any
 
 from ..pool import Pool
@@ -19,6 +19,7 @@ from .action import Action, Shape
 from .learn import KindStats
 from .ledger import Ledger
 from .memo import RoundMemo
+from .queue import WaitQueue
 from .residency import Residency
 
 __all__ = ["SchedulerState"]
@@ -42,8 +43,7 @@ class SchedulerState:
     ledger: Ledger
     next_wakeup: float | None
     evictions: int
-    _queues: dict[int, OrderedDict[int, Action]]
-    _prios: list[int]
+    _queue: WaitQueue
     _running: dict[int, Action]
     _kinds: dict[str, KindStats]
     _cells: tuple[int, ...]
@@ -52,13 +52,11 @@ class SchedulerState:
     _restore_s: dict[str, float]
     _shape: dict[ActionSpec, Shape]
     _max_node: int
-    _sig_count: dict[frozenset[str], int]
     _spec_rel: dict[tuple[int, int], tuple[Any, float]]
     _cell_memo: dict[tuple[int, int], int]
     _memo: RoundMemo
     _svc_queued: dict[str, int]
     _live: dict[int, Action]
-    _nqueued: int
     _need_round: bool
     rejected: int
     planner: str
@@ -72,36 +70,13 @@ class SchedulerState:
     objective: str
     start_or_wait: bool
     rounds: int
-    _spec_queued: dict[ActionSpec, int]
+    _spec_queued: dict[ActionSpec, int]  # _queue.spec_queued (and _svc_queued), as the sizing modules read them
     _dops: dict[tuple[ActionSpec, float], tuple[int, ...]]
     learn_efficiency: bool
     _node_rel_all: Any
     _node_rel_round: int
     _price_memo: dict[tuple[int, ActionSpec], int]
     _market_memo: dict[tuple[int, ActionSpec], Any]
-
-    def _dequeue(self, a: Action) -> None:
-        del self._queues[a.spec.priority][a.id]
-        self._nqueued -= 1
-        kc = self._sig_count
-        n = kc[a.keys] - 1
-        if n:
-            kc[a.keys] = n
-        else:
-            del kc[a.keys]
-        sq = self._spec_queued
-        n = sq[a.spec] - 1
-        if n:
-            sq[a.spec] = n
-        else:
-            del sq[a.spec]
-        svc = a.spec.service
-        if svc is not None:
-            self._svc_queued[svc] -= 1
-
-    def _iter_queue(self) -> Iterator[Action]:
-        for p in self._prios:
-            yield from self._queues[p].values()
 
     def _dur_min(self, a: Action) -> float:
         spec = a.spec
