@@ -27,11 +27,12 @@ class _Recording(Scheduler):
         super().__init__(*a, **k)
         self.gaps: list[tuple[float, float]] = []
 
-    def _plan_group(self, group, bins, spare, free_total, fixed_rel, res, now, units, evicted,  # type: ignore[no-untyped-def]
+    def _plan_group(self, group, bins, spare, free_total, fixed_rel, res, now,  # type: ignore[no-untyped-def]
                     step_units, evict):
-        super()._plan_group(group, bins, spare, free_total, fixed_rel, res, now, units, evicted, step_units, evict)
+        plan = super()._plan_group(group, bins, spare, free_total, fixed_rel, res, now, step_units, evict)
         if res != "cpu" or len(group) > 4:
-            return
+            return plan
+        units, evicted = plan.units, set(plan.evicted)
         may_evict = self._may_evict(group, res, evict)
         cost = self._plan_context(group, fixed_rel, free_total, res, now)
         active = [a for a in group if a.id not in evicted]
@@ -53,6 +54,7 @@ class _Recording(Scheduler):
                 c = cost(act, ev, {a.id: m for a, m in zip(act, combo)})
                 best = min(best, c)
         self.gaps.append((chosen_cost, best))
+        return plan
 
 
 def run(instances: int, seed: int) -> list[float]:

@@ -1,19 +1,21 @@
 """How many elastic units each candidate gets: for each price on unit-seconds the split is exact
 (:mod:`.split`), and the completion-time estimate (:mod:`.estimate`) over running, queued and
-expected actions picks among the prices' plans, with greedy eviction on top."""
+expected actions picks among the prices' plans, with greedy eviction on top. Each step returns
+its :class:`Plan` (units per candidate, candidates pushed back) for admission to grant."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
 from operator import itemgetter
+from typing import NamedTuple
 
 from .action import Action
 from .estimate import Waiter, estimate_waits
 from .gpu_sizing import GpuSizing
 from .split import best_split
 
-__all__ = ["Planning"]
+__all__ = ["Plan", "Planning"]
 
 _by_time = itemgetter(0)
 
@@ -37,6 +39,14 @@ def _priced(durations: list[tuple[int, float]], emin: int, mu: float) -> list[tu
             cost = 1e12
         opts.append((m - emin, cost))
     return opts
+
+
+class Plan(NamedTuple):
+    """A planning step's answer: ``units`` per candidate it sized (action id -> units) and the
+    ids it ``evicted`` (pushed back to the queue; the next round re-plans them)."""
+
+    units: dict[int, int]
+    evicted: list[int]
 
 
 class Planning(GpuSizing):
@@ -110,32 +120,27 @@ class Planning(GpuSizing):
         out.sort(key=_by_time)
         return out
 
-    def _split_cpu(self, cands: list[Action], node_free: list[int], now: float,
-                   units: dict[int, int], evicted: set[int]) -> None:
+    def _split_cpu(self, cands: list[Action], node_free: list[int], now: float) -> Plan:
         group = [a for a in cands if a.eres == "cpu" and not a.span]
         if not group:
-            return
+            return Plan({}, [])
         evict = len(group) <= self.window
         if not evict:  # only the oldest `window` candidates are optimised; the rest keep minimum
             group = group[: self.window]
         if sum(node_free[a.node] for a in group) == 0 and len(group) < 2:
-            return
+            return Plan({}, [])
         bins = sorted({a.node for a in group})
         spare = {b: node_free[b] for b in bins}
         free_total = sum(node_free)
         fixed_rel = [(now + self._dur_min(a), a.cpu_min) for a in cands
                      if a.cpu_min and (a.eres != "cpu" or a.span)]
-        self._plan_group(group, bins, spare, free_total, fixed_rel, "cpu", now, units, evicted,
-                         step_units=None, evict=evict)
-        for a in group:
-            if a.id not in evicted:
-                node_free[a.node] -= units[a.id] - a.emin
+        return self._plan_group(group, bins, spare, free_total, fixed_rel, "cpu", now, step_units=None,
+                                evict=evict)
 
-    def _split_gpu(self, cands: list[Action], gfree: int, now: float,
-                   units: dict[int, int], evicted: set[int]) -> None:
+    def _split_gpu(self, cands: list[Action], gfree: int, now: float) -> Plan:
         group = [a for a in cands if a.eres == "gpu"]
         if not group:
-            return
+            return Plan({}, [])
         evict = len(group) <= self.window
         if not evict:
             group = group[: self.window]
@@ -144,10 +149,12 @@ class Planning(GpuSizing):
             mask |= ((1 << a.gpu_min) - 1) << a.cell
         spare_total = mask.bit_count() - sum(a.emin for a in group)
         if spare_total <= 0 and len(group) < 2:  # nothing to split or evict: keep admission's cell
-            return
+            return Plan({}, [])
         fixed_rel = [(now + self._dur_min(a), a.gpu_min) for a in cands if a.gpu_min and a.eres != "gpu"]
-        self._plan_group(group, [0], {0: spare_total}, gfree.bit_count(), fixed_rel, "gpu", now, units,
-                         evicted, step_units=self._cells, evict=evict)
+        plan = self._plan_group(group, [0], {0: spare_total}, gfree.bit_count(), fixed_rel, "gpu", now,
+                                step_units=self._cells, evict=evict)
+        units = plan.units
+        evicted = set(plan.evicted)
         # place largest first into aligned cells; shrink what does not fit
         live = sorted((a for a in group if a.id not in evicted), key=lambda a: (-units[a.id], a.seq))
         for _attempt in range(len(live) * 4 + 1):
@@ -164,15 +171,14 @@ class Planning(GpuSizing):
             if failed is None:
                 for a in live:
                     a.cell = placed[a.id]
-                return
+                return plan
             smaller = [c for c in self._cells if failed.emin <= c < units[failed.id]]
             if not smaller:
                 break
             units[failed.id] = smaller[-1]
             live.sort(key=lambda a: (-units[a.id], a.seq))
-        for a in group:  # fall back: everyone at minimum in the cells admission chose
-            units[a.id] = a.emin
-            evicted.discard(a.id)
+        # fall back: everyone at minimum in the cells admission chose, nobody pushed back
+        return Plan({a.id: a.emin for a in group}, [])
 
     def _durations(self, a: Action, spare: int, steps: tuple[int, ...] | None) -> list[tuple[int, float]]:
         """``(units, expected seconds)`` for every size ``a`` may get out of ``spare``, a cold
@@ -199,8 +205,8 @@ class Planning(GpuSizing):
         return out
 
     def _plan_group(self, group: list[Action], bins: list[int], spare: dict[int, int], free_total: int,
-                    fixed_rel: list[tuple[float, int]], res: str, now: float, units: dict[int, int],
-                    evicted: set[int], step_units: tuple[int, ...] | None, evict: bool) -> None:
+                    fixed_rel: list[tuple[float, int]], res: str, now: float,
+                    step_units: tuple[int, ...] | None, evict: bool) -> Plan:
         plan_cost = self._plan_context(group, fixed_rel, free_total, res, now)
         evict = self._may_evict(group, res, evict)
         binkey = (lambda a: a.node) if res == "cpu" else (lambda a: 0)
@@ -258,11 +264,8 @@ class Planning(GpuSizing):
                 n_ev += 1
             else:
                 break
-        for a in active:
-            units[a.id] = best_units.get(a.id, a.emin)
-        for a in out_:
-            evicted.add(a.id)
-            self.evictions += 1
+        self.evictions += len(out_)
+        return Plan({a.id: best_units.get(a.id, a.emin) for a in active}, [a.id for a in out_])
 
     def _plan_context(self, group: list[Action], fixed_rel: list[tuple[float, int]], free_total: int,
                       res: str, now: float) -> Callable[[list[Action], list[Action], dict[int, int]], float]:
