@@ -22,9 +22,11 @@ One round, run after every event:
 5. **Place** concretely: cores from one NUMA node, GPUs as aligned cells (1/2/4/8), preferring a
    cell where the action's service is already resident.
 
-One object, split by job into modules: this one (events, queues, learning, invariants),
-:mod:`.admission` (steps 1 and 5), :mod:`.planning` (steps 2-4) and :mod:`.placement` (nodes,
-cells and restore pricing), over the state declared in :mod:`.state`.
+One object, split by job into modules: this one (events, learning, invariants), :mod:`.admission`
+(steps 1 and 5), :mod:`.deadlines`, :mod:`.planning` (steps 2-4, each returning a ``Plan``), the
+sizing at admission (:mod:`.gpu_sizing`, :mod:`.moldable` with :mod:`.pricing`) and
+:mod:`.placement` (nodes, cells and restore pricing), over the state declared in :mod:`.state`.
+It owns its ledger, residency, wait queue (:mod:`.queue`) and per-round memo (:mod:`.memo`).
 """
 
 from __future__ import annotations

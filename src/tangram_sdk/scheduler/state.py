@@ -1,10 +1,11 @@
 """The scheduler's state, declared once for the modules that share it.
 
-``Scheduler`` (core: events and rounds), ``Placement`` (which cores and GPU cells, and what a
-restore costs) and ``Planning`` (how many elastic units, judged by the completion-time estimate)
-are one object split by job: ``Scheduler(Planning(Placement(SchedulerState)))``. The attributes
-are set by ``Scheduler.__init__``; this class only names their types and holds the small helpers
-all three use. The state with a life of its own is owned, not mixed in: the :class:`.Ledger`
+``Scheduler`` (core: events), ``Admission`` (the round), ``Deadlines``, ``Planning`` (how many
+elastic units, judged by the completion-time estimate), ``GpuSizing`` / ``Moldable`` (sizes chosen
+at admission) and ``Placement`` (which cores and GPU cells, and what a restore costs) are one
+object split by job, each module's class a base of the one before, down to ``SchedulerState``. The
+attributes are set by ``Scheduler.__init__``; this class only names their types and holds the
+small helpers they all use. The state with a life of its own is owned, not mixed in: the :class:`.Ledger`
 (free units), the :class:`.Residency` (warm GPU copies), the :class:`.WaitQueue` (who waits, with
 its counts) and the :class:`.RoundMemo` (what one round computes once).
 """
