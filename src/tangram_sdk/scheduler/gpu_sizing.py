@@ -209,7 +209,13 @@ class GpuSizing(Moldable):
             active = sum(1 for info in svcs.values() if info.lam > 0)
             if m_cur == 1 << 30:  # the first look: the services already resident count too
                 active = max(active, len(self._resident.by_service))
-            widths = [m for m in widths if m == widths[0] or self._copies_fit(m, G) >= active]
+            fit = [m for m in widths if self._copies_fit(m, G) >= active]
+            if not fit:  # no width holds them all (thrash at any width): the widths keeping the
+                # most copies, where the model's faster restores and calls decide (6 GPUs holding
+                # one model each for 9 teachers: TP-2 keeps as many copies as TP-1, restores in R/2)
+                most = max(self._copies_fit(m, G) for m in widths)
+                fit = [m for m in widths if self._copies_fit(m, G) >= most]
+            widths = fit
         # Allen-Cunneen: an M/G/c waits (1 + CV^2)/2 times an M/M/c; the spread of call durations
         # is learned (log-normal residual variance per kind)
         lam_sum = sum(k[0] for k in kinds)
