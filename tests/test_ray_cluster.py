@@ -326,6 +326,67 @@ async def test_remote_lease_has_the_runtime_fields_and_timeouts(cluster_address:
         cl.shutdown()
 
 
+async def test_deadlines_cross_to_the_actor(cluster_address: str) -> None:
+    """``deadline=`` on a RemoteTangram is this loop's clock, sent as seconds from now: a past one
+    is refused at once, a queued acquire expires with DeadlineError when its deadline passes (for
+    the node part and for the quota part), and nothing is left held."""
+    from tangram_sdk.errors import DeadlineError
+
+    cl = deploy("deadlines", namespace=NS, pool=Pool(cpus=2), quotas={"api": Quota(concurrency=1)})
+    try:
+        tg = await RemoteTangram.connect("deadlines", namespace=NS)
+        loop = asyncio.get_running_loop()
+        with pytest.raises(DeadlineError):
+            async with tg.acquire(ActionSpec(kind="late", cpus=1), deadline=loop.time() - 1.0):
+                pass
+        with pytest.raises(SpecError):
+            tg.acquire(ActionSpec(kind="x", cpus=1), deadline=float("nan"))
+        async with tg.acquire(ActionSpec(kind="all", cpus=2, quotas={"api": 1})):
+            for spec in (ActionSpec(kind="node", cpus=1), ActionSpec(kind="quota", quotas={"api": 1})):
+                t0 = loop.time()
+                with pytest.raises(DeadlineError):
+                    async with tg.acquire(spec, deadline=t0 + 0.4):
+                        pass
+                assert loop.time() - t0 < 0.4 + 3.0  # at the deadline (or at once), not at a link timeout
+        async with tg.acquire(ActionSpec(kind="fine", cpus=1), deadline=loop.time() + 30.0) as lease:
+            assert len(lease.cpus) == 1
+        s = await tg.statistics()
+        for _ in range(50):
+            if s["held"] == 0 and s["pending"] == 0 and s["quotas"]["api"]["used"] == 0:
+                break
+            await asyncio.sleep(0.02)
+            s = await tg.statistics()
+        assert s["held"] == 0 and s["pending"] == 0 and s["quotas"]["api"]["used"] == 0, s
+        await tg.aclose()
+    finally:
+        cl.shutdown()
+
+
+async def test_remote_token_report_corrects_the_job_bucket(cluster_address: str) -> None:
+    """RemoteTangram.report_tokens while the lease is held: the call stated 100 tokens and drew
+    900; the job-wide bucket (1000, refilling 1/s) is left with ~100, as in process."""
+    cl = deploy("tokreport", namespace=NS, pool=Pool(cpus=1),
+                quotas={"judge": Quota(tokens_per_s=1.0, token_burst=1000)})
+    try:
+        tg = await RemoteTangram.connect("tokreport", namespace=NS)
+        async with tg.acquire(ActionSpec(kind="j", tokens={"judge": 100})) as lease:
+            tg.report_tokens(lease, "judge", 900)
+            with pytest.raises(SpecError):
+                tg.report_tokens(lease, "other", 1)
+            with pytest.raises(SpecError):
+                tg.report_tokens(lease, "judge", -5)
+        level = None
+        for _ in range(50):
+            level = (await tg.statistics())["quotas"]["judge"]["token_level"]
+            if level < 500:
+                break
+            await asyncio.sleep(0.02)
+        assert level == pytest.approx(100.0, abs=5.0), level
+        await tg.aclose()
+    finally:
+        cl.shutdown()
+
+
 async def test_link_loss_and_scheduler_death(cluster_address: str) -> None:
     from tangram_sdk import TangramError
     from tangram_sdk.ray import LeaseLostError, TangramCluster

@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 
 from .errors import SpecError
 
-__all__ = ["check_timeout", "settle", "wait_future", "within"]
+__all__ = ["check_deadline", "check_timeout", "settle", "wait_future", "within"]
 
 T = TypeVar("T")
 
@@ -120,3 +120,18 @@ async def settle(task: asyncio.Future[Any]) -> bool:
         except asyncio.CancelledError:
             cancelled = True
     return cancelled
+
+
+def check_deadline(deadline: object) -> float | None:
+    """A deadline is an absolute time on the loop's clock (a finite number), or None."""
+    if deadline is None:
+        return None
+    if isinstance(deadline, bool) or not isinstance(deadline, (int, float)):
+        raise SpecError(f"deadline must be a loop.time() value (a number) or None, got {deadline!r}")
+    try:
+        d = float(deadline)
+    except OverflowError:
+        d = float("inf")
+    if d != d or d in (float("inf"), float("-inf")):
+        raise SpecError(f"deadline must be a finite loop.time() value, got {deadline!r}")
+    return d

@@ -11,7 +11,7 @@ from typing import Any
 
 from .errors import SpecError
 
-__all__ = ["CONTAINER_RE", "NAME_RE", "is_finite", "show", "to_float"]
+__all__ = ["CONTAINER_RE", "NAME_RE", "check_tokens_used", "is_finite", "show", "to_float"]
 
 # Container ids/names as Docker accepts them; validated here so nothing odd reaches a path or an URL.
 CONTAINER_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
@@ -46,3 +46,14 @@ def is_finite(value: float) -> bool:
         return math.isfinite(value)
     except OverflowError:
         return False
+
+
+def check_tokens_used(tokens: Any, kind: str, quota: str, used: object) -> int:
+    """``report_tokens``' arguments (``tokens``: the spec's ``(quota, tokens)`` pairs): the tokens
+    the spec stated for ``quota``; SpecError when it states none or ``used`` is not an int >= 0."""
+    stated = dict(tokens).get(quota)
+    if stated is None:
+        raise SpecError(f"{kind}: its spec draws no tokens of quota {show(quota)}")
+    if isinstance(used, bool) or not isinstance(used, int) or used < 0:
+        raise SpecError(f"tokens used must be an int >= 0, got {show(used)}")
+    return int(stated)

@@ -24,7 +24,8 @@ from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from types import MappingProxyType, TracebackType
 from typing import Any
 
-from ._deadline import check_timeout, settle, wait_future
+from ._deadline import check_deadline, check_timeout, settle, wait_future
+from ._validate import check_tokens_used
 from ._shield import finish
 from .errors import (
     DeadlineError,
@@ -267,11 +268,7 @@ class Tangram:
     def report_tokens(self, lease: Lease, quota: str, used: int) -> None:
         """The call behind ``lease`` really drew ``used`` tokens of weighted quota ``quota`` (its
         spec stated a guess): the bucket is corrected, so later acquires wait for the truth."""
-        stated = dict(lease.spec.tokens).get(quota)
-        if stated is None:
-            raise SpecError(f"{lease.spec.kind}: its spec draws no tokens of quota {quota!r}")
-        if isinstance(used, bool) or not isinstance(used, int) or used < 0:
-            raise SpecError(f"tokens used must be an int >= 0, got {used!r}")
+        stated = check_tokens_used(lease.spec.tokens, lease.spec.kind, quota, used)
         if used != stated:
             self._post(TokensUsed(quota, float(used - stated)))
 
@@ -629,21 +626,6 @@ def _refusal(d: Reject) -> TangramError:
     if d.code == "deadline":
         return DeadlineError(d.reason)
     return InfeasibleSpecError(d.reason)
-
-
-def check_deadline(deadline: object) -> float | None:
-    """A deadline is an absolute time on the loop's clock (a finite number), or None."""
-    if deadline is None:
-        return None
-    if isinstance(deadline, bool) or not isinstance(deadline, (int, float)):
-        raise SpecError(f"deadline must be a loop.time() value (a number) or None, got {deadline!r}")
-    try:
-        d = float(deadline)
-    except OverflowError:
-        d = float("inf")
-    if d != d or d in (float("inf"), float("-inf")):
-        raise SpecError(f"deadline must be a finite loop.time() value, got {deadline!r}")
-    return d
 
 
 class _Waiter:

@@ -498,8 +498,9 @@ class SchedulerActor:
     def _on_message(self, conn: _Conn, msg: tuple[Any, ...]) -> None:
         op = msg[0]
         if op == "acq":
-            _, key, kind, blob, timeout, hint, caller = msg
-            conn.pending[key] = self._spawn(self._acquire(conn, key, kind, blob, timeout, hint, caller))
+            _, key, kind, blob, timeout, hint, caller, *rest = msg
+            within_s = rest[0] if rest else None  # seconds to the caller's deadline (newer clients)
+            conn.pending[key] = self._spawn(self._acquire(conn, key, kind, blob, timeout, hint, caller, within_s))
         elif op == "rel":
             key = msg[1]
             held = conn.held.pop(key, None)
@@ -515,6 +516,14 @@ class SchedulerActor:
             undo = None if held is None else self._release(held, failed=True)
             if len(msg) > 2 and msg[2]:
                 self._ack(conn, key, task if undo is None else undo)
+        elif op == "tok":  # report_tokens for a held lease (by its id): correct the job's bucket
+            _, gid, quota, used = msg
+            held = next((h for h in conn.held.values() if h.gid == gid), None)
+            if held is not None and held.qlease is not None and self._quota_rt is not None:
+                try:
+                    self._quota_rt.report_tokens(held.qlease, quota, used)
+                except Exception as exc:  # noqa: BLE001 - a bad frame must not end the connection
+                    log.warning("tokens report from client %s refused: %s", conn.id, exc)
         elif op == "hb":
             conn.send(("hb",))
         elif op == "stats":
@@ -647,7 +656,7 @@ class SchedulerActor:
         return head
 
     async def _acquire(self, conn: _Conn, key: int, kind: str, blob: bytes, timeout: float | None,
-                       hint: str | None, caller: str | None) -> None:
+                       hint: str | None, caller: str | None, within_s: float | None = None) -> None:
         held = _Held(next(self._gids))
         loop = asyncio.get_running_loop()
         t0 = loop.time()
@@ -656,9 +665,13 @@ class SchedulerActor:
             if hint is not None and not isinstance(hint, str):
                 raise SpecError(f"node must be None or a node label (str), got {hint!r}")
             limit = check_timeout(timeout)
+            if within_s is not None and (isinstance(within_s, bool) or not isinstance(within_s, (int, float))
+                                         or within_s != within_s):
+                raise SpecError(f"deadline must travel as seconds from now (a number), got {within_s!r}")
+            deadline = None if within_s is None else t0 + float(within_s)
             # never asyncio.wait_for: it can return the phases' grant and drop the cancel that the
             # client's "cancel" delivered in the same iteration (3.10/3.11); `within` lets it win
-            await within(self._phases(held, spec, hint, caller), limit,
+            await within(self._phases(held, spec, hint, caller, deadline), limit,
                          lambda: self._timed_out(spec, limit or 0.0, held))
         except asyncio.CancelledError:
             conn.pending.pop(key, None)
@@ -697,19 +710,21 @@ class SchedulerActor:
         }
         conn.send(("grant", key, fields))
 
-    async def _phases(self, held: _Held, spec: ActionSpec, hint: str | None, caller: str | None) -> None:
+    async def _phases(self, held: _Held, spec: ActionSpec, hint: str | None, caller: str | None,
+                      deadline: float | None = None) -> None:
+        """Quota part, then node part; ``deadline`` (this loop's clock) bounds both grants."""
         qspec, nspec = self._split(spec)
         node = self._route(nspec, hint, caller) if nspec is not None else None  # fail fast, before quotas
         held.route = node
         try:
             if qspec is not None:
                 assert self._quota_rt is not None
-                held.qlease = await self._quota_rt.acquire_lease(qspec)
+                held.qlease = await self._quota_rt.acquire_lease(qspec, deadline=deadline)
             if node is not None and nspec is not None:
                 if not node.alive:
                     raise NodeLostError(f"node {node.label!r} left the pool: {node.reason}")
                 try:
-                    lease = await node.rt.acquire_lease(nspec)
+                    lease = await node.rt.acquire_lease(nspec, deadline=deadline)
                 except (RuntimeClosedError, TangramError, Exception) as exc:
                     if not node.alive:
                         raise NodeLostError(f"node {node.label!r} left the pool: {node.reason}") from exc

@@ -17,8 +17,9 @@ from typing import Any
 import attrs
 from typing_extensions import Self
 
-from .._deadline import check_timeout, wait_future, within
+from .._deadline import check_deadline, check_timeout, wait_future, within
 from ..errors import RuntimeClosedError, SchedulerBrokenError, SpecError, TangramError
+from .._validate import check_tokens_used
 from ..lease import Lease
 from ..managers.base import Manager
 from ..options import SchedulerOptions, merge_options
@@ -576,24 +577,28 @@ class RemoteTangram:
         self._link = link
         return link
 
-    def acquire(self, spec: ActionSpec, *, timeout: float | None = None, node: str | None = None) -> _RemoteAcquire:
+    def acquire(self, spec: ActionSpec, *, timeout: float | None = None, node: str | None = None,
+                deadline: float | None = None) -> _RemoteAcquire:
         """Wait for ``spec``'s resources anywhere in the job; an async context manager yielding a
         :class:`~tangram_sdk.lease.Lease` (same fields as the in-process runtime's). ``node``
         forces a node label; by default a ``container=`` spec goes to its container's node, others
         to the caller's node while it has room, else the emptiest feasible node.
-        ``lease.attachment("node")`` says where it landed."""
+        ``lease.attachment("node")`` says where it landed. ``deadline``: as
+        :meth:`Tangram.acquire` (this loop's ``loop.time()``; it travels as seconds from now, so
+        the actor's clock need not agree): DeadlineError when the grant cannot or did not come
+        by then."""
         if not isinstance(spec, ActionSpec):
             raise SpecError(f"acquire() needs an ActionSpec, got {type(spec).__name__}")
         limit = check_timeout(timeout)
         if node is not None and (not isinstance(node, str) or not node):
             raise SpecError(f"node must be None or a node label (a non-empty str), got {node!r}")
-        return _RemoteAcquire(self, spec, limit, node)
+        return _RemoteAcquire(self, spec, limit, node, check_deadline(deadline))
 
     async def acquire_lease(self, spec: ActionSpec, *, timeout: float | None = None,
-                            node: str | None = None) -> Lease:
+                            node: str | None = None, deadline: float | None = None) -> Lease:
         """:meth:`acquire` without the ``async with`` (as :meth:`Tangram.acquire_lease`): the
         lease, held until :meth:`release`."""
-        acm = self.acquire(spec, timeout=timeout, node=node)
+        acm = self.acquire(spec, timeout=timeout, node=node, deadline=deadline)
         lease = await acm.enter()
         self._open[id(lease)] = (lease, acm)  # holds the lease, so its id is not reused meanwhile
         return lease
@@ -605,6 +610,17 @@ class RemoteTangram:
         item = self._open.pop(id(lease), None)
         if item is not None:
             await item[1].exit(failed=failed)
+
+    def report_tokens(self, lease: Lease, quota: str, used: int) -> None:
+        """As :meth:`Tangram.report_tokens`, for a lease of this handle: the call really drew
+        ``used`` tokens of weighted quota ``quota``; the job-wide bucket is corrected (one frame,
+        not awaited: later acquires anywhere in the job wait for the truth). LeaseLostError when
+        the link to the actor is gone."""
+        check_tokens_used(lease.spec.tokens, lease.spec.kind, quota, used)
+        link = self._link
+        if link is None or link.closed:
+            raise LeaseLostError("connection to the Tangram scheduler actor lost: tokens not reported")
+        link.send(("tok", lease.action_id, quota, used))
 
     async def statistics(self) -> ClusterStatistics:
         """The scheduler actor's snapshot (:class:`~tangram_sdk.snapshot.ClusterStatistics`): per
@@ -645,13 +661,15 @@ class RemoteTangram:
 
 
 class _RemoteAcquire:
-    __slots__ = ("_key", "_link", "_node", "_rt", "_spec", "_timeout")
+    __slots__ = ("_deadline", "_key", "_link", "_node", "_rt", "_spec", "_timeout")
 
-    def __init__(self, rt: RemoteTangram, spec: ActionSpec, timeout: float | None, node: str | None) -> None:
+    def __init__(self, rt: RemoteTangram, spec: ActionSpec, timeout: float | None, node: str | None,
+                 deadline: float | None = None) -> None:
         self._rt = rt
         self._spec = spec
         self._timeout = timeout
         self._node = node
+        self._deadline = deadline
         self._key = 0
         self._link: _Link | None = None
 
@@ -674,11 +692,14 @@ class _RemoteAcquire:
         fut: asyncio.Future[dict[str, Any]] = loop.create_future()
         link.waiters[key] = fut
         t0 = loop.time()
-        link.send(("acq", key, self._spec.kind, blob, self._timeout, self._node, rt._caller))
+        within_s = None if self._deadline is None else self._deadline - t0
+        link.send(("acq", key, self._spec.kind, blob, self._timeout, self._node, rt._caller, within_s))
         # the actor enforces `timeout`; this side waits a heartbeat longer for its answer, so a
         # frozen actor still yields TimeoutError on time (without a timeout, the link's silence
         # limit, ttl - heartbeat, ends the wait with LeaseLostError)
-        grace = None if self._timeout is None else self._timeout + float(link.config.get("heartbeat", 2.0))
+        bound = min((x for x in (self._timeout, None if within_s is None else max(0.0, within_s))
+                     if x is not None), default=None)
+        grace = None if bound is None else bound + float(link.config.get("heartbeat", 2.0))
         try:
             # never asyncio.wait_for: a grant landing with a cancel must not swallow the cancel
             f = await wait_future(fut, grace, self._late)
