@@ -2,8 +2,9 @@
 
 An admitted elastic CPU action gets the size that minimises ``T(m) * (1 + mu * m)`` at the current
 *clearing price* ``mu`` (:mod:`.pricing`): the lowest price at which the cores that everyone
-queued plus everyone expected to arrive over a short window would take at that price's sizes fit
-``load_target`` times what is free now plus what running actions release within the window.
+queued, plus everyone expected to arrive over a short window (counted at ``1 / load_target``),
+would take at that price's sizes fit what is free now plus what running actions release within
+the window.
 Then **start or wait**: if its node has fewer free cores than that size, it starts on what is
 free unless waiting for the expected releases finishes sooner (the reserved idle cores priced in);
 a waiting action blocks the cores for everyone behind it, as FCFS admission does for any action
