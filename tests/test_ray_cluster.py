@@ -283,6 +283,17 @@ def _node_free(stats: dict[str, Any], label: str) -> int:
     return int(stats["nodes"][label]["cpus_free"])
 
 
+async def _nothing_held(tg: RemoteTangram, quota: str) -> None:
+    """The actor has every unit back (releases are one frame each: poll briefly, with a bound)."""
+    s = await tg.statistics()
+    for _ in range(50):
+        if s["held"] == 0 and s["pending"] == 0 and s["quotas"][quota]["used"] == 0:
+            break
+        await asyncio.sleep(0.02)
+        s = await tg.statistics()
+    assert s["held"] == 0 and s["pending"] == 0 and s["quotas"][quota]["used"] == 0, s
+
+
 async def test_remote_lease_has_the_runtime_fields_and_timeouts(cluster_address: str) -> None:
     from tangram_sdk import Elasticity, Lease
 
@@ -313,13 +324,7 @@ async def test_remote_lease_has_the_runtime_fields_and_timeouts(cluster_address:
                 async with tg.acquire(ActionSpec(kind="both", cpus=1, quotas={"api": 1}), timeout=0.3):
                     pass
             assert (await tg.statistics())["quotas"]["api"]["used"] == 0
-        s = await tg.statistics()
-        for _ in range(50):
-            if s["held"] == 0 and s["pending"] == 0 and s["quotas"]["api"]["used"] == 0:
-                break
-            await asyncio.sleep(0.02)
-            s = await tg.statistics()
-        assert s["held"] == 0 and s["pending"] == 0 and s["quotas"]["api"]["used"] == 0, s
+        await _nothing_held(tg, "api")
         assert "connected" in repr(tg)
         await tg.aclose()
     finally:
@@ -350,13 +355,7 @@ async def test_deadlines_cross_to_the_actor(cluster_address: str) -> None:
                 assert loop.time() - t0 < 0.4 + 3.0  # at the deadline (or at once), not at a link timeout
         async with tg.acquire(ActionSpec(kind="fine", cpus=1), deadline=loop.time() + 30.0) as lease:
             assert len(lease.cpus) == 1
-        s = await tg.statistics()
-        for _ in range(50):
-            if s["held"] == 0 and s["pending"] == 0 and s["quotas"]["api"]["used"] == 0:
-                break
-            await asyncio.sleep(0.02)
-            s = await tg.statistics()
-        assert s["held"] == 0 and s["pending"] == 0 and s["quotas"]["api"]["used"] == 0, s
+        await _nothing_held(tg, "api")
         await tg.aclose()
     finally:
         cl.shutdown()
