@@ -4,6 +4,7 @@ closed-loop trajectories, deterministic, and every baseline behaves as documente
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import numpy as np
 import pytest
@@ -41,6 +42,13 @@ def _recorder(log: list[tuple[object, ...]]):  # type: ignore[no-untyped-def]
     return obs
 
 
+def _same_logs(sim_log: list[Any], rt_log: list[Any]) -> None:
+    """The simulator and the live runtime logged the same (events, time, decisions), entry by entry."""
+    assert len(sim_log) == len(rt_log) >= 60
+    for i, (a, b) in enumerate(zip(sim_log, rt_log)):
+        assert a == b, f"entry {i} differs:\nsim {a}\nrt  {b}"
+
+
 @pytest.mark.looptime
 @pytest.mark.parametrize("seed,n_traj", [(7, 6), (11, 16)])
 async def test_runtime_and_simulator_make_identical_decisions(seed: int, n_traj: int) -> None:
@@ -72,9 +80,7 @@ async def test_runtime_and_simulator_make_identical_decisions(seed: int, n_traj:
 
         await asyncio.gather(*(run(t) for t in trajs))
 
-    assert len(sim_log) == len(rt_log) >= 60
-    for i, (a, b) in enumerate(zip(sim_log, rt_log)):
-        assert a == b, f"entry {i} differs:\nsim {a}\nrt  {b}"
+    _same_logs(sim_log, rt_log)
     grants = [d for _e, _t, ds in sim_log for d in ds if isinstance(d, Grant)]
     assert any(g.units > 1 for g in grants), "the trace should exercise elastic grants"
     if n_traj > 6:
@@ -222,8 +228,6 @@ async def test_runtime_and_simulator_make_identical_gpu_decisions() -> None:
 
         await asyncio.gather(*(run(t) for t in trajs))
 
-    assert len(sim_log) == len(rt_log) >= 60
-    for i, (a, b) in enumerate(zip(sim_log, rt_log)):
-        assert a == b, f"entry {i} differs:\nsim {a}\nrt  {b}"
+    _same_logs(sim_log, rt_log)
     grants = [d for _e, _t, ds in sim_log for d in ds if isinstance(d, Grant)]
     assert any(g.units > 1 for g in grants) and any(g.restore for g in grants)
