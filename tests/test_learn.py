@@ -69,6 +69,22 @@ def test_a_few_early_completions_at_close_sizes_do_not_move_the_model():
     assert st.beta == 1.0
 
 
+def test_close_sizes_do_not_move_the_model_even_with_many_completions():
+    # a roomy pool that grants 16 cores but 10-13 during bursts: the sizes granted in a burst
+    # complete among a different mix of lengths (here 10 % longer), which between sizes whose
+    # declared speedups differ by 1.2x reads as "more cores do not help" (beta 0.1 without the
+    # spread rule; in the simulator, tests then ran on 10-13 cores on an idle pool). Durations alone may speak only
+    # across sizes at least 1.42x apart in declared speedup.
+    st = KindStats(1.0)
+    burst = [(m, d * 1.1) for m, d in draws(600, 0.9, [10, 12, 13], seed=7)]
+    feed(st, [x for pair in zip(draws(1800, 0.9, [16], seed=8), burst * 3) for x in pair])
+    assert st.beta == 1.0
+    # a worse truth across sizes far enough apart is still learned (see test_a_worse_truth_is_learned)
+    slow = KindStats(1.0)
+    feed(slow, draws(1500, 0.5, [4, 16], seed=9))
+    assert slow.beta < 0.7
+
+
 def test_learning_off_keeps_the_declared_model():
     st = KindStats(1.0)
     feed(st, draws(2000, 0.0, [1, 8]), learn_beta=False)

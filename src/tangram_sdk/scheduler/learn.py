@@ -17,6 +17,17 @@ _PRIOR_SD = 0.5  # how far from the declared efficiency (beta = 1) the prior let
 _MIN_PER_SIZE = 32  # completions at a size before it counts as evidence about the slope
 _BETA_MAX = 1.25
 _PAIRED_VAR = 0.02  # variance of log(measured parallelism) around beta * log(declared speedup)
+# least range of log declared speedup, over sizes with _MIN_PER_SIZE completions each, before
+# durations alone may move beta (1.42x: 6 vs 16 cores at Amdahl 0.9 qualifies, 8 vs 16 does not):
+# between close sizes the mix of lengths that completes at each (sizes granted in a burst vs in a
+# quiet spell) moves the per-size means more than the declared speedups differ
+_MIN_SPREAD = 0.35
+
+
+def _spread(bs: dict[float, list[float]]) -> float:
+    """Range of log declared speedup over the sizes with ``_MIN_PER_SIZE`` completions each."""
+    xs = [x for x, (w, _m, _v) in bs.items() if w >= _MIN_PER_SIZE]
+    return max(xs) - min(xs) if len(xs) > 1 else 0.0
 
 
 class KindStats:
@@ -116,7 +127,7 @@ class KindStats:
         mx, my_all = sx / sw, sy / sw
         var = within / sw  # pooled spread of log durations at a fixed size
         beta = 1.0
-        # evidence first: at least two sizes with _MIN_PER_SIZE completions each. Early
+        # evidence first: two sizes with _MIN_PER_SIZE completions each, _MIN_SPREAD apart. Early
         # completions are the short actions whatever their size (the long ones are still
         # running), and sizes granted at different moments are cut off differently: a slope fitted
         # from a few early samples at two close sizes is noise (it learned "no speedup" from a
@@ -128,7 +139,7 @@ class KindStats:
             v = _PAIRED_VAR
             beta = (self._pxy / v + prior) / (self._pxx / v + prior)
             beta = min(_BETA_MAX, max(0.0, round(beta * 20.0) / 20.0))
-        elif learn_beta and sum(1 for w, _m, _v in bs.values() if w >= _MIN_PER_SIZE) > 1:
+        elif learn_beta and _spread(bs) >= _MIN_SPREAD:
             cxx = cxy = 0.0
             for x, (w, my, _v) in bs.items():
                 cxx += w * (x - mx) ** 2
