@@ -130,6 +130,29 @@ def test_set_cpu_v2_writes_cpu_max(tmp_path: Path) -> None:
     assert cg.cpus() == (2, 3)
 
 
+def test_cpu_time_is_read_from_either_layout(tmp_path: Path) -> None:
+    """What an exec's ``cpu_s`` is made of: v2 ``cpu.stat`` usage_usec in the container's dir, v1
+    ``cpuacct.usage`` (ns) in a cpuacct hierarchy of its own or comounted with cpu; None (never a
+    made-up 0) when the container's counter is not there."""
+    v2 = tmp_path / "v2" / "docker" / CID
+    v2.mkdir(parents=True)
+    (v2 / "cpuset.cpus").write_text("0-1\n")
+    (v2 / "cpu.stat").write_text("usage_usec 2500000\nuser_usec 2000000\nsystem_usec 500000\n")
+    assert locate(CgroupLayout(2, tmp_path / "v2", tmp_path / "v2"), CID).cpu_usage_s() == 2.5
+    (tmp_path / "v1").mkdir()
+    layout = _v1(tmp_path / "v1")
+    assert locate(layout, CID).cpu_usage_s() is None  # no cpuacct controller found
+    acct = tmp_path / "v1" / "cpuacct" / "docker" / CID
+    acct.mkdir(parents=True)
+    (acct / "cpuacct.usage").write_text("1250000000\n")
+    sep = CgroupLayout(1, layout.cpuset_root, layout.cpu_root, cpuacct_root=tmp_path / "v1" / "cpuacct")
+    assert locate(sep, CID).cpu_usage_s() == 1.25
+    (layout.cpu_root / "docker" / CID / "cpuacct.usage").write_text("3000000000\n")  # cpu,cpuacct
+    assert locate(layout, CID).cpu_usage_s() == 3.0
+    (layout.cpu_root / "docker" / CID / "cpuacct.usage").write_text("garbage\n")
+    assert locate(layout, CID).cpu_usage_s() is None
+
+
 def test_write_to_vanished_dir_names_the_path(tmp_path: Path) -> None:
     cg = ContainerCgroup(CID, 1, tmp_path / "gone", tmp_path / "gone")
     with pytest.raises(CgroupError, match="vanished") as ei:
@@ -172,7 +195,8 @@ V1_MOUNTINFO = """\
 
 def test_detect_layout_v1() -> None:
     layout = detect_layout(V1_MOUNTINFO)
-    assert layout == CgroupLayout(1, Path("/sys/fs/cgroup/cpuset"), Path("/sys/fs/cgroup/cpu,cpuacct"))
+    assert layout == CgroupLayout(1, Path("/sys/fs/cgroup/cpuset"), Path("/sys/fs/cgroup/cpu,cpuacct"),
+                                  cpuacct_root=Path("/sys/fs/cgroup/cpu,cpuacct"))
 
 
 def test_detect_layout_v2(tmp_path: Path) -> None:

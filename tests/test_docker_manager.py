@@ -225,6 +225,30 @@ async def test_check_validates_ids(manager_factory: Any) -> None:
             validate_ref(bad)
 
 
+@pytest.mark.parametrize("backend", ["api", "cgroup"])
+async def test_exec_reports_the_cpu_time_the_command_used(manager_factory: Any, docker_engine: str,
+                                                           backend: str) -> None:
+    """``ExecResult.cpu_s`` is the container's CPU time across the exec (its cgroup's counter,
+    read on either backend): what the command's own ``times`` says it used, and ~0 for a sleep.
+    ``lease.parallelism`` carries it to the scheduler, which sizes the kind's next grants by it."""
+    m: DockerCpuManager = await manager_factory(backend)
+    async with await SandboxPool.create(m, image=docker_engine, count=1) as pool:
+        grant, lease = make_lease(len(HOST_CPUS[:2]), pool[0].id, HOST_CPUS[:2])
+        await m.apply(grant, lease)
+        try:
+            loop = BUSY.format(n=200_000)
+            r = await lease.exec(["sh", "-c", f"({loop}) & ({loop}) & wait; times"], timeout=120)
+            assert r.ok, r
+            used = _cpu_seconds(r.stdout.decode())
+            assert r.cpu_s is not None and used > 0.05, (r.cpu_s, used)
+            assert abs(r.cpu_s - used) <= 0.1 + 0.1 * used, (r.cpu_s, used)
+            assert lease.parallelism == pytest.approx(r.cpu_s / r.duration_s)
+            idle = await lease.exec(["sleep", "0.3"], timeout=30)
+            assert idle.cpu_s is not None and idle.cpu_s < 0.1
+        finally:
+            await m.release(grant, lease)
+
+
 async def test_cgroup_backend_keeps_docker_record_parked(manager_factory: Any, docker_engine: str) -> None:
     m: DockerCpuManager = await manager_factory("cgroup")
     async with await SandboxPool.create(m, image=docker_engine, count=1) as pool:

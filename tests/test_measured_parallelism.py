@@ -55,3 +55,22 @@ async def test_a_tool_that_ignores_its_cores_is_learned_live() -> None:
     assert units[0] == 2
     assert beta <= 0.1, (beta, units)
     assert units[-4:].count(1) >= 3, units
+
+
+async def test_report_parallelism_teaches_the_scheduler_and_ignores_nonsense() -> None:
+    """Work run outside lease.run/exec (your own executor) states what it got; the scheduler
+    learns from it as from a measurement. NaN, 0, negatives, bools and strings change nothing."""
+    spec = ActionSpec(kind="own", cpus=1, elastic=Elasticity("cpu", max_units=2, efficiency=Amdahl(0.95)))
+    units = []
+    async with Tangram(Pool(cpus=2)) as t:
+        async with t.acquire(spec) as lease:
+            for bad in (float("nan"), 0.0, -1.0, True, "2"):
+                lease.report_parallelism(bad)  # type: ignore[arg-type]
+            assert lease.parallelism is None
+        for _ in range(14):
+            async with t.acquire(spec) as lease:
+                units.append(lease.units)
+                lease.report_parallelism(1.0)
+                assert lease.parallelism == 1.0
+    assert units[0] == 2
+    assert units[-4:].count(1) >= 3, units

@@ -3,6 +3,7 @@ whatever handles the managers attached (a container to exec in, a restored GPU s
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -125,6 +126,7 @@ class Lease:
         if not thread_caps:
             kw["thread_caps"] = False  # a remote lease's agent must not add them back
         result: ExecResult = await fn(cmd, timeout=timeout, max_output=max_output, env=merged or None, **kw)
+        self._measured(result)
         return result
 
     async def run(
@@ -150,18 +152,29 @@ class Lease:
             memory = self._memscope
         result = await run_pinned(cmd, self.cpus, timeout=timeout, max_output=max_output, env=full,
                                   memory=memory, **kw)
-        if result.cpu_s is not None:
+        self._measured(result)
+        return result
+
+    def _measured(self, result: ExecResult) -> None:
+        if result.cpu_s is not None and result.duration_s > 0:
             self._cpu_s += result.cpu_s
             self._run_s += result.duration_s
-        return result
 
     @property
     def parallelism(self) -> float | None:
-        """Cores' worth of work this lease's :meth:`run` commands got (their CPU seconds over
+        """Cores' worth of work this lease's :meth:`run` and :meth:`exec` commands got (their CPU seconds over
         their wall seconds), None before one finished. Released with the lease, it tells the
         scheduler what a grant of this size really delivered (a busy machine, a tool that uses
         one core of four), so the next grants of the kind are sized by that."""
         return self._cpu_s / self._run_s if self._run_s > 0 else None
+
+    def report_parallelism(self, parallelism: float | None) -> None:
+        """Say what the action's work really got, in cores' worth, when it ran outside
+        :meth:`run`/:meth:`exec` (your own executor, a remote worker): it replaces what they
+        measured. Anything but a finite number > 0 is ignored (the declared model stands)."""
+        if (isinstance(parallelism, (int, float)) and not isinstance(parallelism, bool)
+                and math.isfinite(parallelism) and parallelism > 0):
+            self._cpu_s, self._run_s = float(parallelism), 1.0
 
     def __repr__(self) -> str:
         from ._cpuset import format_cpuset

@@ -78,6 +78,8 @@ class CgroupLayout:
     cpu_prefix: str = "/"
     memory_root: Path | None = None  # None: no memory controller (memory limits then go through the API)
     memory_prefix: str = "/"
+    cpuacct_root: Path | None = None  # v1 CPU time (``cpuacct.usage``); on v2 ``cpu.stat`` in the cpu dir
+    cpuacct_prefix: str = "/"
 
     def writable(self) -> bool:
         """True when we may write the controllers' files (root, rw mount): decides auto backend."""
@@ -106,14 +108,16 @@ def detect_layout(mountinfo: str | None = None) -> CgroupLayout | None:
         root, mountpoint, fstype = fields[3], _unescape(fields[4]), tail[0]
         if fstype == "cgroup":
             for opt in tail[2].split(","):
-                if opt in ("cpuset", "cpu", "memory") and opt not in v1:
+                if opt in ("cpuset", "cpu", "cpuacct", "memory") and opt not in v1:
                     v1[opt] = (Path(mountpoint), root)
         elif fstype == "cgroup2" and v2 is None:
             v2 = (Path(mountpoint), root)
     if "cpuset" in v1 and "cpu" in v1:
         mem = v1.get("memory")
+        acct = v1.get("cpuacct")
         return CgroupLayout(1, v1["cpuset"][0], v1["cpu"][0], v1["cpuset"][1], v1["cpu"][1],
-                            None if mem is None else mem[0], "/" if mem is None else mem[1])
+                            None if mem is None else mem[0], "/" if mem is None else mem[1],
+                            None if acct is None else acct[0], "/" if acct is None else acct[1])
     if v2 is not None and (v2[0] / "cgroup.controllers").exists():
         ctrls = (v2[0] / "cgroup.controllers").read_text().split()
         if "cpuset" in ctrls and "cpu" in ctrls:
@@ -224,12 +228,39 @@ def locate(
                 mem_r = confine(layout.memory_root, mem, container_id)
                 if (mem_r / ("memory.limit_in_bytes" if layout.version == 1 else "memory.max")).is_file():
                     memory = MemoryCgroup(layout.version, mem_r)
-            return ContainerCgroup(container_id, layout.version, cs_r, cpu_r, memory)
+            return ContainerCgroup(container_id, layout.version, cs_r, cpu_r, memory,
+                                   _acct_dir(layout, cpu_r, container_id, pid, proc))
     raise CgroupError(
         f"no cgroup directory for container {container_id[:12]} under {layout.cpuset_root}"
         " (stopped, removed, or an unknown cgroup layout)",
         resource=str(layout.cpuset_root / "docker" / container_id),
     )
+
+
+def _acct_dir(layout: CgroupLayout, cpu_dir: Path, container_id: str, pid: int | None,
+              proc: Path) -> Path | None:
+    """Where the container's CPU time is counted: ``cpu.stat`` in its cpu dir on v2; on v1 its
+    ``cpuacct`` dir (comounted with cpu, or a hierarchy of its own). None when not found."""
+    if layout.version == 2:
+        return cpu_dir if (cpu_dir / "cpu.stat").is_file() else None
+    if (cpu_dir / "cpuacct.usage").is_file():
+        return cpu_dir
+    root = layout.cpuacct_root
+    if root is None:
+        return None
+    cands = []
+    found = _proc_cgroups(pid, proc) if pid else None
+    if found is not None and "cpuacct" in found:
+        cands.append(_join(root, layout.cpuacct_prefix, found["cpuacct"]))
+    cands.extend(_candidates(root, container_id))
+    for c in cands:
+        try:
+            d = confine(root, c, container_id)
+        except CgroupError:
+            continue
+        if (d / "cpuacct.usage").is_file():
+            return d
+    return None
 
 
 def parse_cpu_max(text: str) -> tuple[int | None, int]:
@@ -283,6 +314,22 @@ class ContainerCgroup:
     cpuset_dir: Path
     cpu_dir: Path
     memory: MemoryCgroup | None = None  # None: no memory controller found for this container
+    acct_dir: Path | None = None  # None: the container's CPU time is not readable here
+
+    def cpu_usage_s(self) -> float | None:
+        """CPU seconds every process of the container has used since it started (v2
+        ``cpu.stat`` usage_usec, v1 ``cpuacct.usage`` in ns); None when not readable. Two reads
+        around an exec say how many cores' worth the command got (``ExecResult.cpu_s``)."""
+        d = self.acct_dir
+        if d is None:
+            return None
+        try:
+            if self.version == 1:
+                return int(_read(d / "cpuacct.usage").strip()) / 1e9
+            usec = _keyed(d / "cpu.stat", "usage_usec")
+        except (CgroupError, ValueError):
+            return None
+        return None if usec is None else usec / 1e6
 
     def set_cpu(self, cpus: Sequence[int], quota_us: int | None, period_us: int) -> None:
         """Set the cpuset and the CFS bandwidth (``quota_us=None``: unlimited).

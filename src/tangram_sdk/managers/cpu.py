@@ -522,18 +522,36 @@ class DockerCpuManager:
             box.cgroup = None
             return None
 
+    def _located(self, box: _Box) -> _cgroup.ContainerCgroup | None:
+        """The container's cgroup, found once (None when not readable from here)."""
+        if box.cgroup is None:
+            layout = self._layout or self._read_layout
+            if layout is None:
+                return None
+            try:
+                box.cgroup = _cgroup.locate(layout, box.id)
+            except CgroupError:
+                return None
+        return box.cgroup
+
     def _pids(self, box: _Box) -> set[int] | None:
         """The container's host pids (None when its cgroup is not readable from here)."""
-        layout = self._layout or self._read_layout
-        if layout is None:
+        cg = self._located(box)
+        if cg is None:
             return None
         try:
-            if box.cgroup is None:
-                box.cgroup = _cgroup.locate(layout, box.id)
-            return box.cgroup.pids()
+            return cg.pids()
         except CgroupError:
             box.cgroup = None
             return None
+
+    def _cpu_time(self, box: _Box) -> float | None:
+        """The container's CPU seconds so far, when they can be this one command's: a container
+        shared by several grants (``share=``) runs other actions' commands too."""
+        if len(box.active) != 1:
+            return None
+        cg = self._located(box)
+        return None if cg is None else cg.cpu_usage_s()
 
     @staticmethod
     def _granted_cpus(box: _Box) -> tuple[int, ...]:
@@ -745,7 +763,12 @@ class DockerCpuManager:
         mem = box.cgroup.memory if box.backend == "cgroup" and box.cgroup is not None else None
         before = _quiet(mem.oom_kills) if mem is not None else None
         t0 = time.time()
+        used0 = self._cpu_time(box)
         result = await self.client.exec(box.id, cmd, procs=functools.partial(self._pids, box), **kw)
+        if used0 is not None and not result.timed_out:
+            used1 = self._cpu_time(box)
+            if used1 is not None and used1 >= used0:  # what the command got: lease.parallelism
+                result = attrs.evolve(result, cpu_s=used1 - used0)
         if result.exit_code == 0 or result.timed_out:
             return result
         limit: int | None
