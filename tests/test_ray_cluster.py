@@ -386,6 +386,28 @@ async def test_remote_token_report_corrects_the_job_bucket(cluster_address: str)
         cl.shutdown()
 
 
+async def test_measured_parallelism_reaches_the_actor(cluster_address: str) -> None:
+    """What a remote lease's commands really got (lease.run/exec measure it; report_parallelism
+    states it) travels with the release, so the job's one scheduler learns from every worker: a
+    tool that delivers one core's worth on two is granted one core after a few actions."""
+    from tangram_sdk import Amdahl, Elasticity
+
+    cl = deploy("parlearn", namespace=NS, pool=Pool(cpus=2))
+    try:
+        tg = await RemoteTangram.connect("parlearn", namespace=NS)
+        spec = ActionSpec(kind="single", cpus=1, elastic=Elasticity("cpu", max_units=2, efficiency=Amdahl(0.95)))
+        units = []
+        for _ in range(14):
+            async with tg.acquire(spec) as lease:
+                units.append(lease.units)
+                lease.report_parallelism(1.0)
+        await tg.aclose()
+    finally:
+        cl.shutdown()
+    assert units[0] == 2
+    assert units[-4:].count(1) >= 3, units
+
+
 async def test_link_loss_and_scheduler_death(cluster_address: str) -> None:
     from tangram_sdk import TangramError
     from tangram_sdk.ray import LeaseLostError, TangramCluster

@@ -7,7 +7,7 @@ killed process closes it at once). Ray still places the actor and hands out the 
 secret token; the first frame of every connection must be that token, checked before anything is
 unpickled.
 
-Client -> actor: ``("acq", key, kind, spec_bytes, timeout, node, caller_node)``, ``("rel", key, failed[, ack])``,
+Client -> actor: ``("acq", key, kind, spec_bytes, timeout, node, caller_node)``, ``("rel", key, failed[, ack[, parallelism]])``,
 ``("cancel", key[, ack])``, ``("hb",)``, ``("stats", key)``.
 Actor -> client: ``("welcome", config)``, ``("grant", key, fields)``, ``("err", key, exc)``,
 ``("lost", key, exc)``, ``("reply", key, value)``, ``("ack", key)``, ``("hb",)``.

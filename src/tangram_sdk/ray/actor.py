@@ -504,6 +504,8 @@ class SchedulerActor:
         elif op == "rel":
             key = msg[1]
             held = conn.held.pop(key, None)
+            if held is not None and len(msg) > 4 and held.nlease is not None:
+                held.nlease.report_parallelism(msg[4])  # measured by the client's lease
             undo = None if held is None else self._release(held, failed=bool(msg[2]))
             if len(msg) > 3 and msg[3]:  # the client waits until the units are back (a failed action)
                 self._ack(conn, key, undo)

@@ -661,7 +661,7 @@ class RemoteTangram:
 
 
 class _RemoteAcquire:
-    __slots__ = ("_deadline", "_key", "_link", "_node", "_rt", "_spec", "_timeout")
+    __slots__ = ("_deadline", "_key", "_lease", "_link", "_node", "_rt", "_spec", "_timeout")
 
     def __init__(self, rt: RemoteTangram, spec: ActionSpec, timeout: float | None, node: str | None,
                  deadline: float | None = None) -> None:
@@ -672,6 +672,7 @@ class _RemoteAcquire:
         self._deadline = deadline
         self._key = 0
         self._link: _Link | None = None
+        self._lease: Lease | None = None
 
     async def __aenter__(self) -> Lease:
         return await self.enter()
@@ -732,6 +733,7 @@ class _RemoteAcquire:
                     return await rt._agent(agent_name).call.remote(aid, args, kwargs)
 
                 lease.attach("call", _call)
+        self._lease = lease
         return lease
 
     def _late(self) -> str:
@@ -746,11 +748,14 @@ class _RemoteAcquire:
         assert link is not None
         h = link.held.pop(self._key, None)
         if h is None or h.lost is None:
+            # what the lease's commands really got (lease.run / lease.exec), for the actor's learning
+            par = None if self._lease is None else self._lease.parallelism
             if not failed:
-                link.send(("rel", self._key, False))  # pipelined: ordered before the next request
+                # pipelined: ordered before the next request
+                link.send(("rel", self._key, False) if par is None else ("rel", self._key, False, False, par))
                 return
             # a failed or cancelled action: its exception propagates once the units are back
-            if await link.give_back(("rel", self._key, True, True), self._key) and \
+            if await link.give_back(("rel", self._key, True, True, par), self._key) and \
                     not isinstance(exc, asyncio.CancelledError):
                 raise asyncio.CancelledError from exc
             return
