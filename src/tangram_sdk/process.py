@@ -51,8 +51,10 @@ class ExecResult:
     timed_out: bool = False
     cpu_s: float | None = None
     """CPU seconds the command (and the descendants it waited for) used: ``lease.run`` measures it
-    (``None`` from a container, or when the command was killed); ``cpu_s / duration_s`` is the
-    cores' worth the command really got, which the scheduler learns efficiency from."""
+    with ``wait4``, ``lease.exec`` from the container's cgroup counter around the exec (``None``
+    when that is not readable from here, the container is shared by several grants, or the command
+    was killed); ``cpu_s / duration_s`` is the cores' worth the command really got, which the
+    scheduler learns efficiency from."""
 
     @property
     def parallelism(self) -> float | None:
