@@ -149,7 +149,7 @@ def _policy_run(wl: Workload, pol: str) -> dict[str, Any]:
         kw.update(json.loads(os.environ.get("TANGRAM_MATRIX_OPTS", "{}")))
     if pol == "isolated" and wl.name == "mopd":
         kw["iso_gpus"] = None  # proportional to call share on this pool (>= 1 GPU per teacher)
-    r = run_policy(wl, pol, **kw)
+    r = run_policy(wl, pol, measured=os.environ.get("TANGRAM_MATRIX_MEASURED") == "1", **kw)
     s = summarise(r)
     alloc = s["cpu_alloc_mean"] if s["pool_cpus"] else s["gpu_alloc_mean"]
     busy = s["cpu_busy_mean"] if s["pool_cpus"] else s["gpu_busy_mean"]
@@ -245,7 +245,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--detail", action="store_true", help="print every policy of every cell")
     ap.add_argument("--opts", default=None,
                     help='JSON scheduler options for tangram (sensitivity runs), e.g. \'{"window": 8}\'')
+    ap.add_argument("--measured", action="store_true",
+                    help="released actions report the parallelism their work got (lease.run/exec live); "
+                         "default: Tangram learns from durations alone, the harder case")
     args = ap.parse_args(argv)
+    if args.measured:
+        os.environ["TANGRAM_MATRIX_MEASURED"] = "1"
     if args.opts:
         json.loads(args.opts)  # fail here, not in a worker
         os.environ["TANGRAM_MATRIX_OPTS"] = args.opts

@@ -199,3 +199,23 @@ def test_two_arrivals_share_the_pool_once_two_cores_are_known_to_deliver_one():
     assert s._kinds["w"].beta == 0.0
     both = pair(s, aid, t)
     assert sorted(g.units for g in both) == [1, 1]
+
+
+def test_simulated_measurement_teaches_from_one_size():
+    """The simulator's ``measured`` mode (what lease.run/exec report live): on a roomy pool every
+    test is granted the same 16 cores, so durations alone can never show that they really gain
+    nothing; the reported parallelism (one core's worth) shows it within a few completions and
+    later tests get 1-2 cores. Off, the few sizes the opening burst produced leave tests at 14+."""
+    from tangram_sdk.sim.baselines import make_policy
+    from tangram_sdk.sim.engine import simulate
+    from tangram_sdk.sim.workloads import ai_coding
+
+    out = {}
+    for measured in (False, True):
+        wl = ai_coding(48, nodes=1, cores=256, seed=3, true_parallel=0.0)
+        pol = make_policy("tangram", wl.pool)
+        res = simulate(wl.trajectories, pol, measured=measured)
+        tests = [u for k, u in zip(res.kind, res.units) if k == "test"]
+        out[measured] = (pol.lanes[0]._kinds["test"].beta, sum(tests[-200:]) / 200)
+    assert out[False][1] > 12, out
+    assert out[True][0] <= 0.1 and out[True][1] < 2.5, out

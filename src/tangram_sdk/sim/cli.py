@@ -41,6 +41,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--param", action="append", default=None, metavar="NAME=VALUE", type=_param,
                    help="override one workload parameter (docs/simulator.md lists them), e.g. "
                         "decode_tok_s=60; repeatable")
+    p.add_argument("--measured", action="store_true",
+                   help="elastic CPU actions report the parallelism their work got, as lease.run/exec "
+                        "measure it live; without it Tangram learns efficiency from durations alone")
     p.add_argument("--gpus-needed", action="store_true",
                    help="search the smallest GPU pools on which tangram's mean ACT is within 0, 10 and 25 %% "
                         "of the isolated baseline's")
@@ -184,7 +187,8 @@ def _run(args: argparse.Namespace, wl: Workload, pol: str) -> Result:
     tty = not args.no_progress and sys.stderr.isatty()
     t0 = time.perf_counter()
     result: Result = run_policy(wl, pol, progress=text_progress(label) if tty else None,
-                                iso_gpus=_iso(args, wl) if pol == "isolated" else None)
+                                iso_gpus=_iso(args, wl) if pol == "isolated" else None,
+                                measured=bool(getattr(args, "measured", False)))
     if not args.no_progress and not tty:
         print(f"{label}: {len(result.end)} actions simulated in {time.perf_counter() - t0:.1f} s",
               file=sys.stderr, flush=True)

@@ -56,6 +56,18 @@ class Act:
             return spec.relative_duration(units)
         return t.speedup(spec.min_units) / t.speedup(units)
 
+    def parallelism(self, units: int, overhead: float = 0.0) -> float:
+        """Cores' worth the action's work gets on ``units`` cores, as ``lease.run``/``exec``
+        measure it (CPU seconds over wall seconds, ``overhead`` seconds of the wall idle): work
+        that conserves its CPU time runs at its true speedup."""
+        spec = self.spec
+        t = self.truth if self.truth is not None else spec.elastic.efficiency if spec.elastic else None
+        if t is None or not units:
+            return 1.0
+        wall = self.work * self.relative_duration(units)
+        cpu = self.work * t.speedup(spec.min_units)
+        return cpu / (wall + overhead) if wall + overhead > 0 else 1.0
+
 
 @attrs.frozen(slots=True)
 class Trajectory:
@@ -134,13 +146,16 @@ def simulate(
     prewarm: Sequence[tuple[int, str, tuple[int, ...]]] = (),
     time_resolution: float | None = None,
     progress: Callable[[int, int], None] | None = None,
+    measured: bool = False,
 ) -> Result:
     """Run ``trajectories`` under ``policy`` (see :mod:`.baselines`) and return the :class:`Result`.
 
     ``restore_s``: seconds to restore each GPU service onto a cell when it is not resident there.
     ``gpu_slots``: how many full model copies one GPU's memory holds (a TP-k instance uses 1/k). ``prewarm``: (lane, service, gpus)
     instances resident at time 0. ``time_resolution``: round event times to this grid (e.g. 1e-6,
-    as looptime does) so a run matches the live runtime on virtual time bit for bit.
+    as looptime does) so a run matches the live runtime on virtual time bit for bit. ``measured``:
+    elastic CPU actions report the parallelism their work got when released, as ``lease.run`` and
+    ``lease.exec`` (cgroup readable) do live; off, the scheduler learns from durations alone.
     """
     import time as _time
 
@@ -178,6 +193,7 @@ def simulate(
     traj_of: list[int] = []
     lane_of: dict[int, int] = {}
     grant_of: dict[int, Grant] = {}
+    par_of: dict[int, float] = {}  # measured: what each running elastic CPU action's work gets
     direct: set[int] = set()
     hold_traj: dict[int, int] = {}
     next_id = 1
@@ -272,6 +288,8 @@ def simulate(
         res.exec_s[r] = ex
         res.overhead[r] = over
         res.units[r] = units or nc or ng
+        if measured and nc and spec.elastic is not None and spec.elastic.resource == "cpu":
+            par_of[aid] = act.parallelism(units, over)
         if batch > 1 and ng:
             d = phys_busy_delta[0]
             phys_busy_delta[0] = 0
@@ -399,7 +417,7 @@ def simulate(
                 else:
                     changes.append(Change(now, -nc, -nc, -ng, -ng))
                 li = lane_of.pop(aid)
-                feed(li, Released(aid), now)
+                feed(li, Released(aid, parallelism=par_of.pop(aid, None)) if measured else Released(aid), now)
                 flush_resid(now)
             ti = traj_of[r]
             pos[ti] += 1
