@@ -99,7 +99,7 @@ def freeze_capacities(value: Any) -> tuple[tuple[str, Counted], ...]:
         check_name("resources", name)
         if isinstance(c, Counted):
             out[name] = c
-        elif isinstance(c, bool) or not isinstance(c, int):
+        elif isinstance(c, bool) or not isinstance(c, int) or c < 0:
             raise SpecError(f"resource {name!r}: capacity must be an int >= 0 or a Counted(...), got {show(c)}")
         else:
             out[name] = Counted(c)
