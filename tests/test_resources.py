@@ -39,6 +39,7 @@ from tangram_sdk.sim.baselines import make_policy
 from tangram_sdk.sim.engine import Act, Trajectory, simulate
 from tangram_sdk.sim.trace import TraceRecorder, load_trace, trace_workload
 from tangram_sdk.testing import FakeManager
+from tangram_sdk.top import from_prometheus, from_ray
 
 SLOTS = "sandbox_slots"
 POOL = Pool(cpus=8, resources={SLOTS: Counted(2, "slots")})  # the one declaration
@@ -228,12 +229,21 @@ async def test_statistics_metrics_and_timeouts_report_it() -> None:
             assert f'tangram_resource_units{{resource="{SLOTS}",state="used"}} 2.0' in text
             assert f'tangram_resource_units{{resource="{SLOTS}",state="free"}} 0.0' in text
             assert 'tangram_resource_units{resource="memory",state="used"} 100.0' in text
+            view = {r["name"]: (r["allocated"], r["total"]) for r in from_prometheus(text)["resources"]}
+            assert view[SLOTS] == (2, 2) and view["memory"] == (100, 1000)  # `tangram top` shows it
             assert f"{SLOTS} 2/2" in repr(t)
             with pytest.raises(TimeoutError, match=rf"1 slots {SLOTS}.*{SLOTS} 0 slots free"):
                 async with t.acquire(SPEC, timeout=0.5):
                     pass
         assert t.statistics().counted[SLOTS]["free"] == 2
     prom.unregister()
+
+
+def test_tangram_top_shows_it_per_ray_node() -> None:
+    node = {"alive": True, "cpus_total": 8, "cpus_free": 7,
+            "counted": {SLOTS: {"total": 2, "free": 1, "used": 1, "unit": "slots"}}}
+    rows = {r["name"]: (r["allocated"], r["total"]) for r in from_ray({"nodes": {"n1": node}})["resources"]}
+    assert rows == {"n1/cpus": (1, 8), f"n1/{SLOTS}": (1, 2)}
 
 
 # ------------------------------------------------------------------------------ sim and traces
