@@ -319,3 +319,4 @@ def test_memory_is_the_built_in_counted_kind_and_behaves_as_before() -> None:
     assert [x.memory for x in grants if isinstance(x, Grant)] == [600, 600]
     assert all(isinstance(x, Grant) and x.counted == () for x in grants)
     assert s2.statistics().counted == {} and s2.ledger.mem_free is None
+    assert "600 bytes memory" in Tangram(Pool(cpus=4)).shortage(spec)  # named in its unit, counted or not

@@ -39,6 +39,7 @@ from .lease import Lease
 from .managers.base import Applied, Manager, ManagerContext
 from .options import SchedulerOptions, merge_options
 from .pool import Pool
+from .resources import MEMORY
 from .scheduler import Cancelled, Decision, Event, Grant, Observer, Reject, Released, Scheduler, Submitted, Tick, TokensUsed
 from .snapshot import RuntimeStatistics
 from .spec import ActionSpec
@@ -396,9 +397,9 @@ class Tangram:
         if spec.gpus:
             need.append(f"{spec.gpus} gpu{'s' if spec.gpus != 1 else ''}")
             have.append(f"gpus {L.free_gpus}/{len(self.pool.gpus)} free")
-        counted = self.pool.counted_kinds
+        unit_of = {k.name: k.unit for k, _ in self.pool.counted_kinds}
         for name, n in (*((("memory", spec.memory),) if spec.memory else ()), *spec.needs):
-            unit = next((k.unit for k, _ in counted if k.name == name), "units")
+            unit = unit_of.get(name, MEMORY.unit if name == MEMORY.name else "units")  # memory= may be uncounted
             need.append(f"{n} {unit} {name}")
             free = L.counted_free.get(name)
             if free is not None:
