@@ -8,7 +8,7 @@ import tangram_sdk
 FORBIDDEN = {"asyncio", "anyio", "time", "trio", "threading", "socket", "os", "subprocess", "aiodocker",
              "torch", "ray", "datetime", "random", "logging"}
 # the modules outside scheduler/ that the core may import: values and checks, themselves pure
-PURE_SIBLINGS = {"spec", "pool", "errors", "_cpuset", "_validate", "options", "snapshot"}
+PURE_SIBLINGS = {"spec", "pool", "resources", "errors", "_cpuset", "_validate", "options", "snapshot"}
 
 
 def _check_pure(f: Path, level: int) -> None:

@@ -331,6 +331,38 @@ async def test_remote_lease_has_the_runtime_fields_and_timeouts(cluster_address:
         cl.shutdown()
 
 
+async def test_declared_counted_resources_cross_to_the_actor_and_back(cluster_address: str) -> None:
+    """A pool's declared resources survive the trip to the node agent and the scheduler actor: a
+    remote lease carries its counted units, the node's statistics report them, a second acquire
+    waits for them, and a demand larger than every node fails at once naming the resource."""
+    from tangram_sdk import Counted, InfeasibleSpecError
+
+    cl = deploy("counted", namespace=NS, pool=Pool(cpus=2, resources={"slots": Counted(1, "slots")}))
+    try:
+        tg = await RemoteTangram.connect("counted", namespace=NS)
+        spec = ActionSpec(kind="s", cpus=1, needs={"slots": 1})
+        async with tg.acquire(spec) as lease:
+            assert lease.counted == {"slots": 1} and lease.spec == spec
+            assert _node(await tg.statistics())["counted"]["slots"] == {"total": 1, "free": 0, "used": 1,
+                                                                         "unit": "slots"}
+            with pytest.raises(TimeoutError, match="slots"):  # one core is free, the one slot is not
+                async with tg.acquire(spec, timeout=0.3):
+                    pass
+        with pytest.raises(InfeasibleSpecError, match="slots=2 exceeds the pool's 1 slots"):
+            async with tg.acquire(ActionSpec(kind="big", needs={"slots": 2})):
+                pass
+        s = await tg.statistics()
+        for _ in range(50):  # releases are one frame each: poll briefly, with a bound
+            if s["held"] == 0 and _node(s)["counted"]["slots"]["free"] == 1:
+                break
+            await asyncio.sleep(0.02)
+            s = await tg.statistics()
+        assert s["held"] == 0 and _node(s)["counted"]["slots"]["free"] == 1, s
+        await tg.aclose()
+    finally:
+        cl.shutdown()
+
+
 async def test_deadlines_cross_to_the_actor(cluster_address: str) -> None:
     """``deadline=`` on a RemoteTangram is this loop's clock, sent as seconds from now: a past one
     is refused at once, a queued acquire expires with DeadlineError when its deadline passes (for

@@ -24,6 +24,7 @@ from .lease import ExecResult, Lease
 from .managers import BaseManager, Manager, ManagerContext, Offer
 from .options import SchedulerOptions
 from .pool import Pool, Quota
+from .resources import Counted, ResourceKind
 from .runtime import Tangram
 from .scheduler import Scheduler
 from .spec import ActionSpec, Amdahl, Elasticity, Table
@@ -34,6 +35,7 @@ __all__ = [  # noqa: F822 (the managers are lazy attributes)
     "Amdahl",
     "BaseManager",
     "CgroupError",
+    "Counted",
     "DeadlineError",
     "DeviceError",
     "DockerCpuManager",
@@ -50,6 +52,7 @@ __all__ = [  # noqa: F822 (the managers are lazy attributes)
     "Pool",
     "QuarantineError",
     "Quota",
+    "ResourceKind",
     "RuntimeClosedError",
     "SandboxPool",
     "Scheduler",

@@ -44,10 +44,12 @@ class Lease:
     """The grant an action holds inside ``async with tangram.acquire(spec) as lease``.
 
     ``cpus``/``gpus`` are concrete ids (exclusive while held), ``units`` the elastic units granted
-    (use it as ``-j N``/``-n N``), ``queued_s`` how long the action waited.
+    (use it as ``-j N``/``-n N``), ``queued_s`` how long the action waited. ``counted``: the units
+    taken from the pool's counted kinds, by name (``lease.counted["sandbox_slots"]``; the spec's
+    ``needs``, plus ``memory`` where the pool counts it), returned with the lease.
     """
 
-    __slots__ = ("action_id", "spec", "cpus", "gpus", "units", "memory", "quotas", "queued_s",
+    __slots__ = ("action_id", "spec", "cpus", "gpus", "units", "memory", "quotas", "counted", "queued_s",
                  "granted_at", "_attached", "_memscope", "_cpu_s", "_run_s")
 
     def __init__(
@@ -62,6 +64,7 @@ class Lease:
         quotas: tuple[tuple[str, int], ...],
         queued_s: float,
         granted_at: float,
+        counted: tuple[tuple[str, int], ...] = (),
     ) -> None:
         self.action_id = action_id
         self.spec = spec
@@ -70,6 +73,7 @@ class Lease:
         self.units = units
         self.memory = memory
         self.quotas = dict(quotas)
+        self.counted: dict[str, int] = dict(counted)
         self.queued_s = queued_s
         self.granted_at = granted_at
         self._attached: dict[str, Any] = {}

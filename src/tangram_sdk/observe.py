@@ -180,12 +180,15 @@ class PrometheusMetrics:
         ns = self.namespace
         G = self._gauge
         res = G(f"{ns}_resource_units", "Units per resource and state", labels=["resource", "state"])
-        for r in ("cpus", "gpus", "memory"):
+        for r in ("cpus", "gpus"):  # the placed kinds
             total, free = s.get(f"{r}_total"), s.get(f"{r}_free")
             if total is None or free is None:
                 continue
             res.add_metric([r, "free"], free)
             res.add_metric([r, "used"], total - free)
+        for r, c in (s.get("counted") or {}).items():  # memory (when counted) and declared resources
+            res.add_metric([r, "free"], c["free"])
+            res.add_metric([r, "used"], c["used"])
         for name, q in (s.get("quotas") or {}).items():
             res.add_metric([f"quota:{name}", "used"], q.get("used", 0))
             if q.get("concurrency") is not None:

@@ -1,5 +1,6 @@
 """The pool of external resources one Tangram manages: concrete cores (with NUMA nodes), GPU indices
-(with aligned cells), optional memory, and named API quotas."""
+(with aligned cells), optional memory, declared counted resources (:mod:`.resources`), and named API
+quotas."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import attrs
 from ._cpuset import _MAX_CPU, format_cpuset, parse_cpuset
 from ._validate import is_finite, show
 from .errors import SpecError
+from .resources import MEMORY, Counted, ResourceKind, freeze_capacities
 
 __all__ = ["Pool", "Quota"]
 
@@ -189,7 +191,9 @@ class Pool:
     ``cpus``: a count, a cpuset string ("0-7,16-23") or core ids. ``numa``: core-id lists per NUMA
     node (None: one node). ``gpus``: a count or device indices; a GPU *cell* of size k is k GPUs at
     positions aligned to k in that list (so cells never straddle 8-GPU nodes). ``memory``: bytes, or
-    None to leave memory unaccounted. ``quotas``: name -> Quota.
+    None to leave memory unaccounted. ``resources``: more counted kinds, name -> capacity (an int,
+    or ``Counted(n, unit)``), e.g. ``{"sandbox_slots": 8}``; actions ask for them with
+    ``ActionSpec(needs={...})``. ``quotas``: name -> Quota.
     """
 
     cpus: tuple[int, ...] = attrs.field(default=0, converter=_cpus)
@@ -198,6 +202,7 @@ class Pool:
     gpu_cells: tuple[int, ...] = attrs.field(default=(1, 2, 4, 8), converter=_cells)
     memory: int | None = None
     quotas: tuple[tuple[str, Quota], ...] = attrs.field(default=None, converter=_quotas)
+    resources: tuple[tuple[str, Counted], ...] = attrs.field(default=None, converter=freeze_capacities)
 
     def __attrs_post_init__(self) -> None:
         if self.numa is not None:
@@ -218,6 +223,10 @@ class Pool:
         m = self.memory
         if m is not None and (isinstance(m, bool) or not isinstance(m, int) or m < 0):
             raise SpecError(f"memory must be bytes >= 0 or None, got {show(m)}")
+        clash = sorted({n for n, _ in self.resources} & {n for n, _ in self.quotas})
+        if clash:
+            raise SpecError(f"resources and quotas must not share names (stats and metrics key both by "
+                            f"name): {clash}")
 
     @property
     def numa_nodes(self) -> tuple[tuple[int, ...], ...]:
@@ -230,6 +239,21 @@ class Pool:
     def quota_map(self) -> dict[str, Quota]:
         return dict(self.quotas)
 
+    @property
+    def counted_kinds(self) -> tuple[tuple[ResourceKind, int], ...]:
+        """Every counted kind this pool accounts, with its capacity, sorted by name: ``memory``
+        when the pool counts it, then the declared ``resources``. What the ledger, feasibility,
+        statistics and metrics iterate over."""
+        out = [(ResourceKind(n, c.unit), c.capacity) for n, c in self.resources]
+        if self.memory is not None:
+            out.append((MEMORY, self.memory))
+        return tuple(sorted(out, key=lambda kc: kc[0].name))
+
+    @property
+    def counted(self) -> dict[str, int]:
+        """Capacity per counted kind (``memory`` included when counted), by name."""
+        return {k.name: cap for k, cap in self.counted_kinds}
+
     def describe(self) -> dict[str, Any]:
         return {
             "cpus": format_cpuset(self.cpus),
@@ -238,4 +262,5 @@ class Pool:
             "gpu_cells": list(self.gpu_cells),
             "memory": self.memory,
             "quotas": {k: attrs.asdict(q) for k, q in self.quotas},
+            "resources": {k: {"capacity": c.capacity, "unit": c.unit} for k, c in self.resources},
         }

@@ -39,6 +39,7 @@ from .lease import Lease
 from .managers.base import Applied, Manager, ManagerContext
 from .options import SchedulerOptions, merge_options
 from .pool import Pool
+from .resources import MEMORY
 from .scheduler import Cancelled, Decision, Event, Grant, Observer, Reject, Released, Scheduler, Submitted, Tick, TokensUsed
 from .snapshot import RuntimeStatistics
 from .spec import ActionSpec
@@ -317,6 +318,12 @@ class Tangram:
         return self._core.ledger.mem_free
 
     @property
+    def free_counted(self) -> Mapping[str, int]:
+        """Free units per counted kind (memory when counted, the pool's declared ``resources``): a
+        read-only live view."""
+        return MappingProxyType(self._core.ledger.counted_free)
+
+    @property
     def quota_used(self) -> Mapping[str, int]:
         """Units in use per quota (a read-only live view)."""
         return MappingProxyType(self._core.ledger.q_used)
@@ -343,6 +350,8 @@ class Tangram:
             parts.append(f"cpu {len(self.pool.cpus) - L.free_cpus}/{len(self.pool.cpus)}")
         if self.pool.gpus:
             parts.append(f"gpu {len(self.pool.gpus) - L.free_gpus}/{len(self.pool.gpus)}")
+        for n, cap in self.pool.counted.items():
+            parts.append(f"{n} {cap - L.counted_free[n]}/{cap}")
         for n, used in L.q_used.items():
             c = L.q_conc[n]
             parts.append(f"{n} {used}/{c}" if c is not None else f"{n} {used}")
@@ -369,6 +378,10 @@ class Tangram:
             for name, _ in spec.quotas:
                 if name not in conc:
                     raise SpecError(f"unknown quota {name!r}; this pool has {sorted(conc) or 'no quotas'}")
+        for name, _ in spec.needs:
+            if name not in self._core.ledger.counted_free:
+                raise SpecError(f"unknown resource {name!r}; this pool counts "
+                                f"{sorted(self._core.ledger.counted_free) or 'no resources'}")
         reason = self._core.feasibility(spec)
         if reason is not None:
             raise InfeasibleSpecError(f"{spec.kind}: {reason}")
@@ -384,10 +397,13 @@ class Tangram:
         if spec.gpus:
             need.append(f"{spec.gpus} gpu{'s' if spec.gpus != 1 else ''}")
             have.append(f"gpus {L.free_gpus}/{len(self.pool.gpus)} free")
-        if spec.memory:
-            need.append(f"{spec.memory} B memory")
-            if L.mem_free is not None:
-                have.append(f"memory {L.mem_free} B free")
+        unit_of = {k.name: k.unit for k, _ in self.pool.counted_kinds}
+        for name, n in (*((("memory", spec.memory),) if spec.memory else ()), *spec.needs):
+            unit = unit_of.get(name, MEMORY.unit if name == MEMORY.name else "units")  # memory= may be uncounted
+            need.append(f"{n} {unit} {name}")
+            free = L.counted_free.get(name)
+            if free is not None:
+                have.append(f"{name} {free} {unit} free")
         for name, units in spec.quotas:
             need.append(f"quota {name} x{units}")
             conc = L.q_conc.get(name)
@@ -673,7 +689,8 @@ class _Waiter:
             now = rt._clock()
         self.grant = grant
         lease = Lease(self.aid, self.spec, cpus=grant.cpus, gpus=grant.gpus, units=grant.units,
-                      memory=grant.memory, quotas=grant.quotas, queued_s=now - t0, granted_at=now)
+                      memory=grant.memory, quotas=grant.quotas, queued_s=now - t0, granted_at=now,
+                      counted=grant.counted)
         self.lease = lease
         if rt.managers:
             self.task = asyncio.current_task()  # aclose waits for it to leave (see there)

@@ -78,7 +78,8 @@ class RuntimeStatistics(Snapshot):
     ``state``: new / open / closed / broken. ``waiters``: acquires submitted and not yet left
     (queued or holding). ``quarantined``: finished actions whose units a manager still holds back
     (a container it could not park yet; they count as running). ``quotas``: per quota ``used``,
-    ``concurrency``, ``tokens``, ``token_level``. ``core``: the scheduling core's own snapshot
+    ``concurrency``, ``tokens``, ``token_level``. ``counted``: per counted kind (memory when the
+    pool counts it, and the pool's declared ``resources``) ``total``, ``free``, ``used``, ``unit``. ``core``: the scheduling core's own snapshot
     (:class:`~tangram_sdk.scheduler.SchedulerStats`: submitted, granted, released, cancelled,
     rejected, failed, completed, rounds, evictions, mean_act_s, mean_queue_s, mean_exec_s,
     resident_services), flattened into the dict access."""
@@ -97,6 +98,7 @@ class RuntimeStatistics(Snapshot):
     running: int
     queued: int
     quotas: Mapping[str, Mapping[str, Any]]
+    counted: Mapping[str, Mapping[str, Any]]
     core: SchedulerStats
 
     @classmethod
@@ -104,7 +106,7 @@ class RuntimeStatistics(Snapshot):
         return cls(state=state, waiters=waiters, quarantined=quarantined, cpus_total=core.cpus_total,
                    cpus_free=core.cpus_free, gpus_total=core.gpus_total, gpus_free=core.gpus_free,
                    memory_total=core.memory_total, memory_free=core.memory_free, running=core.running,
-                   queued=core.queued, quotas=core.quotas, core=core)
+                   queued=core.queued, quotas=core.quotas, counted=core.counted, core=core)
 
 
 @attrs.frozen(eq=False)

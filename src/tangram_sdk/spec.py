@@ -14,6 +14,7 @@ import attrs
 
 from ._validate import CONTAINER_RE, NAME_RE, is_finite, show, to_float
 from .errors import SpecError
+from .resources import freeze_needs
 
 __all__ = ["ActionSpec", "Amdahl", "Efficiency", "Elasticity", "Table", "Custom", "ElasticResource"]
 
@@ -196,7 +197,9 @@ class ActionSpec:
     when omitted). ``quotas`` is stored as sorted ``(name, amount)`` pairs so specs stay hashable.
     ``tokens`` names how many tokens the action draws from weighted quotas (a judge call of ~1200
     tokens: ``quotas={"judge": 1}, tokens={"judge": 1200}``); spent, not returned, and correctable
-    after the call with ``lease.report_tokens``.
+    after the call with ``lease.report_tokens``. ``needs``: units of the pool's declared counted
+    resources (``{"sandbox_slots": 1}``), held for the lease and returned with it; ``memory`` is
+    the built-in counted kind, kept as its own field.
     """
 
     kind: str
@@ -210,6 +213,15 @@ class ActionSpec:
     container: str | None = None
     service: str | None = None
     tokens: tuple[tuple[str, int], ...] = attrs.field(default=(), converter=_freeze_tokens)
+    needs: tuple[tuple[str, int], ...] = attrs.field(default=(), converter=freeze_needs)
+
+    def __repr__(self) -> str:
+        """The attrs repr, leaving ``needs`` out while it is empty: decision logs and their hashes
+        (benchmarks/decision_hash.py) are built from the repr of events, which hold specs, so a
+        spec that uses no declared resource prints exactly as before ``needs`` existed."""
+        parts = [f"{f.name}={getattr(self, f.name)!r}" for f in attrs.fields(ActionSpec)
+                 if f.name != "needs" or self.needs]
+        return f"{type(self).__qualname__}({', '.join(parts)})"
 
     def __attrs_post_init__(self) -> None:
         if not isinstance(self.kind, str) or not NAME_RE.fullmatch(self.kind):

@@ -173,6 +173,9 @@ def from_ray(stats: Mapping[str, Any]) -> dict[str, Any]:
             if total:
                 resources.append({"name": f"{label}/{r}", "allocated": total - (free or 0), "total": total,
                                   "busy": None})
+        for r, c in sorted((n.get("counted") or {}).items()):  # memory (when counted), declared kinds
+            resources.append({"name": f"{label}/{r}", "allocated": c.get("used"), "total": c.get("total"),
+                              "busy": None})
         running += n.get("running") or 0
         queued += n.get("queued") or 0
         done = n.get("completed") or 0

@@ -18,6 +18,7 @@ import attrs
 
 from ..errors import InfeasibleSpecError, SpecError, SpecMappingError
 from ..pool import Pool, Quota
+from ..resources import Counted
 from ..spec import ActionSpec, Amdahl, Elasticity
 
 __all__ = [
@@ -34,7 +35,7 @@ log = logging.getLogger("tangram_sdk.integrations")
 #: ``spec_for(tool_name, parameters) -> ActionSpec``: derive one call's demand from its arguments.
 SpecFor = Callable[[str, Mapping[str, Any]], ActionSpec]
 
-_SPEC_KEYS = {"kind", "cpus", "gpus", "memory", "quotas", "elastic", "duration", "priority", "container",
+_SPEC_KEYS = {"kind", "cpus", "gpus", "memory", "needs", "quotas", "elastic", "duration", "priority", "container",
               "service"}
 _ELASTIC_KEYS = {"resource", "max_units", "parallel", "efficiency"}
 _FROM_PARAM_KEYS = {"cpus", "gpus", "memory", "duration", "priority", "max_units"}
@@ -111,13 +112,25 @@ def spec_from_mapping(data: Mapping[str, Any], *, default_kind: str | None = Non
 
 
 def pool_from_mapping(data: Mapping[str, Any]) -> Pool:
-    """Build a Pool from YAML: ``cpus``, ``numa``, ``gpus``, ``gpu_cells``, ``memory`` and
-    ``quotas: {name: {concurrency, rate, burst}}``."""
+    """Build a Pool from YAML: ``cpus``, ``numa``, ``gpus``, ``gpu_cells``, ``memory``,
+    ``resources: {name: capacity | {capacity, unit}}`` and ``quotas: {name: {concurrency, rate, burst}}``."""
     data = _plain(data)
     if not isinstance(data, Mapping):
         raise SpecError(f"a pool must be a mapping, got {data!r}")
-    _check_keys("pool", data, {"cpus", "numa", "gpus", "gpu_cells", "memory", "quotas"})
+    _check_keys("pool", data, {"cpus", "numa", "gpus", "gpu_cells", "memory", "resources", "quotas"})
     fields = dict(data)
+    res = fields.pop("resources", None) or {}
+    if not isinstance(res, Mapping):
+        raise SpecError(f"pool.resources must map names to a capacity or {{capacity, unit}}, got {res!r}")
+    resources: dict[str, int | Counted] = {}
+    for name, r in res.items():
+        if isinstance(r, Mapping):
+            _check_keys(f"pool.resources.{name}", r, {"capacity", "unit"})
+            if "capacity" not in r:
+                raise SpecError(f"pool.resources.{name} needs a capacity, got {r!r}")
+            resources[name] = Counted(**r)
+        else:
+            resources[name] = r
     quotas = fields.pop("quotas", None) or {}
     if not isinstance(quotas, Mapping):
         raise SpecError(f"pool.quotas must map names to {{concurrency, rate, burst}}, got {quotas!r}")
@@ -127,7 +140,7 @@ def pool_from_mapping(data: Mapping[str, Any]) -> Pool:
             raise SpecError(f"pool.quotas.{name} must be a mapping, got {q!r}")
         _check_keys(f"pool.quotas.{name}", q, {"concurrency", "rate", "burst"})
         built[str(name)] = Quota(**q)
-    return Pool(quotas=built, **fields)
+    return Pool(quotas=built, resources=resources, **fields)
 
 
 class SpecMapper:

@@ -43,7 +43,7 @@ __all__ = ["DEFAULT_NAME", "PoolDef", "close_loop_pools", "open_pool", "pool_def
 DEFAULT_NAME = "tangram"
 _SCOPES = ("job", "process")
 _NAMING_KEYS = {"name", "namespace", "scope"}
-_POOL_KEYS = {"cpus", "numa", "gpus", "gpu_cells", "memory", "quotas"}
+_POOL_KEYS = {"cpus", "numa", "gpus", "gpu_cells", "memory", "resources", "quotas"}
 
 
 @attrs.frozen(eq=True)
@@ -60,7 +60,7 @@ class PoolDef:
         if self.pool is None:
             return f"pool {self.name!r} (attach)"
         d = self.pool.describe()
-        shown = {k: d[k] for k in ("cpus", "gpus", "memory") if d.get(k)}
+        shown = {k: d[k] for k in ("cpus", "gpus", "memory", "resources") if d.get(k)}
         if self.pool.quotas:
             shown["quotas"] = {n: repr(q) for n, q in self.pool.quotas}
         if self.options:
@@ -78,7 +78,7 @@ def pool_def(source: Mapping[str, Any]) -> PoolDef:
     """Parse a runtime mapping: ``{pool: {...} | NAME, options: {...}}`` or a bare pool mapping.
 
     A pool mapping holds the :class:`Pool` fields (``cpus``, ``numa``, ``gpus``, ``gpu_cells``,
-    ``memory``, ``quotas``) and optionally ``name`` (default ``"tangram"``), ``namespace`` (Ray) and
+    ``memory``, ``resources``, ``quotas``) and optionally ``name`` (default ``"tangram"``), ``namespace`` (Ray) and
     ``scope`` (``job`` | ``process``). Unknown keys are a SpecError here, where config is read."""
     data = _plain(source)
     if not isinstance(data, Mapping):
@@ -108,7 +108,7 @@ def pool_def(source: Mapping[str, Any]) -> PoolDef:
     if scope not in _SCOPES:
         raise SpecError(f"pool.scope must be one of {list(_SCOPES)}, got {scope!r}")
     if not body:
-        raise SpecError(f"pool {name!r}: no resources given (cpus, gpus, memory or quotas); to attach to a pool "
+        raise SpecError(f"pool {name!r}: no resources given (cpus, gpus, memory, resources or quotas); to attach to a pool "
                         f"defined elsewhere write pool: {name}")
     return PoolDef(name=name, pool=pool_from_mapping(body), options=tuple(sorted(dict(options).items())),
                    namespace=namespace, scope=scope)

@@ -561,7 +561,7 @@ class SchedulerActor:
 
     @staticmethod
     def _split(spec: ActionSpec) -> tuple[ActionSpec | None, ActionSpec | None]:
-        needs_node = bool(spec.cpus or spec.gpus or spec.memory or spec.container or spec.service)
+        needs_node = bool(spec.cpus or spec.gpus or spec.memory or spec.needs or spec.container or spec.service)
         if not needs_node:
             return spec, None
         if not spec.quotas and not spec.tokens:
@@ -707,6 +707,7 @@ class SchedulerActor:
             "gpus": () if nl is None else nl.gpus,
             "units": 0 if nl is None else nl.units,
             "memory": 0 if nl is None else nl.memory,
+            "counted": () if nl is None else tuple(sorted(nl.counted.items())),
             "quotas": tuple(sorted(ql.quotas.items())) if ql is not None else (),
             "queued_s": loop.time() - t0,
         }

@@ -146,7 +146,7 @@ class NodeAgent:
         client gave up) waits for it and then releases. A failed apply is released here, in
         reverse, before the error goes back to the scheduler."""
         lease = Lease(action_id, spec, cpus=grant.cpus, gpus=grant.gpus, units=grant.units,
-                      memory=grant.memory, quotas=grant.quotas, queued_s=0.0,
+                      memory=grant.memory, quotas=grant.quotas, counted=grant.counted, queued_s=0.0,
                       granted_at=asyncio.get_running_loop().time())
         held = _Held(lease, Applied(grant, lease))
         self._leases[action_id] = held

@@ -716,7 +716,8 @@ class _RemoteAcquire:
         link.held[key] = _Held(asyncio.current_task())
         now = loop.time()
         lease = Lease(f["id"], self._spec, cpus=tuple(f["cpus"]), gpus=tuple(f["gpus"]), units=f["units"],
-                      memory=f["memory"], quotas=tuple(f["quotas"]), queued_s=now - t0, granted_at=now)
+                      memory=f["memory"], quotas=tuple(f["quotas"]), queued_s=now - t0, granted_at=now,
+                      counted=tuple(f.get("counted", ())))
         lease.attach("node", f["node"])
         lease.attach("ray_node_id", f["ray_node_id"])
         agent_name = f["agent"]

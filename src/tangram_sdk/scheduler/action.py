@@ -16,7 +16,7 @@ class Action:
     :data:`Shape`, then placement and timing as it is admitted and granted."""
 
     __slots__ = ("id", "spec", "seq", "submitted", "keys", "cpu_min", "gpu_min", "eres", "emin",
-                 "emax", "sp_min", "node", "cell", "grant", "started", "est_end", "stats", "span")
+                 "emax", "sp_min", "need", "node", "cell", "grant", "started", "est_end", "stats", "span")
 
     def __init__(self, aid: int, spec: ActionSpec, seq: int, now: float, stats: KindStats,
                  shape: Shape) -> None:
@@ -25,7 +25,7 @@ class Action:
         self.seq = seq
         self.submitted = now
         (_reason, self.keys, self.cpu_min, self.gpu_min, self.eres, self.emin, self.emax,
-         self.sp_min) = shape
+         self.sp_min, self.need) = shape
         self.node = -1
         self.cell = -1
         self.span = False
@@ -47,6 +47,7 @@ class Shape(NamedTuple):
     emin: int  # the elastic unit range
     emax: int
     sp_min: float  # speedup at the minimum (durations are learned per unit, planned from the minimum)
+    need: tuple[tuple[str, int], ...]  # units of the pool's counted kinds it takes (Grant.counted)
 
 
 def resource_keys(spec: ActionSpec) -> frozenset[str]:
@@ -56,8 +57,10 @@ def resource_keys(spec: ActionSpec) -> frozenset[str]:
         keys.add("cpu")
     if spec.gpus:
         keys.add("gpu")
-    if spec.memory:
-        keys.add("mem")
+    if spec.memory:  # the counted kinds it names ("n:memory" also where the pool counts no memory)
+        keys.add("n:memory")
+    for name, _ in spec.needs:
+        keys.add("n:" + name)
     for name, _ in spec.quotas:
         keys.add("q:" + name)
     for name, _ in spec.tokens:

@@ -51,7 +51,7 @@ class Admission(Deadlines):
             L.refill(now)
         node_free = L.node_count.copy()
         gfree = L.gpu_free
-        mem = L.mem_free
+        counted = dict(L.counted_free) if L.counted_free else L.counted_free
         q_used = dict(L.q_used) if L.q_used else L.q_used
         tokens = dict(L.tokens) if L.tokens else L.tokens
         blocked: set[str] = set()
@@ -75,7 +75,7 @@ class Admission(Deadlines):
             scanned += 1
             if blocked and not a.keys.isdisjoint(blocked):
                 continue
-            lack, node, cell, span = self._fits(a, node_free, gfree, mem, q_used, tokens, now)
+            lack, node, cell, span = self._fits(a, node_free, gfree, counted, q_used, tokens, now)
             if lack:
                 blocked.update(lack)
                 exhausted = True
@@ -121,8 +121,8 @@ class Admission(Deadlines):
                     tokens[name] -= q
             for name, n in a.spec.tokens:
                 tokens["#" + name] -= n
-            if a.spec.memory and mem is not None:
-                mem -= a.spec.memory
+            for name, n in a.need:
+                counted[name] -= n
             if span:
                 need = take
                 for i in sorted(range(len(node_free)), key=lambda i: -node_free[i]):
@@ -166,8 +166,8 @@ class Admission(Deadlines):
         return out
 
     # -- admission helpers ----------------------------------------------------------------------
-    def _fits(self, a: Action, node_free: list[int], gfree: int, mem: int | None, q_used: dict[str, int],
-              tokens: dict[str, float], now: float) -> tuple[list[str], int, int, bool]:
+    def _fits(self, a: Action, node_free: list[int], gfree: int, counted: dict[str, int],
+              q_used: dict[str, int], tokens: dict[str, float], now: float) -> tuple[list[str], int, int, bool]:
         """Does ``a`` fit at its minimum in this (tentative) state? Returns the resources it lacks
         (empty when it fits), its NUMA node, GPU cell offset, and whether it must span nodes. A
         missing rate-limit token also moves ``next_wakeup`` to when it will be there."""
@@ -198,8 +198,9 @@ class Admission(Deadlines):
                     t = now + (n - tokens[key]) / rate
                     if self.next_wakeup is None or t < self.next_wakeup:
                         self.next_wakeup = t
-        if spec.memory and mem is not None and spec.memory > mem:
-            lack.append("mem")
+        for name, n in a.need:  # counted kinds (memory, declared resources): a count each
+            if n > counted[name]:
+                lack.append("n:" + name)
         node = -1
         span = False
         if a.cpu_min:
@@ -232,7 +233,7 @@ class Admission(Deadlines):
         L = self.ledger
         if L.tokens:
             L.refill(now)
-        lack, node, cell, span = self._fits(a, L.node_count, L.gpu_free, L.mem_free,
+        lack, node, cell, span = self._fits(a, L.node_count, L.gpu_free, L.counted_free,
                                            L.q_used, L.tokens, now)
         self._round_now = now
         if not lack and cell >= 0 and a.spec.service:
@@ -288,7 +289,8 @@ class Admission(Deadlines):
                 self._resident.add(key, now)
             for p in pos:
                 self._gpu_holder[p] = a
-        g = Grant(a.id, cpus, gpus, units if a.eres else 0, spec.memory, spec.quotas, restore, spec.tokens)
+        g = Grant(a.id, cpus, gpus, units if a.eres else 0, spec.memory, spec.quotas, restore, spec.tokens,
+                  a.need)
         L.take(g)
         if queued:
             self._queue.remove(a)

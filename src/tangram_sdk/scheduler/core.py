@@ -71,7 +71,9 @@ class SchedulerStats(Snapshot):
     ``asdict()`` for JSON; ``s["granted"]``, ``.get``, ``dict(s)`` keep working for one release).
 
     ``quotas``: per quota ``used``, ``concurrency``, ``tokens`` and ``token_level`` (the request
-    and token buckets, None without one). Means are None until there is something to average."""
+    and token buckets, None without one). ``counted``: per counted kind the pool accounts (memory
+    when counted, and its declared ``resources``) ``total``, ``free``, ``used`` and ``unit``. Means
+    are None until there is something to average."""
 
     cpus_total: int
     cpus_free: int
@@ -80,6 +82,7 @@ class SchedulerStats(Snapshot):
     memory_total: int | None
     memory_free: int | None
     quotas: Mapping[str, Mapping[str, Any]]
+    counted: Mapping[str, Mapping[str, Any]]
     running: int
     queued: int
     submitted: int
@@ -245,8 +248,11 @@ class Scheduler(Admission):
             eres, emin, emax = None, 0, 0
         else:
             eres, emin, emax = el.resource, (spec.cpus if el.resource == "cpu" else spec.gpus), el.max_units
+        need = spec.needs
+        if spec.memory and "memory" in self.ledger.counted_free:  # memory= is the built-in counted kind
+            need = tuple(sorted((*need, ("memory", spec.memory))))
         shape = cache[spec] = Shape(self._feasibility(spec), resource_keys(spec), spec.cpus, spec.gpus,
-                                    eres, emin, emax, spec.speedup(emin) if eres else 1.0)
+                                    eres, emin, emax, spec.speedup(emin) if eres else 1.0, need)
         return shape
 
     def _feasibility(self, spec: ActionSpec) -> str | None:
@@ -258,8 +264,16 @@ class Scheduler(Admission):
                 return f"gpus={spec.gpus} exceeds the pool's {len(pool.gpus)} GPUs"
             if spec.gpus not in self._cells:
                 return f"gpus={spec.gpus} is not a GPU cell size of this pool {self._cells}"
-        if spec.memory and pool.memory is not None and spec.memory > pool.memory:
-            return f"memory={spec.memory} exceeds the pool's {pool.memory} bytes"
+        if spec.memory or spec.needs:
+            kinds = {k.name: (k, cap) for k, cap in pool.counted_kinds}
+            # memory= on a pool that does not count memory is a limit for managers only
+            demands = (*((("memory", spec.memory),) if spec.memory and "memory" in kinds else ()), *spec.needs)
+            for name, n in sorted(demands):
+                if name not in kinds:
+                    return f"unknown resource {name!r} (pool counts {sorted(kinds) or 'none'})"
+                kind, cap = kinds[name]
+                if n > cap:
+                    return f"{name}={n} exceeds the pool's {cap} {kind.unit}"
         conc = self.ledger.q_conc
         for name, q in spec.quotas:
             if name not in conc:
@@ -376,6 +390,9 @@ class Scheduler(Admission):
             cpus_total=len(pool.cpus), cpus_free=L.free_cpus,
             gpus_total=len(pool.gpus), gpus_free=L.free_gpus,
             memory_total=pool.memory, memory_free=L.mem_free,
+            counted={k.name: {"total": cap, "free": L.counted_free[k.name],
+                              "used": cap - L.counted_free[k.name], "unit": k.unit}
+                     for k, cap in pool.counted_kinds},
             quotas={n: {"used": L.q_used[n], "concurrency": L.q_conc[n],
                         "tokens": (round(L.tokens[n], 3) if n in L.tokens else None),
                         "token_level": (round(L.tokens["#" + n], 3) if "#" + n in L.tokens else None)}
@@ -397,7 +414,7 @@ class Scheduler(Admission):
         used_c: set[int] = set()
         used_g: set[int] = set()
         q_used = {n: 0 for n in L.q_used}
-        mem = 0
+        counted = dict.fromkeys(L.counted_free, 0)
         for a in self._running.values():
             g = a.grant
             assert g is not None
@@ -405,7 +422,9 @@ class Scheduler(Admission):
             assert not (used_g & set(g.gpus)), f"gpu shared: {g.gpus}"
             used_c |= set(g.cpus)
             used_g |= set(g.gpus)
-            mem += g.memory
+            for n, k in g.counted:
+                counted[n] += k
+            assert g.counted == a.need, f"counted units {g.counted} != demand {a.need}"
             for n, q in g.quotas:
                 q_used[n] += q
             assert len(g.cpus) >= a.spec.cpus and len(g.gpus) >= a.spec.gpus, "minimum not honoured"
@@ -425,8 +444,8 @@ class Scheduler(Admission):
         assert q_used == L.q_used, f"quota accounting {q_used} != {L.q_used}"
         for n, c in L.q_conc.items():
             assert c is None or q_used[n] <= c, f"quota {n} over concurrency"
-        if L.mem_free is not None:
-            assert L.mem_free + mem == self.pool.memory, "memory lost"
+        for n, cap in self.pool.counted.items():
+            assert 0 <= L.counted_free[n] and L.counted_free[n] + counted[n] == cap, f"{n} units lost"
         assert self.granted == self.released + len(self._running), "granted != released + running"
 
     def __repr__(self) -> str:
@@ -436,6 +455,8 @@ class Scheduler(Admission):
             parts.append(f"cpu {len(self.pool.cpus) - L.free_cpus}/{len(self.pool.cpus)}")
         if self.pool.gpus:
             parts.append(f"gpu {len(self.pool.gpus) - L.free_gpus}/{len(self.pool.gpus)}")
+        for n, cap in self.pool.counted.items():
+            parts.append(f"{n} {cap - L.counted_free[n]}/{cap}")
         for n in L.q_used:
             parts.append(f"{n} {L.q_used[n]}")
         return f"<Scheduler {' '.join(parts)} | {len(self._running)} running, {self._queue.n} queued>"

@@ -18,7 +18,10 @@ class Grant(NamedTuple):
     """Hand ``action_id`` these concrete cores and GPUs, ``units`` of its elastic resource (0 when
     not elastic), ``memory`` bytes and quota units. ``restore`` is True when the action's GPU service
     is not known to be resident on ``gpus`` (the manager must restore it first). ``tokens`` are drawn
-    from weighted quotas (spent, not returned)."""
+    from weighted quotas (spent, not returned). ``counted``: the ``(name, units)`` taken from the
+    pool's counted kinds (:mod:`tangram_sdk.resources`), sorted by name: the spec's ``needs``, plus
+    ``memory`` when the pool counts memory. ``memory`` stays what the spec declared (the limit a
+    manager enforces, also on a pool that does not count memory)."""
 
     action_id: int
     cpus: tuple[int, ...] = ()
@@ -28,6 +31,17 @@ class Grant(NamedTuple):
     quotas: tuple[tuple[str, int], ...] = ()
     restore: bool = False
     tokens: tuple[tuple[str, int], ...] = ()
+    counted: tuple[tuple[str, int], ...] = ()
+
+    def __repr__(self) -> str:
+        """The namedtuple repr, leaving ``counted`` out when it says no more than ``memory=``
+        does (empty, or just the memory bytes): decision logs hash this text, so a grant of no
+        declared resource prints exactly as before ``counted`` existed."""
+        c = self.counted
+        tail = "" if not c or c == (("memory", self.memory),) else f", counted={c!r}"
+        return (f"Grant(action_id={self.action_id!r}, cpus={self.cpus!r}, gpus={self.gpus!r}, "
+                f"units={self.units!r}, memory={self.memory!r}, quotas={self.quotas!r}, "
+                f"restore={self.restore!r}, tokens={self.tokens!r}{tail})")
 
     def __eq__(self, other: object) -> bool:
         return type(other) is Grant and tuple.__eq__(self, other)

@@ -1,5 +1,6 @@
-"""The ledger of free units: concrete cores per NUMA node, GPU positions as a bitmask, memory bytes,
-quota concurrency and token buckets (requests under the quota's name, weighted tokens under
+"""The ledger of free units: concrete cores per NUMA node, GPU positions as a bitmask, free units per
+counted kind (``counted_free``: memory bytes and the pool's declared resources, by name), quota
+concurrency and token buckets (requests under the quota's name, weighted tokens under
 ``"#" + name``, a key no quota name can take). Only the core mutates it, and only through take/give, so the
 invariant "free + granted = pool" has exactly two places to break."""
 
@@ -13,7 +14,7 @@ __all__ = ["Ledger"]
 
 class Ledger:
     __slots__ = ("pool", "node_free", "node_count", "node_of", "node_size", "gpu_ids", "gpu_pos", "gpu_free",
-                 "mem_free", "q_conc", "q_rate", "q_bucket", "q_used", "tokens", "refilled_at")
+                 "counted_free", "q_conc", "q_rate", "q_bucket", "q_used", "tokens", "refilled_at")
 
     def __init__(self, pool: Pool, now: float = 0.0) -> None:
         self.pool = pool
@@ -26,7 +27,7 @@ class Ledger:
         self.gpu_ids: tuple[int, ...] = pool.gpus
         self.gpu_pos: dict[int, int] = {g: i for i, g in enumerate(pool.gpus)}
         self.gpu_free: int = (1 << len(pool.gpus)) - 1
-        self.mem_free: int | None = pool.memory
+        self.counted_free: dict[str, int] = pool.counted
         self.q_conc: dict[str, int | None] = {}
         self.q_rate: dict[str, float | None] = {}
         self.q_bucket: dict[str, int | None] = {}
@@ -77,6 +78,11 @@ class Ledger:
     def free_gpus(self) -> int:
         return self.gpu_free.bit_count()
 
+    @property
+    def mem_free(self) -> int | None:
+        """Free bytes of the built-in counted kind (None: the pool does not count memory)."""
+        return self.counted_free.get("memory")
+
     def take(self, g: Grant) -> None:
         for c in g.cpus:
             n = self.node_of[c]
@@ -87,8 +93,10 @@ class Ledger:
             if not self.gpu_free & bit:
                 raise AssertionError(f"GPU {gid} granted twice")
             self.gpu_free &= ~bit
-        if self.mem_free is not None:
-            self.mem_free -= g.memory
+        if g.counted:
+            free = self.counted_free
+            for name, n in g.counted:
+                free[name] -= n
         for name, q in g.quotas:
             self.q_used[name] += q
             if name in self.tokens:
@@ -106,7 +114,9 @@ class Ledger:
             self.node_count[n] += 1
         for gid in g.gpus:
             self.gpu_free |= 1 << self.gpu_pos[gid]
-        if self.mem_free is not None:
-            self.mem_free += g.memory
+        if g.counted:
+            free = self.counted_free
+            for name, n in g.counted:
+                free[name] += n
         for name, q in g.quotas:
             self.q_used[name] -= q  # tokens are spent, not returned

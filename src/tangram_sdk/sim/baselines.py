@@ -194,7 +194,8 @@ def make_policy(name: str, pool: Pool, *, services: Sequence[str] = (), service_
                 # every GPU's first slot before any second one (a call batches only when all are busy)
                 ids = [j * _SLOT + g for j in range(iso_batch) for g in ids]
             lanes.append(Scheduler(Pool(gpus=list(ids), gpu_cells=pool.gpu_cells), elastic=False, **sched_opts))
-        rest = Pool(cpus=list(pool.cpus), numa=pool.numa, memory=pool.memory, quotas=dict(pool.quotas))
+        rest = Pool(cpus=list(pool.cpus), numa=pool.numa, memory=pool.memory, quotas=dict(pool.quotas),
+                    resources=pool.resources)
         lanes.append(Scheduler(rest, elastic=False, **sched_opts))
         ql = _quota_lanes(lanes, pool, quota_procs, sched_opts)
         return Policy(name, lanes, service_lane=lane_of, tp=iso_tp, quota_lanes=ql, batch=iso_batch,

@@ -8,12 +8,13 @@ One line per action::
 ``arrival`` (s) and ``duration`` (s of work at the minimum units) are required with ``kind``.
 Times are relative to the first action: the recorder writes them so, and the replay shifts any
 trace (one recorded with seconds since boot, say) so that its earliest ``arrival`` is 0.
-``cpus``/``gpus``/``memory``/``quotas``/``service``/``elastic``/``overhead`` describe the demand.
+``cpus``/``gpus``/``memory``/``needs``/``quotas``/``service``/``elastic``/``overhead`` describe the
+demand (``needs``: units of the pool's declared counted resources, ``{"sandbox_slots": 1}``).
 ``traj`` groups actions into a closed-loop trajectory (the think time before an action is its
 arrival minus the previous action's ``end``, or its arrival plus duration when ``end`` is absent);
 lines without ``traj`` are open-loop, each its own trajectory. An optional first line
 ``{"pool": {"cpus": 64, "gpus": 8, "quotas": {"search": {"concurrency": 4, "rate": 10}}}}`` names the
-pool. A malformed line raises :class:`TraceError` naming the line and the field; nothing is dropped.
+pool (also ``numa``, ``memory`` and ``resources``: ``{"sandbox_slots": {"capacity": 8, "unit": "slots"}}``). A malformed line raises :class:`TraceError` naming the line and the field; nothing is dropped.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from typing import IO, Any
 
 from ..errors import SpecError, TraceError
 from ..pool import Pool, Quota
+from ..resources import Counted
 from ..scheduler.decisions import Decision, Grant
 from ..scheduler.events import Cancelled, Event, Released, Submitted
 from ..spec import ActionSpec, Amdahl, Elasticity
@@ -33,7 +35,7 @@ from .engine import Act, Trajectory
 
 __all__ = ["TraceError", "TraceRecorder", "load_trace", "trace_workload"]
 
-_FIELDS = {"arrival", "kind", "cpus", "gpus", "memory", "quotas", "service", "elastic", "duration",
+_FIELDS = {"arrival", "kind", "cpus", "gpus", "memory", "needs", "quotas", "service", "elastic", "duration",
            "traj", "end", "overhead", "units", "granted", "failed", "id"}
 
 
@@ -84,9 +86,9 @@ def _spec(line: int, rec: dict[str, Any]) -> ActionSpec:
     try:
         return ActionSpec(kind=rec["kind"], cpus=rec.get("cpus", 0), gpus=rec.get("gpus", 0),
                           memory=rec.get("memory", 0), quotas=rec.get("quotas"), elastic=elastic,
-                          service=rec.get("service"))
+                          service=rec.get("service"), needs=rec.get("needs"))
     except (SpecError, TypeError, ValueError, AttributeError) as exc:
-        field = next((f for f in ("kind", "quotas", "service", "cpus", "gpus") if f in str(exc)), "spec")
+        field = next((f for f in ("kind", "quotas", "needs", "service", "cpus", "gpus") if f in str(exc)), "spec")
         raise TraceError(f"line {line}: field {field!r}: {exc}") from None
 
 
@@ -173,8 +175,21 @@ def _pool(line: int, p: Any) -> Pool:
             quotas[n] = Quota(**q)
         except SpecError as exc:
             raise TraceError(f"line {line}: field 'pool.quotas.{n}': {exc}") from None
+    raw_res = p.get("resources") or {}
+    if not isinstance(raw_res, dict):
+        raise TraceError(f"line {line}: field 'pool.resources' must be an object, got {raw_res!r}")
+    resources: dict[str, Counted] = {}
+    for n, r in raw_res.items():
+        if not isinstance(r, dict) or "capacity" not in r or set(r) - {"capacity", "unit"}:
+            raise TraceError(f"line {line}: field 'pool.resources.{n}' must be an object with capacity "
+                             f"and optionally unit, got {r!r}")
+        try:
+            resources[n] = Counted(**r)
+        except SpecError as exc:
+            raise TraceError(f"line {line}: field 'pool.resources.{n}': {exc}") from None
     try:
-        return Pool(cpus=p.get("cpus", 0), numa=p.get("numa"), gpus=p.get("gpus", 0), quotas=quotas)
+        return Pool(cpus=p.get("cpus", 0), numa=p.get("numa"), gpus=p.get("gpus", 0), memory=p.get("memory"),
+                    quotas=quotas, resources=resources)
     except (SpecError, TypeError) as exc:
         raise TraceError(f"line {line}: field 'pool': {exc}") from None
 
@@ -241,6 +256,10 @@ class TraceRecorder:
             head: dict[str, Any] = {"cpus": list(pool.cpus), "gpus": list(pool.gpus), "quotas": quotas}
             if pool.numa is not None:
                 head["numa"] = [list(n) for n in pool.numa]
+            if pool.memory is not None:
+                head["memory"] = pool.memory
+            if pool.resources:
+                head["resources"] = {n: {"capacity": c.capacity, "unit": c.unit} for n, c in pool.resources}
             self._write({"pool": head})
 
     def __call__(self, events: Sequence[Event], now: float, decisions: Sequence[Decision]) -> None:
@@ -269,6 +288,8 @@ class TraceRecorder:
         for k in ("cpus", "gpus", "memory"):
             if getattr(spec, k):
                 line[k] = getattr(spec, k)
+        if spec.needs:
+            line["needs"] = dict(spec.needs)
         if spec.quotas:
             line["quotas"] = dict(spec.quotas)
         if spec.service:
