@@ -135,8 +135,22 @@ class Elasticity:
     resource: ElasticResource
     max_units: int
     efficiency: Efficiency = attrs.field(default=Amdahl(0.9), converter=_to_efficiency)
+    malleable: bool = attrs.field(default=False, kw_only=True)
+    """The running work can use cores added (or lose cores taken) mid-run: ``make -j`` over a
+    cpuset, a thread pool that follows ``os.sched_getaffinity``. The scheduler then grows a long
+    running action into idle cores and shrinks it back when others wait (``Resize``); a
+    fixed-worker runner (``pytest -n 16``) is not malleable. CPU only."""
+
+    def __repr__(self) -> str:  # malleable shown only when set: decision logs of other specs unchanged
+        tail = ", malleable=True" if self.malleable else ""
+        return (f"Elasticity(resource={self.resource!r}, max_units={self.max_units!r}, "
+                f"efficiency={self.efficiency!r}{tail})")
 
     def __attrs_post_init__(self) -> None:
+        if not isinstance(self.malleable, bool):
+            raise SpecError(f"malleable must be True or False, got {show(self.malleable)}")
+        if self.malleable and self.resource != "cpu":
+            raise SpecError("malleable elasticity is for CPU cores only (a GPU instance's width is fixed)")
         if self.resource not in ("cpu", "gpu"):
             raise SpecError(f"elastic resource must be 'cpu' or 'gpu', got {show(self.resource)}")
         if isinstance(self.max_units, bool) or not isinstance(self.max_units, int) or self.max_units < 1:

@@ -68,7 +68,12 @@ class Offer:
 class Manager(Protocol):
     """Applies grants to real resources. Each method ignores specs it is not about (a Docker CPU
     manager ignores specs without ``container``; a GPU manager those without ``service``).
-    Subclass :class:`BaseManager` to get no-op defaults for what you do not need."""
+    Subclass :class:`BaseManager` to get no-op defaults for what you do not need.
+
+    Optional, outside the protocol (so older managers still satisfy it): ``async resize(old, new,
+    lease)`` applies a running malleable action's new cores (``new.cpus``, was ``old.cpus``) to
+    its work (a container's cpuset, a process tree's affinity); the runtime calls it, in apply
+    order, on the managers that have it."""
 
     name: str
 
@@ -119,6 +124,9 @@ class BaseManager:
         return None
 
     async def release(self, grant: Grant, lease: Lease) -> None:
+        return None
+
+    async def resize(self, old: Grant, new: Grant, lease: Lease) -> None:
         return None
 
     async def aclose(self) -> None:

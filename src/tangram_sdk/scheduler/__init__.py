@@ -6,9 +6,9 @@ no clocks, no event loop anywhere in this package (``tests/test_purity.py``).
 """
 
 from .core import Scheduler, SchedulerStats
-from .decisions import Decision, Grant, Reject
+from .decisions import Decision, Grant, Reject, Resize
 from .events import Cancelled, Event, Released, ServiceResidency, Submitted, Tick, TokensUsed
 from .observer import Observer
 
-__all__ = ["Cancelled", "Decision", "Event", "Grant", "Observer", "Reject", "Released", "Scheduler",
+__all__ = ["Cancelled", "Decision", "Event", "Grant", "Observer", "Reject", "Released", "Resize", "Scheduler",
            "SchedulerStats", "ServiceResidency", "Submitted", "Tick", "TokensUsed"]

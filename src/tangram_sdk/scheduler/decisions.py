@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import NamedTuple, Union
 
-__all__ = ["Decision", "Grant", "Reject"]
+__all__ = ["Decision", "Grant", "Reject", "Resize"]
 
 
 class Grant(NamedTuple):
@@ -72,4 +72,24 @@ class Reject(NamedTuple):
         return tuple.__hash__(self)
 
 
-Decision = Union[Grant, Reject]
+class Resize(NamedTuple):
+    """Running *malleable* action ``action_id`` now holds ``cpus`` (``units`` of its elastic CPU):
+    grown into cores that sit idle while it runs long, or shrunk back to the size it was admitted
+    at when others wait. The runtime applies it to the running work (managers' ``resize``, the
+    lease's ``cpus``/``units``); what the action releases later is what it holds then."""
+
+    action_id: int
+    cpus: tuple[int, ...]
+    units: int
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is Resize and tuple.__eq__(self, other)
+
+    def __ne__(self, other: object) -> bool:
+        return not self.__eq__(other)
+
+    def __hash__(self) -> int:
+        return tuple.__hash__(self)
+
+
+Decision = Union[Grant, Reject, Resize]
