@@ -62,6 +62,8 @@ class Cell:
         p = dict(self.params)
         fam = self.family
         if fam == "ai-coding":
+            if os.environ.get("TANGRAM_MATRIX_MALLEABLE") == "1":
+                p["test_malleable"] = True  # Tangram may resize running tests; fixed DoPs ignore it
             return ai_coding(**p)
         if fam == "mopd":
             return mopd(**p)
@@ -248,7 +250,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--measured", action="store_true",
                     help="released actions report the parallelism their work got (lease.run/exec live); "
                          "default: Tangram learns from durations alone, the harder case")
+    ap.add_argument("--malleable", action="store_true",
+                    help="ai-coding tests are malleable (make -j over a cpuset): Tangram grows a test that "
+                         "outruns its estimate into idle cores and shrinks it back when others wait")
     args = ap.parse_args(argv)
+    if args.malleable:
+        os.environ["TANGRAM_MATRIX_MALLEABLE"] = "1"
     if args.measured:
         os.environ["TANGRAM_MATRIX_MEASURED"] = "1"
     if args.opts:

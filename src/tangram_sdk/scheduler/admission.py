@@ -23,6 +23,16 @@ class Admission(Deadlines):
 
     # ------------------------------------------------------------------------------ the round
     def _round(self, now: float) -> list[Decision]:
+        if self._mall:  # malleable actions running: shrink before admission, grow after
+            pre: list[Decision] = []
+            if self._grown and self._cpu_waiting():
+                self._shrink_all(pre, now)
+            pre.extend(self._round_plain(now))
+            self._malleable_round(pre, now)
+            return pre
+        return self._round_plain(now)
+
+    def _round_plain(self, now: float) -> list[Decision]:
         if self._deadlines:  # rare: only actions submitted with a deadline put entries here
             out = self._expire(now)
             out.extend(self._round_fcfs(now))
@@ -303,6 +313,8 @@ class Admission(Deadlines):
             est += self._restore_lat(self._restore_cost(spec.service), len(gpus))
         a.est_end = now + est
         self._running[a.id] = a
+        if a.eres == "cpu" and spec.elastic is not None and spec.elastic.malleable:
+            self._mall[a.id] = a
         self.granted += 1
         self._sum_queue += now - a.submitted
         return g

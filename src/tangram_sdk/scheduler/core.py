@@ -72,8 +72,10 @@ class SchedulerStats(Snapshot):
 
     ``quotas``: per quota ``used``, ``concurrency``, ``tokens`` and ``token_level`` (the request
     and token buckets, None without one). ``counted``: per counted kind the pool accounts (memory
-    when counted, and its declared ``resources``) ``total``, ``free``, ``used`` and ``unit``. Means
-    are None until there is something to average."""
+    when counted, and its declared ``resources``) ``total``, ``free``, ``used`` and ``unit``.
+    ``resizes``: Resize decisions so far (malleable actions grown or shrunk); ``grown``: running
+    ones holding more than they were admitted with now. Means are None until there is something
+    to average."""
 
     cpus_total: int
     cpus_free: int
@@ -94,6 +96,8 @@ class SchedulerStats(Snapshot):
     completed: int
     rounds: int
     evictions: int
+    resizes: int
+    grown: int
     mean_act_s: float | None
     mean_queue_s: float | None
     mean_exec_s: float | None
@@ -153,6 +157,7 @@ class Scheduler(Admission):
         if gpu_slots is not None and not gpu_slots > 0:
             raise ValueError(f"gpu_slots must be None or > 0, got {gpu_slots!r}")
         self._init_gpu_sizing(restore_horizon, gpu_instances, gpu_regime_window)
+        self._init_malleable()
         self.pool = pool
         self.window = window
         self.depth = depth
@@ -401,6 +406,7 @@ class Scheduler(Admission):
             submitted=self.submitted, granted=self.granted, released=self.released,
             cancelled=self.cancelled, rejected=self.rejected, failed=self.failed,
             completed=self.completed, rounds=self.rounds, evictions=self.evictions,
+            resizes=self.resizes, grown=len(self._grown),
             mean_act_s=(self._sum_act / self.completed) if self.completed else None,
             mean_queue_s=(self._sum_queue / self.granted) if self.granted else None,
             mean_exec_s=(self._sum_exec / self.completed) if self.completed else None,
@@ -541,6 +547,7 @@ class Scheduler(Admission):
             raise KeyError(f"release of unknown action id {aid}")
         g = a.grant
         assert g is not None
+        msp = self._malleable_speedup(a, now) if self._mall else None
         self.ledger.give(g)
         for gid in g.gpus:
             self._gpu_holder[self.ledger.gpu_pos[gid]] = None
@@ -560,7 +567,7 @@ class Scheduler(Admission):
             exec_s = max(0.1 * exec_s, exec_s - self._restore_lat(self._restore_cost(a.spec.service),
                                                                   len(g.gpus)))
         if a.spec.duration is None:
-            sp = a.spec.speedup(g.units) if a.eres else 1.0
+            sp = (a.spec.speedup(g.units) if msp is None else msp) if a.eres else 1.0
             a.stats.observe_exec(exec_s, sp, self.duration_alpha,
                                  learn_beta=self.learn_efficiency and a.eres is not None,
                                  parallelism=parallelism if g.units > 1 else None)

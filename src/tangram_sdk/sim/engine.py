@@ -23,7 +23,7 @@ from typing import Any, NamedTuple
 
 import attrs
 
-from ..scheduler import Event, Grant, Observer, Reject, Released, Scheduler, ServiceResidency, Submitted, Tick
+from ..scheduler import Event, Grant, Observer, Reject, Released, Resize, Scheduler, ServiceResidency, Submitted, Tick
 from ..spec import ActionSpec, Efficiency
 from .baselines import Policy
 
@@ -60,13 +60,16 @@ class Act:
         """Cores' worth the action's work gets on ``units`` cores, as ``lease.run``/``exec``
         measure it (CPU seconds over wall seconds, ``overhead`` seconds of the wall idle): work
         that conserves its CPU time runs at its true speedup."""
+        if not units or self.spec.elastic is None:
+            return 1.0
+        wall = self.work * self.relative_duration(units) + overhead
+        return self.cpu_seconds() / wall if wall > 0 else 1.0
+
+    def cpu_seconds(self) -> float:
+        """CPU seconds the work takes at any size (it conserves its CPU time)."""
         spec = self.spec
         t = self.truth if self.truth is not None else spec.elastic.efficiency if spec.elastic else None
-        if t is None or not units:
-            return 1.0
-        wall = self.work * self.relative_duration(units)
-        cpu = self.work * t.speedup(spec.min_units)
-        return cpu / (wall + overhead) if wall + overhead > 0 else 1.0
+        return self.work * (t.speedup(spec.min_units) if t is not None else 1.0)
 
 
 @attrs.frozen(slots=True)
@@ -194,6 +197,8 @@ def simulate(
     lane_of: dict[int, int] = {}
     grant_of: dict[int, Grant] = {}
     par_of: dict[int, float] = {}  # measured: what each running elastic CPU action's work gets
+    prog: dict[int, tuple[float, float, float]] = {}  # resized: (since, fraction done then, fraction/s)
+    done_gen: dict[int, int] = {}  # resized: the generation of its live completion event
     direct: set[int] = set()
     hold_traj: dict[int, int] = {}
     next_id = 1
@@ -244,9 +249,34 @@ def simulate(
         for d in decs:
             if isinstance(d, Grant):
                 on_grant(li, d, now)
+            elif isinstance(d, Resize):
+                on_resize(d, now)
             elif isinstance(d, Reject):
                 raise ValueError(f"action {d.action_id} can never run on this pool: {d.reason}")
         arm(li)
+
+    def on_resize(d: Resize, now: float) -> None:
+        """A running malleable action's cores change: its remaining work runs at the new size
+        from ``now`` plus one resize (the per-grant CPU cost); its completion is re-timed."""
+        aid = d.action_id
+        g = grant_of[aid]
+        r = rec_of[aid]
+        act = act_of[r]
+        t0, f0, rate = prog.get(aid) or (res.grant[r] + res.overhead[r], 0.0, 1.0 / max(res.exec_s[r], 1e-12))
+        t_eff = max(now + cpu_cost, t0)
+        f = min(1.0, f0 + (t_eff - t0) * rate)
+        new_rate = 1.0 / max(act.work * act.relative_duration(d.units), 1e-12)
+        end = q(t_eff + (1.0 - f) / new_rate)
+        prog[aid] = (t_eff, f, new_rate)
+        gen = done_gen[aid] = done_gen.get(aid, 0) + 1
+        dn = len(d.cpus) - len(g.cpus)
+        grant_of[aid] = g._replace(cpus=d.cpus, units=d.units)
+        changes.append(Change(now, dn, dn, 0, 0))
+        res.exec_s[r] = end - res.grant[r] - res.overhead[r]
+        res.units[r] = d.units
+        if aid in par_of:  # measured: the cores' worth over the whole run, resizes included
+            par_of[aid] = act.cpu_seconds() / max(end - res.grant[r], 1e-12)
+        push(end, _DONE, aid, gen)
 
     def on_grant(li: int, g: Grant, now: float) -> None:
         aid = g.action_id
@@ -397,6 +427,11 @@ def simulate(
             flush_resid(now)
         elif cls == _DONE:
             aid = a
+            if done_gen and done_gen.get(aid, 0) != b:
+                continue  # a completion re-timed by a resize
+            if done_gen and aid in done_gen:
+                done_gen[aid] = -1  # done: its older, re-timed completion events are stale too
+                prog.pop(aid, None)
             r = rec_of.pop(aid)
             res.end[r] = now
             if aid in direct:

@@ -1,0 +1,90 @@
+"""Malleable CPU actions in the pure core and the simulator: a test that outruns its estimate grows
+into cores nobody asked for, gives them back before anyone who needs cores is admitted, and the
+units it held always come back (issue 12's RL-step stragglers)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tangram_sdk import ActionSpec, Amdahl, Elasticity, Pool, Scheduler, SpecError
+from tangram_sdk.scheduler import Cancelled, Grant, Released, Resize, Submitted, Tick
+from tangram_sdk.sim.baselines import make_policy
+from tangram_sdk.sim.engine import Act, Trajectory, simulate
+
+MALL = ActionSpec(kind="m", cpus=1, elastic=Elasticity("cpu", 8, Amdahl(0.9), malleable=True))
+FIXED = ActionSpec(kind="f", cpus=4)
+
+
+def test_only_cpu_elasticity_can_be_malleable_and_reprs_are_unchanged() -> None:
+    with pytest.raises(SpecError, match="CPU cores only"):
+        Elasticity("gpu", 4, malleable=True)
+    with pytest.raises(SpecError, match="True or False"):
+        Elasticity("cpu", 4, malleable=1)  # type: ignore[arg-type]
+    assert "malleable" not in repr(Elasticity("cpu", 4))  # decision logs of other specs unchanged
+    assert "malleable=True" in repr(MALL.elastic)
+
+
+def _resizes(ds: list[object]) -> list[Resize]:
+    return [d for d in ds if isinstance(d, Resize)]
+
+
+def test_grows_into_idle_cores_past_its_estimate_and_shrinks_before_admission() -> None:
+    s = Scheduler(Pool(cpus=8), options=None)
+    assert s.handle(Submitted(1, FIXED), 0.0)[0].cpus == (0, 1, 2, 3)
+    g = s.handle(Submitted(2, MALL), 0.0)[0]
+    assert isinstance(g, Grant) and g.units == 4
+    assert _resizes(s.handle(Tick(), 0.5)) == []  # nothing idle
+    # the fixed action leaves: 4 idle cores; the malleable one has outrun its estimate (prior 1 s)
+    grow = _resizes(s.handle(Released(1), 6.0))
+    assert grow == [Resize(2, tuple(range(8)), 8)]
+    s.check_invariants()
+    st = s.statistics()
+    assert st.cpus_free == 0 and st.resizes == 1 and st.grown == 1
+    # someone needing cores arrives: the borrowed cores go back first, then it is admitted on them
+    ds = s.handle(Submitted(3, FIXED), 7.0)
+    assert ds[0] == Resize(2, (4, 5, 6, 7), 4)
+    assert isinstance(ds[1], Grant) and ds[1].cpus == (0, 1, 2, 3)
+    s.check_invariants()
+    s.handle(Released(2), 9.0)
+    s.handle(Released(3), 9.5)
+    s.check_invariants()
+    assert s.statistics().cpus_free == 8
+
+
+def test_a_young_action_is_not_grown_and_a_grown_one_gives_everything_back_when_cancelled() -> None:
+    s = Scheduler(Pool(cpus=8))
+    s.handle(Submitted(1, FIXED), 0.0)
+    s.handle(Submitted(2, MALL), 0.0)
+    # released before the malleable action outran its estimate: no growth yet, a wakeup instead
+    assert _resizes(s.handle(Released(1), 0.2)) == []
+    assert s.next_wakeup is not None and s.next_wakeup > 0.2
+    assert _resizes(s.handle(Tick(), s.next_wakeup)) != []  # at its estimate, the idle cores are lent
+    s.handle(Cancelled(2), 5.0)
+    s.check_invariants()
+    assert s.statistics().cpus_free == 8 and s.running == 0
+
+
+def test_non_malleable_actions_are_never_resized() -> None:
+    plain = ActionSpec(kind="p", cpus=1, elastic=Elasticity("cpu", 8, Amdahl(0.9)))
+    s = Scheduler(Pool(cpus=8))
+    s.handle(Submitted(1, FIXED), 0.0)
+    s.handle(Submitted(2, plain), 0.0)
+    assert _resizes(s.handle(Released(1), 30.0)) == []
+
+
+def _straggler_run(malleable: bool) -> tuple[float, list[int]]:
+    spec = ActionSpec(kind="t", cpus=1, elastic=Elasticity("cpu", 8, Amdahl(0.9), malleable=malleable))
+    trajs = [Trajectory((Act(spec, 1.0),)) for _ in range(15)] + [Trajectory((Act(spec, 100.0),))]
+    res = simulate(trajs, make_policy("tangram", Pool(cpus=8)))
+    return max(res.end), res.units
+
+
+def test_simulated_straggler_finishes_on_cores_the_others_left() -> None:
+    """Sixteen tests at once on 8 cores, a backlog: each starts on one or two. Fifteen take 1 s;
+    the last, 100 s of single-core work, keeps its one core for 100 s unless it may grow: then it
+    takes the idle cores once it outruns its estimate and ends near 2 + 98 / S(8) = 23 s."""
+    fixed_end, _ = _straggler_run(False)
+    mall_end, units = _straggler_run(True)
+    assert fixed_end == pytest.approx(101.0, rel=0.02)
+    assert mall_end < 0.3 * fixed_end, (mall_end, units)
+    assert units[-1] == 8
