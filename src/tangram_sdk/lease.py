@@ -3,16 +3,19 @@ whatever handles the managers attached (a container to exec in, a restored GPU s
 
 from __future__ import annotations
 
+import logging
 import math
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from .errors import ManagerError
-from .process import ExecResult, MemoryScope, run_pinned
+from .process import ExecResult, MemoryScope, PinnedGroups, run_pinned
 from .spec import ActionSpec
 
 __all__ = ["THREAD_ENV_VARS", "ExecResult", "Lease", "thread_env"]
+
+log = logging.getLogger("tangram_sdk")
 
 # Libraries that size their thread pools from the host's core count unless told otherwise; inside a
 # cpuset-limited sandbox that oversubscribes the granted cores (NeMo-Gym cut sandbox-fatal failures
@@ -47,10 +50,14 @@ class Lease:
     (use it as ``-j N``/``-n N``), ``queued_s`` how long the action waited. ``counted``: the units
     taken from the pool's counted kinds, by name (``lease.counted["sandbox_slots"]``; the spec's
     ``needs``, plus ``memory`` where the pool counts it), returned with the lease.
+
+    A *malleable* lease (``Elasticity(..., malleable=True)``) may be resized while it runs:
+    ``cpus``/``units`` always say what it holds now, ``resizes`` counts the resizes applied,
+    :meth:`on_resize` callbacks run after each, and :meth:`run` commands follow the new cores.
     """
 
     __slots__ = ("action_id", "spec", "cpus", "gpus", "units", "memory", "quotas", "counted", "queued_s",
-                 "granted_at", "_attached", "_memscope", "_cpu_s", "_run_s")
+                 "granted_at", "resizes", "_attached", "_memscope", "_cpu_s", "_run_s", "_groups", "_on_resize")
 
     def __init__(
         self,
@@ -80,6 +87,46 @@ class Lease:
         self._memscope: MemoryScope | None = None  # shared by this lease's runs
         self._cpu_s = 0.0  # CPU and wall seconds of this lease's measured runs (parallelism)
         self._run_s = 0.0
+        self.resizes = 0  # resizes applied (malleable leases only)
+        self._groups: PinnedGroups | None = None  # live lease.run commands, re-pinned on resize
+        self._on_resize: list[Callable[[Lease], None]] = []
+
+    # -- malleability ---------------------------------------------------------------------------
+    @property
+    def malleable(self) -> bool:
+        """The scheduler may resize this lease while it runs (its spec says ``malleable=True``)."""
+        e = self.spec.elastic
+        return e is not None and e.malleable
+
+    def on_resize(self, fn: Callable[[Lease], None]) -> Callable[[Lease], None]:
+        """Call ``fn(lease)`` (sync, on the event loop) after each resize of this lease is applied,
+        e.g. to resize a thread pool to ``len(lease.cpus)``. An ``fn`` that raises is logged and
+        the others still run. Returns ``fn`` (usable as a decorator)."""
+        if not callable(fn):
+            raise TypeError(f"on_resize needs a callable, got {fn!r}")
+        self._on_resize.append(fn)
+        return fn
+
+    def _resize(self, cpus: tuple[int, ...], units: int) -> None:
+        """The runtime's half of a Resize: the lease says what it holds now, at once."""
+        self.cpus = cpus
+        self.units = units
+        if self._groups is not None:
+            self._groups.target = cpus  # a command spawning from now on starts on these
+
+    def _resized(self) -> None:
+        """After the managers applied a resize: move running commands, then tell the callbacks."""
+        self.resizes += 1
+        if self._groups is not None:
+            try:
+                self._groups.repin(self.cpus)
+            except Exception:  # noqa: BLE001 - /proc vanished under us: the commands run on what they have
+                log.exception("lease %s: re-pinning its commands after a resize failed", self.action_id)
+        for fn in list(self._on_resize):
+            try:
+                fn(self)
+            except Exception:  # noqa: BLE001 - a user callback must not break the resize or the action
+                log.exception("lease %s: on_resize callback %r raised", self.action_id, fn)
 
     # -- for managers ---------------------------------------------------------------------------
     def attach(self, key: str, value: Any) -> None:
@@ -137,7 +184,8 @@ class Lease:
         self, cmd: Sequence[str], *, timeout: float | None = None, max_output: int = 1 << 20,
         env: Mapping[str, str] | None = None, thread_caps: bool = True, **kw: Any
     ) -> ExecResult:
-        """Run ``cmd`` as a local subprocess pinned to ``lease.cpus`` (no Docker needed).
+        """Run ``cmd`` as a local subprocess pinned to ``lease.cpus`` (no Docker needed); on a
+        malleable lease it follows resizes (every process of its group and their threads).
 
         Its environment is ``env`` when given, else this process's; :meth:`thread_env` is added
         under it (a variable ``env`` sets wins; one merely inherited is overridden), unless
@@ -154,8 +202,13 @@ class Lease:
             if self._memscope is None:
                 self._memscope = MemoryScope(self.memory)
             memory = self._memscope
+        groups = None
+        if self.malleable:  # its commands follow resizes (re-pinned, threads included)
+            if self._groups is None:
+                self._groups = PinnedGroups(self.cpus)
+            groups = self._groups
         result = await run_pinned(cmd, self.cpus, timeout=timeout, max_output=max_output, env=full,
-                                  memory=memory, **kw)
+                                  memory=memory, groups=groups, **kw)
         self._measured(result)
         return result
 

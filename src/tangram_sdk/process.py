@@ -25,7 +25,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Literal
 
 import attrs
@@ -34,7 +34,8 @@ from ._deadline import check_timeout
 from .errors import ActionOOMError, CgroupError, SpecError
 from .managers import _cgroup
 
-__all__ = ["ExecResult", "MemoryScope", "check_argv", "memory_enforcement", "run_pinned"]
+__all__ = ["ExecResult", "MemoryScope", "PinnedGroups", "check_argv", "memory_enforcement", "repin_group",
+           "run_pinned"]
 
 log = logging.getLogger(__name__)
 
@@ -67,14 +68,20 @@ class ExecResult:
     def ok(self) -> bool:
         return self.exit_code == 0 and not self.timed_out
 
-# argv: cores, memory ("cg:<cgroup.procs path>" | "as:<bytes>" | "-"), CPU-time fd, then the
-# command. The shim forks: the child joins the memory cgroup (so the limit holds the command, not
-# the shim's interpreter) and execs; the shim waits with wait4, writes the command's CPU seconds
-# (its own and its reaped descendants') to the fd and exits as the child did (a signal re-raised).
+# argv: cores ("0,1", or "@<fd>": the parent pins the shim itself and writes one byte to that fd
+# once it has, so a resize can never be overtaken by the shim's own pin), memory ("cg:<cgroup.procs
+# path>" | "as:<bytes>" | "-"), CPU-time fd, then the command. The shim forks: the child joins the
+# memory cgroup (so the limit holds the command, not the shim's interpreter) and execs; the shim
+# waits with wait4, writes the command's CPU seconds (its own and its reaped descendants') to the fd
+# and exits as the child did (a signal re-raised).
 _SHIM = (
     "import os,sys,signal\n"
-    "c=[int(x) for x in sys.argv[1].split(',') if x]\n"
-    "c and hasattr(os,'sched_setaffinity') and os.sched_setaffinity(0,c)\n"
+    "c=sys.argv[1]\n"
+    "if c[:1]=='@':\n"
+    " g=int(c[1:]);os.read(g,1);os.close(g)\n"
+    "else:\n"
+    " c=[int(x) for x in c.split(',') if x]\n"
+    " c and hasattr(os,'sched_setaffinity') and os.sched_setaffinity(0,c)\n"
     "m=sys.argv[2];w=int(sys.argv[3]);a=sys.argv[4:]\n"
     "p=os.fork()\n"
     "if p==0:\n"
@@ -214,6 +221,102 @@ def check_argv(cmd: Sequence[str]) -> list[str]:
     return argv
 
 
+_REPIN_PASSES = 3  # a thread or child started while a pass runs inherits the old mask: look again
+
+
+def _group_pids(pgid: int) -> list[int]:
+    """Live pids whose process group is ``pgid`` (one pass over ``/proc``: bounded, no waits)."""
+    out = []
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return [pgid]
+    for name in names:
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:  # exited meanwhile (or not ours to read)
+            continue
+        # "pid (comm) state ppid pgrp ...": comm may hold spaces and parentheses, so split after the last ')'
+        fields = stat[stat.rfind(b")") + 2:].split()
+        if len(fields) > 2 and fields[2] == str(pgid).encode():
+            out.append(int(name))
+    return out
+
+
+def _affinity(tid: int) -> frozenset[int] | None:
+    try:
+        return frozenset(os.sched_getaffinity(tid))
+    except OSError:
+        return None
+
+
+def repin_group(pgid: int, cpus: Iterable[int]) -> int:
+    """Pin every live process of process group ``pgid``, and each of its threads, to ``cpus``:
+    what a running ``lease.run`` command gets when its malleable lease is resized. Processes or
+    threads that exit meanwhile are skipped; a few passes over ``/proc`` (no waits) catch those
+    started while it runs. Returns how many threads were changed."""
+    want = frozenset(cpus)
+    if not want or not hasattr(os, "sched_setaffinity"):
+        return 0
+    changed = 0
+    for _ in range(_REPIN_PASSES):
+        moved = 0
+        for pid in _group_pids(pgid):
+            try:
+                tids = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+            except (OSError, ValueError):
+                tids = [pid]
+            for tid in tids:
+                if _affinity(tid) == want:
+                    continue
+                try:
+                    os.sched_setaffinity(tid, want)
+                    moved += 1
+                except OSError:  # exited meanwhile (ESRCH), or no longer ours (EPERM)
+                    pass
+        changed += moved
+        if not moved:
+            break
+    return changed
+
+
+class PinnedGroups:
+    """The process groups of one lease's running ``lease.run`` commands, so a resize of a
+    malleable lease can re-pin them (:func:`repin_group`). ``target``: the cores they should run
+    on now. The shim of a followed command waits, before it runs the command, until it is
+    registered here and pinned to the target (see ``_SHIM``): no resize can be missed."""
+
+    __slots__ = ("live", "target")
+
+    def __init__(self, cpus: Sequence[int]) -> None:
+        self.target: tuple[int, ...] = tuple(cpus)
+        self.live: dict[int, tuple[int, ...]] = {}  # pgid -> the cores it was last pinned to
+
+    def add(self, pgid: int) -> None:
+        """A shim just spawned (not yet running the command): pin it to the target and follow it."""
+        self.live[pgid] = self.target
+        if self.target and hasattr(os, "sched_setaffinity"):
+            try:
+                os.sched_setaffinity(pgid, self.target)
+            except OSError:  # died already: its exit status says why
+                pass
+
+    def discard(self, pgid: int) -> None:
+        self.live.pop(pgid, None)
+
+    def repin(self, cpus: Sequence[int]) -> int:
+        """Move every live group to ``cpus``; returns the threads changed."""
+        self.target = tuple(cpus)
+        changed = 0
+        for pgid in list(self.live):
+            self.live[pgid] = self.target
+            changed += repin_group(pgid, self.target)
+        return changed
+
+
 _DRAIN_S = 5.0  # after a kill: how long the output may take to end (a detached grandchild may hold it)
 
 
@@ -244,11 +347,13 @@ async def run_pinned(
     cwd: str | None = None,
     stdin: bytes | None = None,
     memory: int | MemoryScope | None = None,
+    groups: PinnedGroups | None = None,
 ) -> ExecResult:
     """Run ``cmd`` pinned to ``cpus`` (all cores when empty); kill its process group on timeout or
     cancellation; keep at most ``max_output`` bytes of each of stdout/stderr. ``memory``: bytes
     (or a shared :class:`MemoryScope`) to hold the command to (see the module docstring); a
-    command killed for memory raises ActionOOMError."""
+    command killed for memory raises ActionOOMError. ``groups``: the command's process group is
+    registered there while it runs (a malleable lease re-pins it when resized)."""
     argv = check_argv(cmd)
     limit = check_timeout(timeout)
     scope = MemoryScope(memory) if isinstance(memory, int) and not isinstance(memory, bool) else memory
@@ -257,7 +362,7 @@ async def run_pinned(
     mem_arg = "-" if scope is None else scope.enter()
     try:
         before = None if scope is None else scope.oom_kills()
-        result = await _run(argv, cpus, mem_arg, limit, max_output, env, cwd, stdin)
+        result = await _run(argv, cpus, mem_arg, limit, max_output, env, cwd, stdin, groups)
         if scope is not None and before is not None and result.exit_code != 0 and not result.timed_out:
             after = scope.oom_kills()
             if after is not None and after > before:
@@ -273,29 +378,43 @@ async def run_pinned(
 
 
 async def _run(argv: list[str], cpus: Sequence[int], mem_arg: str, limit: float | None, max_output: int,
-               env: Mapping[str, str] | None, cwd: str | None, stdin: bytes | None) -> ExecResult:
+               env: Mapping[str, str] | None, cwd: str | None, stdin: bytes | None,
+               groups: PinnedGroups | None = None) -> ExecResult:
     started = time.monotonic()
     r_fd, w_fd = os.pipe()
+    go_r = go_w = -1
+    if groups is not None:
+        go_r, go_w = os.pipe()
+    cores_arg = f"@{go_r}" if groups is not None else ",".join(str(c) for c in cpus)
     try:
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-c", _SHIM, ",".join(str(c) for c in cpus), mem_arg, str(w_fd), *argv,
+            sys.executable, "-c", _SHIM, cores_arg, mem_arg, str(w_fd), *argv,
             stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
             env=None if env is None else dict(env),
             cwd=cwd,
             start_new_session=True,
-            pass_fds=(w_fd,),
+            pass_fds=(w_fd,) if groups is None else (w_fd, go_r),
         )
     except BaseException:
         os.close(r_fd)
+        if go_w >= 0:
+            os.close(go_w)
         raise
     finally:
         os.close(w_fd)
+        if go_r >= 0:
+            os.close(go_r)
     timed_out = False
     out, err = bytearray(), bytearray()
     truncated = False
     try:
+        if groups is not None:  # start_new_session: the shim's pid is the command's process group
+            groups.add(proc.pid)  # pinned to the lease's cores as they are now, on this thread
+            os.write(go_w, b"g")  # one byte into an empty pipe: never blocks
+            os.close(go_w)
+            go_w = -1
         if stdin is not None and proc.stdin is not None:
             proc.stdin.write(stdin)
             proc.stdin.close()
@@ -320,6 +439,10 @@ async def _run(argv: list[str], cpus: Sequence[int], mem_arg: str, limit: float 
         raise
     finally:
         os.close(r_fd)
+        if go_w >= 0:
+            os.close(go_w)  # the shim reads EOF and goes on; it was killed above anyway
+        if groups is not None:
+            groups.discard(proc.pid)
     return ExecResult(
         exit_code=code, stdout=bytes(out), stderr=bytes(err), duration_s=time.monotonic() - started,
         truncated=truncated, timed_out=timed_out, cpu_s=cpu_s,

@@ -12,6 +12,11 @@ the task holding it (which ``aclose`` waits for) all live there.
 
 Cancellation is safe at every ``await``: a waiter that leaves for any reason posts *Cancelled*,
 which the core treats as "drop from the queue" or "release the grant", whichever is true by then.
+
+A *Resize* (a running malleable action grown or shrunk by the core) changes the waiter's grant and
+its lease's ``cpus``/``units`` at once, in the round; the managers' ``resize`` and the lease's
+callbacks then run in one task per lease, in order, after its apply. Leaving waits for that task
+(bounded) before the managers release, so what they undo is what the action holds by then.
 """
 
 from __future__ import annotations
@@ -40,13 +45,16 @@ from .managers.base import Applied, Manager, ManagerContext
 from .options import SchedulerOptions, merge_options
 from .pool import Pool
 from .resources import MEMORY
-from .scheduler import Cancelled, Decision, Event, Grant, Observer, Reject, Released, Scheduler, Submitted, Tick, TokensUsed
+from .scheduler import (Cancelled, Decision, Event, Grant, Observer, Reject, Released, Resize, Scheduler, Submitted,
+                        Tick, TokensUsed)
 from .snapshot import RuntimeStatistics
 from .spec import ActionSpec
 
 __all__ = ["Tangram", "Observer"]
 
 log = logging.getLogger("tangram_sdk")
+
+_RESIZE_WAIT_S = 30.0  # leaving waits this long for a manager's resize in flight, then cancels it
 
 class Tangram:
     """Action-level resource manager for one pool, embedded in the current asyncio loop.
@@ -105,6 +113,8 @@ class Tangram:
         # out of the pool until the manager restores the resource
         self._held_back: dict[int, asyncio.Task[None]] = {}
         self._handling = False
+        self._resizes = 0  # resizes applied to running leases (managers' resize, then callbacks)
+        self._resize_failures = 0  # manager resize calls that raised (the action ran on what it had)
 
     # ------------------------------------------------------------------------------ lifecycle
     async def __aenter__(self) -> Tangram:
@@ -281,7 +291,8 @@ class Tangram:
         still works."""
         return RuntimeStatistics.from_core(
             self._core.statistics(), state="broken" if self._broken is not None else self._state,
-            waiters=len(self._waiters), quarantined=len(self._held_back))
+            waiters=len(self._waiters), quarantined=len(self._held_back), resizes=self._resizes,
+            resize_failures=self._resize_failures)
 
     async def astatistics(self) -> RuntimeStatistics:
         """:meth:`statistics`, awaitable: the form a ``RemoteTangram`` also offers, so code written
@@ -513,6 +524,10 @@ class Tangram:
         for d in decisions:
             aid = d.action_id
             w = waiters.get(aid)
+            if isinstance(d, Resize):
+                if w is not None:  # unknown or finished: nothing runs to resize
+                    self._resize(w, d)
+                continue
             fut = None if w is None else w.fut
             if fut is None:
                 if w is not None and w.inline:  # decided while its acquire() is still on the stack
@@ -532,6 +547,29 @@ class Tangram:
                 fut.set_exception(_refusal(d))
         for obs in self.observers:
             obs(events, now, decisions)
+
+    def _resize(self, w: _Waiter, d: Resize) -> None:
+        """Apply the core's Resize to ``w``'s record at once (the grant its release gives back, the
+        lease's ``cpus``/``units``); the managers' part runs in the lease's resize task."""
+        if w.left:
+            return
+        base = w.grant
+        if base is None:
+            fut = w.fut
+            if fut is None or not fut.done() or fut.cancelled() or fut.exception() is not None:
+                return  # not granted: nothing to resize
+            base = fut.result()
+        new = base._replace(cpus=tuple(d.cpus), units=d.units)
+        w.grant = new  # granted but not entered yet: __aenter__ builds the lease from this
+        lease = w.lease
+        if lease is None:
+            return
+        if w.applied is not None:
+            w.applied.grant = new  # what the managers release is what it holds now
+        lease._resize(new.cpus, new.units)
+        w.resize_queue.append((base, new))
+        if w.live and w.resizer is None:
+            w.start_resizing()
 
     def _arm_timer(self, when: float | None) -> None:
         if when == self._timer_at:  # the common case: no rate-limited waiter, nothing to change
@@ -648,8 +686,8 @@ class _Waiter:
     """One acquire, from submit until it leaves (the runtime's only per-action record), and the
     async context manager :meth:`Tangram.acquire` returns."""
 
-    __slots__ = ("aid", "applied", "deadline", "error", "fut", "grant", "inline", "lease", "left", "rt", "spec",
-                 "task", "timeout")
+    __slots__ = ("aid", "applied", "deadline", "error", "fut", "grant", "inline", "lease", "left", "live",
+                 "resize_queue", "resizer", "rt", "spec", "task", "timeout")
 
     def __init__(self, rt: Tangram, spec: ActionSpec, timeout: float | None, deadline: float | None) -> None:
         self.rt = rt
@@ -665,6 +703,9 @@ class _Waiter:
         self.applied: Applied | None = None  # the managers whose apply began (None: no managers)
         self.task: asyncio.Task[Any] | None = None  # the holder, while managers run (aclose waits)
         self.left = False
+        self.live = False  # applied: resizes may run (before that they queue)
+        self.resize_queue: list[tuple[Grant, Grant]] = []  # (old, new) not applied yet, in order
+        self.resizer: asyncio.Task[None] | None = None  # applies resize_queue (one per lease at a time)
 
     async def __aenter__(self) -> Lease:
         rt = self.rt
@@ -687,6 +728,8 @@ class _Waiter:
                 rt._leave(self, failed=True, granted=False)
                 raise
             now = rt._clock()
+            if self.grant is not None:  # resized between the grant and this wake-up
+                grant = self.grant
         self.grant = grant
         lease = Lease(self.aid, self.spec, cpus=grant.cpus, gpus=grant.gpus, units=grant.units,
                       memory=grant.memory, quotas=grant.quotas, queued_s=now - t0, granted_at=now,
@@ -700,7 +743,54 @@ class _Waiter:
             except BaseException:
                 await self._finish(failed=True)
                 raise
+        self.live = True
+        if self.resize_queue:  # resized while the managers applied: bring them up to date
+            self.start_resizing()
         return lease
+
+    def start_resizing(self) -> None:
+        self.resizer = asyncio.get_running_loop().create_task(
+            self._resizing(), name=f"tangram-resize-{self.aid}")
+
+    async def _resizing(self) -> None:
+        """Apply queued resizes in order: each manager that has ``resize`` (in apply order), then
+        the lease's own (its ``run`` commands re-pinned, its callbacks). A manager that raises is
+        logged and counted; the action goes on with what it has."""
+        rt, lease = self.rt, self.lease
+        assert lease is not None
+        try:
+            while self.resize_queue and not self.left:
+                old, new = self.resize_queue.pop(0)
+                for m in list(self.applied.managers) if self.applied is not None else ():
+                    fn = getattr(m, "resize", None)
+                    if fn is None:
+                        continue
+                    try:
+                        await fn(old, new, lease)
+                    except Exception:
+                        rt._resize_failures += 1
+                        log.exception("manager %s failed to resize action %s (%s) from cpus %s to %s",
+                                      getattr(m, "name", m), self.aid, self.spec.kind, list(old.cpus),
+                                      list(new.cpus))
+                if self.left:
+                    break
+                rt._resizes += 1
+                lease._resized()
+        finally:
+            self.resizer = None
+
+    async def _stop_resizing(self) -> None:
+        """Leaving: drop resizes not begun, let one in flight finish (bounded), then cancel it."""
+        self.resize_queue.clear()
+        task = self.resizer
+        if task is None or task.done():
+            return
+        done, _ = await asyncio.wait([task], timeout=_RESIZE_WAIT_S)
+        if not done:
+            log.error("action %s: a manager's resize did not finish within %g s; cancelled", self.aid,
+                      _RESIZE_WAIT_S)
+            task.cancel()
+            await asyncio.wait([task])
 
     def _timed_out(self) -> str:
         """The TimeoutError message: the action kind, the wait, what it waited for and how full
@@ -754,6 +844,7 @@ class _Waiter:
         async def cleanup() -> None:
             until: list[Any] = []
             try:
+                await self._stop_resizing()
                 until = [e.until for e in await applied.release() if e.until is not None]
             finally:
                 if until:  # a container not parked yet: its cores stay out of the pool until it is

@@ -77,7 +77,9 @@ class RuntimeStatistics(Snapshot):
 
     ``state``: new / open / closed / broken. ``waiters``: acquires submitted and not yet left
     (queued or holding). ``quarantined``: finished actions whose units a manager still holds back
-    (a container it could not park yet; they count as running). ``quotas``: per quota ``used``,
+    (a container it could not park yet; they count as running). ``resizes``: resizes of running
+    malleable leases applied, ``resize_failures``: manager ``resize`` calls that raised (the action
+    ran on what it had). ``quotas``: per quota ``used``,
     ``concurrency``, ``tokens``, ``token_level``. ``counted``: per counted kind (memory when the
     pool counts it, and the pool's declared ``resources``) ``total``, ``free``, ``used``, ``unit``. ``core``: the scheduling core's own snapshot
     (:class:`~tangram_sdk.scheduler.SchedulerStats`: submitted, granted, released, cancelled,
@@ -100,13 +102,17 @@ class RuntimeStatistics(Snapshot):
     quotas: Mapping[str, Mapping[str, Any]]
     counted: Mapping[str, Mapping[str, Any]]
     core: SchedulerStats
+    resizes: int = 0
+    resize_failures: int = 0
 
     @classmethod
-    def from_core(cls, core: SchedulerStats, *, state: str, waiters: int, quarantined: int) -> RuntimeStatistics:
+    def from_core(cls, core: SchedulerStats, *, state: str, waiters: int, quarantined: int,
+                  resizes: int = 0, resize_failures: int = 0) -> RuntimeStatistics:
         return cls(state=state, waiters=waiters, quarantined=quarantined, cpus_total=core.cpus_total,
                    cpus_free=core.cpus_free, gpus_total=core.gpus_total, gpus_free=core.gpus_free,
                    memory_total=core.memory_total, memory_free=core.memory_free, running=core.running,
-                   queued=core.queued, quotas=core.quotas, counted=core.counted, core=core)
+                   queued=core.queued, quotas=core.quotas, counted=core.counted, core=core,
+                   resizes=resizes, resize_failures=resize_failures)
 
 
 @attrs.frozen(eq=False)

@@ -38,8 +38,8 @@ if TYPE_CHECKING:
 
 __all__ = ["Call", "FakeManager"]
 
-Method = Literal["start", "check", "apply", "release", "aclose"]
-_METHODS = ("start", "check", "apply", "release", "aclose")
+Method = Literal["start", "check", "apply", "release", "resize", "aclose"]
+_METHODS = ("start", "check", "apply", "release", "resize", "aclose")
 ErrorSource = BaseException | Callable[[], BaseException]
 
 
@@ -78,11 +78,12 @@ class FakeManager(BaseManager):
     ``apply_delay`` / ``release_delay``: seconds each call awaits before it does anything (0 still
     yields once, like a real manager's I/O). ``attach``: lease handles set on every apply (e.g.
     ``{"exec": fn}``). ``offer``: what :meth:`describe` declares. ``journal``: a file each call is
-    appended to as one JSON line.
+    appended to as one JSON line. ``resize_delay``: seconds each ``resize`` awaits.
 
     What it counts: ``applied`` (applies begun), ``released`` (releases finished), ``holding``
     (action ids whose apply began and whose release has not finished), ``calls`` (every call, in
-    order, as :class:`Call`)."""
+    order, as :class:`Call`), ``resized`` (``(action_id, old cpus, new cpus)`` per resize that
+    finished), ``cpus`` (the cores each held action has, as apply and resize said)."""
 
     def __init__(
         self,
@@ -93,6 +94,7 @@ class FakeManager(BaseManager):
         attach: Mapping[str, Any] | None = None,
         offer: Offer | None = None,
         journal: str | os.PathLike[str] | None = None,
+        resize_delay: float = 0.0,
     ) -> None:
         self.name = name
         self.apply_delay = apply_delay
@@ -104,6 +106,9 @@ class FakeManager(BaseManager):
         self.applied = 0
         self.released = 0
         self.holding: set[int] = set()
+        self.resize_delay = resize_delay
+        self.resized: list[tuple[int, tuple[int, ...], tuple[int, ...]]] = []
+        self.cpus: dict[int, tuple[int, ...]] = {}
         self.ctx: ManagerContext | None = None
         self._faults: list[_Fault] = []
 
@@ -112,7 +117,7 @@ class FakeManager(BaseManager):
         """Make ``method`` raise ``error`` (an exception, or a zero-argument callable making one,
         e.g. a QuarantineError whose ``until`` future must belong to the running loop), for specs
         of ``kind`` (None: any), ``times`` times (None: always). ``apply``/``release`` raise after
-        their delay, i.e. half-way. Returns the manager, so calls chain."""
+        their delay, i.e. half-way (``resize`` too). Returns the manager, so calls chain."""
         if method not in _METHODS:
             raise ValueError(f"method must be one of {_METHODS}, got {method!r}")
         self._faults.append(_Fault(method, error, kind, times))
@@ -149,6 +154,7 @@ class FakeManager(BaseManager):
         aid, kind = lease.action_id, lease.spec.kind
         self.applied += 1
         self.holding.add(aid)
+        self.cpus[aid] = tuple(grant.cpus)
         try:
             await asyncio.sleep(self.apply_delay)
             self._raise_if("apply", kind)
@@ -169,8 +175,22 @@ class FakeManager(BaseManager):
             raise
         finally:
             self.holding.discard(aid)
+            self.cpus.pop(aid, None)
             self.released += 1
         self._record("release", aid, kind, "ok")
+
+    async def resize(self, old: Grant, new: Grant, lease: Lease) -> None:
+        aid, kind = lease.action_id, lease.spec.kind
+        try:
+            await asyncio.sleep(self.resize_delay)
+            self._raise_if("resize", kind)
+        except BaseException as exc:
+            self._record("resize", aid, kind, _outcome(exc))
+            raise
+        if aid in self.holding:
+            self.cpus[aid] = tuple(new.cpus)
+        self.resized.append((aid, tuple(old.cpus), tuple(new.cpus)))
+        self._record("resize", aid, kind, "ok")
 
     async def aclose(self) -> None:
         self._maybe_fail("aclose", None, None)

@@ -141,7 +141,7 @@ class DockerStatistics(Snapshot):
     ``quarantined``: per container whose park (or a grant that may have reached the daemon) failed,
     its ``cpus``, ``since_s``, ``attempts``, ``error``; ``memory_limited``: bytes per container
     holding an action's limit; ``memory_peaks``: per action kind; ``sandboxes``: the creation
-    gate; ``counters`` (applies, releases, api_updates, cgroup_writes, fallbacks, park_failures...)
+    gate; ``counters`` (applies, releases, resizes, api_updates, cgroup_writes, fallbacks, park_failures...)
     read flat in the dict access."""
 
     _flatten = ("counters",)
@@ -207,7 +207,7 @@ class DockerCpuManager:
         self._boxes: dict[str, _Box] = {}  # keyed by every ref seen (name, short id, full id)
         self._stats = {"applies": 0, "releases": 0, "api_updates": 0, "cgroup_writes": 0, "fallbacks": 0,
                        "park_failures": 0, "grant_failures": 0, "memory_updates": 0, "memory_restore_failures": 0,
-                       "oom_kills": 0}
+                       "oom_kills": 0, "resizes": 0}
         self._gate = CreationGate(max_sandboxes, create_rate, create_burst)
         self.create_timeout = check_timeout(create_timeout, "create_timeout")
         self._peaks: dict[str, dict[str, int]] = {}  # kind -> {"max", "last", "n"} (bytes, actions)
@@ -351,6 +351,35 @@ class DockerCpuManager:
         self._stats["applies"] += 1
         lease.attach("container", box.id)
         lease.attach("exec", functools.partial(self._exec, box))
+
+    async def resize(self, old: Grant, new: Grant, lease: Lease) -> None:
+        """A running malleable action now holds ``new.cpus`` (was ``old.cpus``): write the
+        container's cpuset and quota (cores x period) the way ``apply`` does (the cgroup fast path
+        or the API), so its ``lease.exec`` commands run on the new cores. An action this manager
+        does not hold (another manager's, already released) is ignored. Errors are DockerError or
+        CgroupError naming the container; the record keeps the new cores either way, so the next
+        write to the container (another grant's, the park) gives it what the pool says."""
+        ref = lease.spec.container
+        if ref is None or ref not in self._boxes:
+            return
+        if not new.cpus:
+            raise SpecError(f"resize of container {ref!r} to no cores")
+        box = self._boxes[ref]
+        aid = new.action_id
+        async with box.lock:
+            if aid not in box.active:
+                return
+            box.active[aid] = tuple(new.cpus)
+            cpus = self._granted_cpus(box)
+            try:
+                await self._set(box, cpus, len(cpus) * self.period_us)
+            except CgroupError as exc:
+                raise CgroupError(f"container {box.id[:12]}: resizing to cores {format_cpuset(cpus)} failed: {exc}",
+                                  resource=box.id) from exc
+            except DockerError as exc:
+                raise DockerError(f"container {box.id[:12]}: resizing to cores {format_cpuset(cpus)} failed: {exc}",
+                                  resource=box.id, status=exc.status, connection=exc.connection) from exc
+        self._stats["resizes"] += 1
 
     async def release(self, grant: Grant, lease: Lease) -> None:
         """Park the container again (or shrink to the cores of its other live grants).
