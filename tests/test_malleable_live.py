@@ -375,3 +375,27 @@ async def test_docker_resize_end_to_end_through_the_runtime(backend: str, docker
         assert t.free_cpus == 2
         info = await m.client.inspect(pool[0].id)
         assert info.cpuset == format_cpuset(m.park_cpus)
+
+
+# -- the real core: a straggler grown past its estimate, shrunk back when others wait ----------
+async def test_the_real_core_grows_a_straggler_and_shrinks_it_when_others_wait() -> None:
+    fake = FakeManager("rec")
+    spec = ActionSpec(kind="straggler", cpus=1, duration=0.05,
+                      elastic=Elasticity("cpu", max_units=4, malleable=True))
+    async with Tangram(Pool(cpus=4), managers=[fake]) as t:
+        blocker = await t.acquire_lease(BLOCKER)
+        lease = await t.acquire_lease(spec)
+        admitted = lease.cpus
+        await t.release(blocker)
+        assert len(admitted) == 1
+        await until(lambda: lease.resizes >= 1, "the core to grow the straggler past its estimate")
+        assert len(lease.cpus) > 1 and lease.units == len(lease.cpus) and fake.cpus[lease.action_id] == lease.cpus
+        other = asyncio.create_task(t.acquire_lease(ActionSpec(kind="waiter", cpus=3)))
+        got = await other  # the borrowed cores came back before it was admitted (nothing idle is left)
+        assert lease.cpus == admitted and lease.units == 1
+        await until(lambda: fake.cpus[lease.action_id] == admitted, "the shrink to reach the manager")
+        assert not set(got.cpus) & set(lease.cpus)
+        await t.release(got)
+        await t.release(lease)
+        assert t.free_cpus == 4 and fake.holding == set() and t.statistics().resize_failures == 0
+        t.check_invariants()
