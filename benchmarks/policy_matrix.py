@@ -94,6 +94,11 @@ def cells(quick: bool, seeds: int) -> list[Cell]:
                 out.append(Cell(f"ai-coding {load} cap{cap} s{seed}", "ai-coding",
                                 dict(batch=batch, nodes=nodes, seed=seed, test_max_cpus=cap),
                                 ("tangram", "static") + _fifos(cap), contended=load == "contended"))
+    if quick:  # malleable tests (--malleable runs every ai-coding cell so): stragglers grow
+        nodes = max(1, round(batch * 0.8 / 256))
+        out.append(Cell("ai-coding contended cap16 malleable s0", "ai-coding",
+                        dict(batch=batch, nodes=nodes, seed=0, test_max_cpus=16, test_malleable=True),
+                        ("tangram", "static") + _fifos(16), contended=True))
     for seed in range(1 if quick else seeds):
         nodes = max(1, round(batch * 1.6 / 256))
         out.append(Cell(f"ai-coding-slow medium cap16 s{seed}", "ai-coding",

@@ -134,7 +134,7 @@ async def test_runtime_and_simulator_make_identical_decisions_with_resizes() -> 
                     t0, f0, rate = now + CPU_UPDATE_S, 0.0, 1.0 / ex
                     end = q(now + ex + CPU_UPDATE_S)
                     changed = asyncio.Event()
-                    lease.on_resize(lambda _l: changed.set())
+                    lease.on_resize(lambda _l, ev=changed: ev.set())
                     while loop.time() < end:
                         waiter = asyncio.ensure_future(changed.wait())
                         done, _ = await asyncio.wait([waiter], timeout=end - loop.time())

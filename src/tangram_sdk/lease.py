@@ -213,9 +213,12 @@ class Lease:
         return result
 
     def _measured(self, result: ExecResult) -> None:
-        if result.cpu_s is not None and result.duration_s > 0:
-            self._cpu_s += result.cpu_s
-            self._run_s += result.duration_s
+        # a manager's exec may return its own result type: only an ExecResult's numbers count
+        cpu = getattr(result, "cpu_s", None)
+        wall = getattr(result, "duration_s", None)
+        if isinstance(cpu, float) and isinstance(wall, (int, float)) and wall > 0:
+            self._cpu_s += cpu
+            self._run_s += wall
 
     @property
     def parallelism(self) -> float | None:
