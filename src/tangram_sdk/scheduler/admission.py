@@ -23,14 +23,25 @@ class Admission(Deadlines):
 
     # ------------------------------------------------------------------------------ the round
     def _round(self, now: float) -> list[Decision]:
-        if self._mall:  # malleable actions running: shrink before admission, grow after
+        mall = self._mall
+        if mall:  # malleable actions running: shrink before admission, grow after
             pre: list[Decision] = []
-            if self._grown and self._cpu_waiting():
-                self._shrink_all(pre, now)
+            if mall.grown and self._cpu_waiting() and mall.shrink_all(pre, now):
+                self._need_round = True
+                self._node_rel_all = None  # the release line holds their cores
             pre.extend(self._round_plain(now))
-            self._malleable_round(pre, now)
+            if not self._cpu_waiting() and self.ledger.free_cpus:
+                n = len(pre)
+                wake = mall.grow_idle(pre, now, self._dops_of)
+                if len(pre) > n:
+                    self._node_rel_all = None
+                if wake is not None and (self.next_wakeup is None or wake < self.next_wakeup):
+                    self.next_wakeup = wake  # look again when a young one outruns its estimate
             return pre
         return self._round_plain(now)
+
+    def _cpu_waiting(self) -> bool:
+        return any(n and spec.cpus for spec, n in self._spec_queued.items())
 
     def _round_plain(self, now: float) -> list[Decision]:
         if self._deadlines:  # rare: only actions submitted with a deadline put entries here
@@ -313,8 +324,8 @@ class Admission(Deadlines):
             est += self._restore_lat(self._restore_cost(spec.service), len(gpus))
         a.est_end = now + est
         self._running[a.id] = a
-        if a.eres == "cpu" and spec.elastic is not None and spec.elastic.malleable:
-            self._mall[a.id] = a
+        if a.eres == "cpu":
+            self._mall.admitted(a)
         self.granted += 1
         self._sum_queue += now - a.submitted
         return g

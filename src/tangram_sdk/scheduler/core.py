@@ -46,6 +46,7 @@ from .decisions import Decision, Grant, Reject
 from .events import Cancelled, Event, Released, ServiceResidency, Submitted, Tick, TokensUsed
 from .learn import KindStats
 from .ledger import Ledger
+from .malleable import Malleables
 from .memo import RoundMemo
 from .queue import WaitQueue
 from .admission import Admission
@@ -157,7 +158,6 @@ class Scheduler(Admission):
         if gpu_slots is not None and not gpu_slots > 0:
             raise ValueError(f"gpu_slots must be None or > 0, got {gpu_slots!r}")
         self._init_gpu_sizing(restore_horizon, gpu_instances, gpu_regime_window)
-        self._init_malleable()
         self.pool = pool
         self.window = window
         self.depth = depth
@@ -203,6 +203,7 @@ class Scheduler(Admission):
         self._market_memo: dict[tuple[int, ActionSpec], Any] = {}
         self.ledger = Ledger(pool)
         self._queue = WaitQueue()
+        self._mall = Malleables(self.ledger)  # running malleable actions and the cores they borrowed
         # its per-spec and per-service counts under the names the sizing modules read them by
         self._spec_queued = self._queue.spec_queued
         self._svc_queued = self._queue.svc_queued
@@ -406,7 +407,7 @@ class Scheduler(Admission):
             submitted=self.submitted, granted=self.granted, released=self.released,
             cancelled=self.cancelled, rejected=self.rejected, failed=self.failed,
             completed=self.completed, rounds=self.rounds, evictions=self.evictions,
-            resizes=self.resizes, grown=len(self._grown),
+            resizes=self._mall.resizes, grown=len(self._mall.grown),
             mean_act_s=(self._sum_act / self.completed) if self.completed else None,
             mean_queue_s=(self._sum_queue / self.granted) if self.granted else None,
             mean_exec_s=(self._sum_exec / self.completed) if self.completed else None,
@@ -547,7 +548,7 @@ class Scheduler(Admission):
             raise KeyError(f"release of unknown action id {aid}")
         g = a.grant
         assert g is not None
-        msp = self._malleable_speedup(a, now) if self._mall else None
+        msp = self._mall.released(a, now) if self._mall else None
         self.ledger.give(g)
         for gid in g.gpus:
             self._gpu_holder[self.ledger.gpu_pos[gid]] = None

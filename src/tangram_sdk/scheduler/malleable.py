@@ -18,81 +18,89 @@ then:
 A resize is a :class:`~.decisions.Resize` decision; the runtime applies it to the running work
 (managers' ``resize``), the simulator re-times the remaining work. The learned duration of a
 resized action is observed at its time-weighted speedup.
+
+:class:`Malleables` is a collaborator the core owns (not a base class): it holds the running
+malleable actions and what they borrowed, and touches only the ledger it is given.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+from ..spec import ActionSpec
 from .action import Action
 from .decisions import Decision, Grant, Resize
-from .gpu_sizing import GpuSizing
+from .ledger import Ledger
 
-__all__ = ["Malleable"]
+__all__ = ["Malleables"]
 
 
-class Malleable(GpuSizing):
-    def _init_malleable(self) -> None:
-        # running malleable actions (id -> action), and the ones holding more than admitted
-        self._mall: dict[int, Action] = {}
-        self._grown: dict[int, tuple[int, ...]] = {}  # id -> cores it was admitted with
-        self._mall_acc: dict[int, tuple[float, float]] = {}  # id -> (segment start, speedup-seconds)
+class Malleables:
+    __slots__ = ("ledger", "running", "grown", "acc", "resizes")
+
+    def __init__(self, ledger: Ledger) -> None:
+        self.ledger = ledger
+        self.running: dict[int, Action] = {}  # id -> running malleable action
+        self.grown: dict[int, tuple[int, ...]] = {}  # id -> the cores it was admitted with
+        self.acc: dict[int, tuple[float, float]] = {}  # id -> (segment start, speedup-seconds so far)
         self.resizes = 0
 
-    def _cpu_waiting(self) -> bool:
-        return any(n and spec.cpus for spec, n in self._spec_queued.items())
+    def __bool__(self) -> bool:
+        return bool(self.running)
 
-    def _shrink_all(self, out: list[Decision], now: float) -> None:
-        """Give back every borrowed core: someone needs cores."""
-        for aid, base in list(self._grown.items()):
-            a = self._mall[aid]
+    def admitted(self, a: Action) -> None:
+        """``a`` was just granted: track it if its spec is malleable."""
+        el = a.spec.elastic
+        if a.eres == "cpu" and el is not None and el.malleable:
+            self.running[a.id] = a
+
+    def shrink_all(self, out: list[Decision], now: float) -> bool:
+        """Give back every borrowed core (someone needs cores). True if anything was given back."""
+        if not self.grown:
+            return False
+        for aid, base in list(self.grown.items()):
+            a = self.running[aid]
             g = a.grant
             assert g is not None
             keep = set(base)
-            back = tuple(c for c in g.cpus if c not in keep)
-            self.ledger.give(Grant(aid, back))
+            self.ledger.give(Grant(aid, tuple(c for c in g.cpus if c not in keep)))
             self._resize(a, base, len(base), out, now)
-            del self._grown[aid]
-        self._need_round = True
+        self.grown.clear()
+        return True
 
-    def _grow_idle(self, out: list[Decision], now: float) -> None:
-        """Lend idle cores to malleable actions past their estimate, oldest first."""
+    def grow_idle(self, out: list[Decision], now: float,
+                  dops_of: Callable[[ActionSpec], tuple[int, ...]]) -> float | None:
+        """Lend idle cores to malleable actions past their estimate, oldest first, each up to
+        ``dops_of(spec)[0]`` (its size at price zero). Returns the earliest estimate of one still
+        young (when to look again), or None."""
         L = self.ledger
-        for a in sorted(self._mall.values(), key=lambda x: x.started):
+        wake: float | None = None
+        for a in sorted(self.running.values(), key=lambda x: x.started):
             g = a.grant
             assert g is not None
-            if now < a.est_end or not g.cpus:
-                wake = a.est_end
-                if g.cpus and (self.next_wakeup is None or wake < self.next_wakeup):
-                    self.next_wakeup = wake  # look again when it outruns its estimate
+            if not g.cpus:
                 continue
-            want = self._dops_of(a.spec)[0]  # what its kind would get on an idle pool
-            extra = want - g.units
+            if now < a.est_end:
+                if wake is None or a.est_end < wake:
+                    wake = a.est_end
+                continue
+            extra = dops_of(a.spec)[0] - g.units
             if extra <= 0:
                 continue
-            node = L.node_of[g.cpus[0]]
-            free = L.node_free[node]
+            free = L.node_free[L.node_of[g.cpus[0]]]
             if not free:
                 continue
             more = tuple(sorted(free)[:extra])
             L.take(Grant(a.id, more))
-            if a.id not in self._grown:
-                self._grown[a.id] = g.cpus
+            self.grown.setdefault(a.id, g.cpus)
             self._resize(a, tuple(sorted(g.cpus + more)), g.units + len(more), out, now)
+        return wake
 
-    def _resize(self, a: Action, cpus: tuple[int, ...], units: int, out: list[Decision], now: float) -> None:
-        g = a.grant
-        assert g is not None
-        seg, acc = self._mall_acc.get(a.id, (a.started, 0.0))
-        self._mall_acc[a.id] = (now, acc + (now - seg) * a.spec.speedup(g.units))
-        a.grant = g._replace(cpus=cpus, units=units)
-        self.resizes += 1
-        self._node_rel_all = None  # the release line holds this action's cores
-        out.append(Resize(a.id, cpus, units))
-
-    def _malleable_speedup(self, a: Action, now: float) -> float | None:
-        """The time-weighted declared speedup a resized action ran at (None: never resized)."""
-        hit = self._mall_acc.pop(a.id, None)
-        self._mall.pop(a.id, None)
-        self._grown.pop(a.id, None)
+    def released(self, a: Action, now: float) -> float | None:
+        """Forget ``a``; the time-weighted declared speedup it ran at if it was ever resized."""
+        self.running.pop(a.id, None)
+        self.grown.pop(a.id, None)
+        hit = self.acc.pop(a.id, None)
         if hit is None:
             return None
         seg, acc = hit
@@ -102,7 +110,11 @@ class Malleable(GpuSizing):
         acc += (now - seg) * a.spec.speedup(g.units)
         return acc / total if total > 0 else a.spec.speedup(g.units)
 
-    def _malleable_round(self, out: list[Decision], now: float) -> None:
-        """After admission: grow into what is still idle when nobody that needs cores waits."""
-        if self._mall and not self._cpu_waiting() and self.ledger.free_cpus:
-            self._grow_idle(out, now)
+    def _resize(self, a: Action, cpus: tuple[int, ...], units: int, out: list[Decision], now: float) -> None:
+        g = a.grant
+        assert g is not None
+        seg, acc = self.acc.get(a.id, (a.started, 0.0))
+        self.acc[a.id] = (now, acc + (now - seg) * a.spec.speedup(g.units))
+        a.grant = g._replace(cpus=cpus, units=units)
+        self.resizes += 1
+        out.append(Resize(a.id, cpus, units))

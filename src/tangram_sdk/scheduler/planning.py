@@ -12,7 +12,7 @@ from typing import NamedTuple
 
 from .action import Action
 from .estimate import Waiter, estimate_waits
-from .malleable import Malleable
+from .gpu_sizing import GpuSizing
 from .split import best_split
 
 __all__ = ["Plan", "Planning"]
@@ -49,7 +49,7 @@ class Plan(NamedTuple):
     evicted: list[int]
 
 
-class Planning(Malleable):
+class Planning(GpuSizing):
     # -- elastic split --------------------------------------------------------------------------
     def _releases(self, res: str, now: float) -> list[tuple[float, int]]:
         rel = []

@@ -7,7 +7,8 @@ object split by job, each module's class a base of the one before, down to ``Sch
 attributes are set by ``Scheduler.__init__``; this class only names their types and holds the
 small helpers they all use. The state with a life of its own is owned, not mixed in: the :class:`.Ledger`
 (free units), the :class:`.Residency` (warm GPU copies), the :class:`.WaitQueue` (who waits, with
-its counts) and the :class:`.RoundMemo` (what one round computes once).
+its counts), the :class:`.RoundMemo` (what one round computes once) and the
+:class:`.Malleables` (running malleable actions and the cores they borrowed).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from ..spec import ActionSpec
 from .action import Action, Shape
 from .learn import KindStats
 from .ledger import Ledger
+from .malleable import Malleables
 from .memo import RoundMemo
 from .queue import WaitQueue
 from .residency import Residency
@@ -28,6 +30,7 @@ __all__ = ["SchedulerState"]
 
 class SchedulerState:
     pool: Pool
+    _mall: Malleables
     window: int
     depth: int
     scan_limit: int
