@@ -8,7 +8,7 @@ from ..spec import ActionSpec
 from .decisions import Grant
 from .learn import KindStats
 
-__all__ = ["Action", "Shape", "resource_keys"]
+__all__ = ["Action", "Shape", "dur_min", "resource_keys"]
 
 
 class Action:
@@ -33,6 +33,17 @@ class Action:
         self.started = 0.0
         self.est_end = 0.0
         self.stats = stats
+
+
+def dur_min(a: Action) -> float:
+    """Seconds ``a`` runs at its minimum units, from its spec or what its kind has learned."""
+    spec = a.spec
+    if spec.duration is not None:
+        return spec.duration
+    st = a.stats
+    if not a.eres:
+        return st.t1
+    return st.t1 / (a.sp_min if st.beta == 1.0 else a.sp_min ** st.beta)
 
 
 class Shape(NamedTuple):

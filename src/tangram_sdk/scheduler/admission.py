@@ -120,7 +120,7 @@ class Admission(Deadlines):
                 self._gpu_reserve(a, gtake, cell, now)
                 if a.eres == "gpu":
                     sized[a.id] = gtake
-            elif cell >= 0 and a.spec.service and self._should_wait_for_resident(a, cell, now):
+            elif cell >= 0 and a.spec.service and self._place.should_wait_for_resident(a, cell, now):
                 # later actions of the same service would make the same choice: skip them cheaply
                 blocked.add(f"svc:{a.spec.service}:{a.gpu_min}")
                 svc_blocked = True
@@ -225,7 +225,7 @@ class Admission(Deadlines):
         node = -1
         span = False
         if a.cpu_min:
-            node = self._pick_node(a, node_free)
+            node = self._place.pick_node(a, node_free)
             if node < 0:
                 if a.cpu_min > self._max_node and sum(node_free) >= a.cpu_min:
                     span = True
@@ -233,7 +233,7 @@ class Admission(Deadlines):
                     lack.append("cpu")
         cell = -1
         if a.gpu_min:
-            cell = self._pick_cell(a.gpu_min, spec.service, gfree)
+            cell = self._place.pick_cell(a.gpu_min, spec.service, gfree)
             if cell < 0:
                 lack.append("gpu")
         return lack, node, cell, span
@@ -267,7 +267,7 @@ class Admission(Deadlines):
                     lack = [f"svc:{a.spec.service}:{a.gpu_min}"]
                 else:
                     cell = choice[1]
-            elif self._should_wait_for_resident(a, cell, now):
+            elif self._place.should_wait_for_resident(a, cell, now):
                 lack = [f"svc:{a.spec.service}:{a.gpu_min}"]
         if lack:
             self._blocked_last = set(lack)

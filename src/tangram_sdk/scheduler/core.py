@@ -50,6 +50,7 @@ from .malleable import Malleables
 from .memo import RoundMemo
 from .queue import WaitQueue
 from .admission import Admission
+from .placement import Placement
 from .pricing import PRICE_GRID
 from .residency import Residency
 
@@ -220,9 +221,12 @@ class Scheduler(Admission):
         self._shape: dict[ActionSpec, Shape] = {}  # per distinct spec, see Shape
         self._max_node = max(self.ledger.node_size) if self.ledger.node_size else 0
         self._spec_rel: dict[tuple[int, int], tuple[Any, float]] = {}  # estimator's T(m)/T(min) cache
-        # _pick_cold_cell answers per (size, free mask): valid until residency changes
+        # Placement.pick_cold_cell answers per (size, free mask): valid until residency changes
         self._cell_memo: dict[tuple[int, int], int] = {}
         self._memo = RoundMemo()  # what this round computes once (reset at each round's start)
+        self._place = Placement(self.ledger, self._resident, self._gpu_holder, self._queue, self._kinds,
+                                self._memo, self._cell_memo, self._restore_s, self.default_restore_s,
+                                self.gpu_slots)
         # round skipping: a submission that the last round's blocked set already covers, with no
         # resources freed and no time-dependent state since, cannot be granted: skip the round
         self._need_round = True

@@ -30,7 +30,7 @@ from collections.abc import Callable
 
 from ..spec import ActionSpec
 from .action import Action
-from .placement import Placement
+from .state import SchedulerState
 from .pricing import PRICE_GRID, dop_at_price, dops_over_grid
 
 __all__ = ["Moldable"]
@@ -41,7 +41,7 @@ _EXPLORE_EVERY = 16  # every n-th arrival of a kind at price 0 re-checks its dec
 ReleaseLine = tuple[list[float], list[int], list[list[tuple[float, int]]]]
 
 
-class Moldable(Placement):
+class Moldable(SchedulerState):
     def _rel_fn(self, spec: ActionSpec) -> Callable[[int], float]:
         """``m -> T(m)/T(min)`` for ``spec`` as its kind has learned it."""
         st = self._kinds.get(spec.kind)

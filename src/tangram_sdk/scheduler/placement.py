@@ -1,20 +1,50 @@
 """Where an admitted action goes: a NUMA node for its cores, an aligned GPU cell, and what
 restoring a service there costs (its own restore plus the warm copies of other services it would
-displace, priced by their learned call rates)."""
+displace, priced by their learned call rates).
+
+A collaborator the core owns, not a base class: it reads the ledger, the residency, who holds each
+GPU, the wait queue's counts, the learned kinds and the round memo it is given (all shared
+objects, mutated in place by the core), and changes none of them but its own cell memo.
+"""
 
 from __future__ import annotations
 
 import math
 
-from .action import Action
+from .action import Action, dur_min
 from .learn import KindStats
-from .state import SchedulerState
+from .ledger import Ledger
+from .memo import RoundMemo
+from .queue import WaitQueue
+from .residency import Residency
 
 __all__ = ["Placement"]
 
 
-class Placement(SchedulerState):
-    def _pick_node(self, a: Action, node_free: list[int]) -> int:
+class Placement:
+    __slots__ = ("ledger", "_resident", "_gpu_holder", "_queue", "_kinds", "_memo", "_cell_memo",
+                 "_restore_s", "default_restore_s", "gpu_slots")
+
+    def __init__(self, ledger: Ledger, resident: Residency, gpu_holder: list[Action | None], queue: WaitQueue,
+                 kinds: dict[str, KindStats], memo: RoundMemo, cell_memo: dict[tuple[int, int], int],
+                 restore_s: dict[str, float], default_restore_s: float, gpu_slots: float | None) -> None:
+        self.ledger = ledger
+        self._resident = resident
+        self._gpu_holder = gpu_holder
+        self._queue = queue
+        self._kinds = kinds
+        self._memo = memo
+        self._cell_memo = cell_memo  # pick_cold_cell per (size, free mask): the core clears it
+        self._restore_s = restore_s  # learned restore seconds per service (the core updates it)
+        self.default_restore_s = default_restore_s
+        self.gpu_slots = gpu_slots
+
+    def restore_cost(self, service: str | None) -> float:
+        if service is None:
+            return 0.0
+        return self._restore_s.get(service, self.default_restore_s)
+
+    def pick_node(self, a: Action, node_free: list[int]) -> int:
         """Elastic CPU actions go where there is most room to grow (worst fit); fixed-size ones pack
         into the fullest node that fits (best fit), keeping whole nodes free for big grants."""
         need = a.cpu_min
@@ -29,7 +59,7 @@ class Placement(SchedulerState):
                 best, best_free = i, f
         return best
 
-    def _pick_cell(self, size: int, service: str | None, mask: int) -> int:
+    def pick_cell(self, size: int, service: str | None, mask: int) -> int:
         """Aligned free cell of ``size`` GPUs: one where the service is resident first (tightest
         buddy block, then lowest offset), else one disturbing the fewest resident copies, then the
         tightest, then the lowest (hot path: called for every GPU action scanned and every price
@@ -60,10 +90,10 @@ class Placement(SchedulerState):
         if hit is None:
             if len(memo) > 4096:
                 memo.clear()
-            hit = memo[key] = self._pick_cold_cell(size, mask)
+            hit = memo[key] = self.pick_cold_cell(size, mask)
         return hit
 
-    def _pick_cold_cell(self, size: int, mask: int) -> int:
+    def pick_cold_cell(self, size: int, mask: int) -> int:
         full = (1 << size) - 1
         ng = len(self._gpu_holder)
         opts = [o for o in range(0, ng - size + 1, size) if (mask >> o) & full == full]
@@ -85,14 +115,14 @@ class Placement(SchedulerState):
                 best, best_p, best_t = o, p, t
         return best
 
-    def _should_wait_for_resident(self, a: Action, cell: int, now: float) -> bool:
+    def should_wait_for_resident(self, a: Action, cell: int, now: float) -> bool:
         """Waiting for a busy GPU that already holds the service can beat restoring it elsewhere."""
         svc = a.spec.service
         size = a.gpu_min
         cells = self._resident.cells_of(svc)
         if not cells or tuple(range(cell, cell + size)) in cells:
             return False
-        restore = self._restore_cost(svc)
+        restore = self.restore_cost(svc)
         # the soonest warm copy and how many there are: the same for every action of the service
         # scanned in this round (holders change only when the round grants), so computed once
         memo_key = (svc, size)
@@ -119,14 +149,14 @@ class Placement(SchedulerState):
         best_wait, n_warm = hit
         # everyone queued behind ``a`` for this service waits on the same warm copies: compare the
         # backlog's drain time with one restore, or a hot service never scales out (issue 5 finding)
-        backlog = (self._queue.sig_count.get(a.keys, 1) - 1) * self._dur_min(a) / n_warm
+        backlog = (self._queue.sig_count.get(a.keys, 1) - 1) * dur_min(a) / n_warm
         wait = best_wait + backlog
         # Restoring here may displace other services' warm copies; each one that is called again
         # within the wait pays a restore of its own. Without this price a hot service scaling out
         # on a tight pool just moves the restore around (MOPD thrash when every GPU caches someone).
-        return wait < restore + self._displacement(svc, tuple(range(cell, cell + size)), wait, now)
+        return wait < restore + self.displacement(svc, tuple(range(cell, cell + size)), wait, now)
 
-    def _displacement(self, svc: str | None, cell: tuple[int, ...], horizon: float, now: float) -> float:
+    def displacement(self, svc: str | None, cell: tuple[int, ...], horizon: float, now: float) -> float:
         """Expected restore seconds that putting ``svc`` on ``cell`` costs *other* services whose
         warm copies live there: each pays a restore if it is called within ``horizon``."""
         cost = 0.0
@@ -138,37 +168,37 @@ class Placement(SchedulerState):
                 continue
             if self._queue.svc_queued.get(other):
                 return math.inf  # its own waiters would use that warm copy: never take it from them
-            cost += self._restore_cost(other) * min(1.0, self._service_rate(other, now) * horizon)
+            cost += self.restore_cost(other) * min(1.0, self.service_rate(other, now) * horizon)
         return cost
 
-    def _cold_cost(self, svc: str, size: int, dur: float, now: float) -> float:
+    def cold_cost(self, svc: str, size: int, dur: float, now: float) -> float:
         """Restore plus displacement for a new ``size``-GPU instance of ``svc``, on the free cell
         where that is cheapest (memoised per round: the price grid asks many times)."""
         key = (svc, size)
         hit = self._memo.cold.get(key)
         if hit is not None:
             return hit
-        restore = self._restore_cost(svc)
-        o = self._pick_cell(size, svc, self.ledger.gpu_free)  # where placement would put it
-        best = self._displacement(svc, tuple(range(o, o + size)), dur, now) if o >= 0 else 0.0
+        restore = self.restore_cost(svc)
+        o = self.pick_cell(size, svc, self.ledger.gpu_free)  # where placement would put it
+        best = self.displacement(svc, tuple(range(o, o + size)), dur, now) if o >= 0 else 0.0
         self._memo.cold[key] = restore + best
         return restore + best
 
-    def _service_rate(self, service: str, now: float) -> float:
+    def service_rate(self, service: str, now: float) -> float:
         """Calls per second of ``service`` (all kinds using it), from the learned arrival rates;
         computed for every service at once, at most once per round."""
         m = self._memo
         rates = m.rates
         if rates is None or m.rates_at != now:
             rates = {}
-            for st, lam in self._kind_rates(now):
+            for st, lam in self.kind_rates(now):
                 svc = st.spec.service if st.spec is not None else None
                 if svc is not None:
                     rates[svc] = rates.get(svc, 0.0) + lam
             m.rates, m.rates_at = rates, now
         return rates.get(service, 0.0)
 
-    def _kind_rates(self, now: float) -> list[tuple[KindStats, float]]:
+    def kind_rates(self, now: float) -> list[tuple[KindStats, float]]:
         """Every kind's learned arrival rate at ``now``, once per round (placement pricing and
         the arrival lookahead both ask)."""
         m = self._memo

@@ -90,7 +90,7 @@ class Planning(GpuSizing):
             return []
         per_kind = []
         total = 0.0
-        for st, lam in self._kind_rates(now):
+        for st, lam in self._place.kind_rates(now):
             spec = st.spec
             if spec is None or not (spec.cpus if res == "cpu" else spec.gpus):
                 continue
@@ -162,7 +162,7 @@ class Planning(GpuSizing):
             placed: dict[int, int] = {}
             failed: Action | None = None
             for a in live:
-                o = self._pick_cell(units[a.id], a.spec.service, m)
+                o = self._place.pick_cell(units[a.id], a.spec.service, m)
                 if o < 0:
                     failed = a
                     break
@@ -200,7 +200,7 @@ class Planning(GpuSizing):
             t = d0 * r
             if warm_sizes is not None and m not in warm_sizes:
                 assert spec.service is not None
-                t += self._cold_cost(spec.service, m, d0, self._memo.now)
+                t += self._place.cold_cost(spec.service, m, d0, self._memo.now)
             out.append((m, t))
         return out
 

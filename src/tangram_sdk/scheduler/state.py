@@ -2,13 +2,13 @@
 
 ``Scheduler`` (core: events), ``Admission`` (the round), ``Deadlines``, ``Planning`` (how many
 elastic units, judged by the completion-time estimate), ``GpuSizing`` / ``Moldable`` (sizes chosen
-at admission) and ``Placement`` (which cores and GPU cells, and what a restore costs) are one
-object split by job, each module's class a base of the one before, down to ``SchedulerState``. The
+at admission) are one object split by job, each module's class a base of the one before, down to ``SchedulerState``. The
 attributes are set by ``Scheduler.__init__``; this class only names their types and holds the
 small helpers they all use. The state with a life of its own is owned, not mixed in: the :class:`.Ledger`
 (free units), the :class:`.Residency` (warm GPU copies), the :class:`.WaitQueue` (who waits, with
-its counts), the :class:`.RoundMemo` (what one round computes once) and the
-:class:`.Malleables` (running malleable actions and the cores they borrowed).
+its counts), the :class:`.RoundMemo` (what one round computes once), the :class:`.Placement` (which cores
+and GPU cells, and what a restore costs) and the :class:`.Malleables` (running malleable actions
+and the cores they borrowed).
 """
 
 from __future__ import annotations
@@ -17,11 +17,12 @@ from typing import Any
 
 from ..pool import Pool
 from ..spec import ActionSpec
-from .action import Action, Shape
+from .action import Action, Shape, dur_min
 from .learn import KindStats
 from .ledger import Ledger
 from .malleable import Malleables
 from .memo import RoundMemo
+from .placement import Placement
 from .queue import WaitQueue
 from .residency import Residency
 
@@ -31,6 +32,7 @@ __all__ = ["SchedulerState"]
 class SchedulerState:
     pool: Pool
     _mall: Malleables
+    _place: Placement
     window: int
     depth: int
     scan_limit: int
@@ -83,15 +85,7 @@ class SchedulerState:
     _market_memo: dict[tuple[int, ActionSpec], Any]
 
     def _dur_min(self, a: Action) -> float:
-        spec = a.spec
-        if spec.duration is not None:
-            return spec.duration
-        st = a.stats
-        if not a.eres:
-            return st.t1
-        return st.t1 / (a.sp_min if st.beta == 1.0 else a.sp_min ** st.beta)
+        return dur_min(a)
 
     def _restore_cost(self, service: str | None) -> float:
-        if service is None:
-            return 0.0
-        return self._restore_s.get(service, self.default_restore_s)
+        return self._place.restore_cost(service)
