@@ -34,7 +34,14 @@ def _workloads() -> dict[str, Callable[[], Workload]]:
         "mopd 10 gpus": lambda: mopd(128, gpus=10, seed=4),
         "mopd tp1 16 gpus": lambda: mopd(128, gpus=16, seed=5, teacher_max_gpus=1),
         "deepsearch": lambda: deepsearch(128, seed=6, judge_work_mean=0.5),
+        "ai-coding malleable": lambda: ai_coding(160, nodes=1, cores=128, seed=7, test_max_cpus=32,
+                                                 test_malleable=True),
+        "mopd estimate planner": lambda: mopd(96, gpus=8, seed=8),
     }
+
+
+# Scheduler options per workload (the default elsewhere): the estimate planner is its own path.
+_OPTIONS: dict[str, dict[str, Any]] = {"mopd estimate planner": {"planner": "estimate"}}
 
 
 class _Hasher:
@@ -53,7 +60,7 @@ def run(policy: str = "tangram") -> dict[str, dict[str, Any]]:
     out = {}
     for name, build in _workloads().items():
         wl = build()
-        opts: dict[str, Any] = {}
+        opts: dict[str, Any] = dict(_OPTIONS.get(name, {}))
         if wl.pool.gpus:
             opts["gpu_slots"] = wl.gpu_slots
         pol = make_policy(policy, wl.pool, **opts)
