@@ -8,7 +8,7 @@ from ..spec import ActionSpec
 from .decisions import Grant
 from .learn import KindStats
 
-__all__ = ["Action", "Shape", "dur_min", "resource_keys"]
+__all__ = ["Action", "Shape", "dur_min", "resource_keys", "spec_dur_min"]
 
 
 class Action:
@@ -44,6 +44,16 @@ def dur_min(a: Action) -> float:
     if not a.eres:
         return st.t1
     return st.t1 / (a.sp_min if st.beta == 1.0 else a.sp_min ** st.beta)
+
+
+def spec_dur_min(spec: ActionSpec, st: KindStats | None, default_duration: float) -> float:
+    """Seconds ``spec`` runs at its minimum units: its declared duration, else what its kind
+    ``st`` has learned, else ``default_duration`` (before anything is learned)."""
+    if spec.duration is not None:
+        return spec.duration
+    if st is None:
+        return default_duration / spec.speedup(spec.min_units) if spec.elastic else default_duration
+    return st.t1 / st.speedup_at(spec, spec.min_units) if spec.elastic else st.t1
 
 
 class Shape(NamedTuple):

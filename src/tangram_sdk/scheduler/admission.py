@@ -28,13 +28,13 @@ class Admission(Deadlines):
             pre: list[Decision] = []
             if mall.grown and self._cpu_waiting() and mall.shrink_all(pre, now):
                 self._need_round = True
-                self._node_rel_all = None  # the release line holds their cores
+                self._cpu.forget_releases()  # the release line holds their cores
             pre.extend(self._round_plain(now))
             if not self._cpu_waiting() and self.ledger.free_cpus:
                 n = len(pre)
-                wake = mall.grow_idle(pre, now, self._dops_of)
+                wake = mall.grow_idle(pre, now, self._cpu.dops_of)
                 if len(pre) > n:
-                    self._node_rel_all = None
+                    self._cpu.forget_releases()
                 if wake is not None and (self.next_wakeup is None or wake < self.next_wakeup):
                     self.next_wakeup = wake  # look again when a young one outruns its estimate
             return pre
@@ -128,7 +128,9 @@ class Admission(Deadlines):
                 continue
             take = a.cpu_min
             if priced and a.eres == "cpu":
-                take = self._priced_cpu_units(a, node, node_free, span, now)
+                take, wake = self._cpu.units(a, node, node_free, span, now, self.rounds)
+                if wake is not None and (self.next_wakeup is None or wake < self.next_wakeup):
+                    self.next_wakeup = wake
                 if not take:  # waiting for more cores beats starting now on fewer
                     blocked.add("cpu")
                     svc_blocked = True

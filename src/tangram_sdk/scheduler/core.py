@@ -41,7 +41,7 @@ from ..options import SchedulerOptions, merge_options
 from ..pool import Pool
 from ..snapshot import Snapshot
 from ..spec import ActionSpec
-from .action import Action, Shape, resource_keys
+from .action import Action, Shape, resource_keys, spec_dur_min
 from .decisions import Decision, Grant, Reject
 from .events import Cancelled, Event, Released, ServiceResidency, Submitted, Tick, TokensUsed
 from .learn import KindStats
@@ -51,7 +51,7 @@ from .memo import RoundMemo
 from .queue import WaitQueue
 from .admission import Admission
 from .placement import Placement
-from .pricing import PRICE_GRID
+from .moldable import CpuSizing
 from .residency import Residency
 
 if TYPE_CHECKING:
@@ -184,24 +184,13 @@ class Scheduler(Admission):
         if not (load_target > 0 and price_horizon >= 0 and max_price >= 0):
             raise ValueError("load_target must be > 0, price_horizon and max_price >= 0")
         self.objective = objective
-        # under a sustained overload, "act" runs everyone at the minimum (throughput-optimal for
-        # mean ACT); the others keep the price bounded so no elastic action runs below the size
-        # max_price implies (one long action on one core otherwise sets the RL step)
-        self._cap_overload = objective != "act"
         self.planner = planner
         self.load_target = load_target
         self.price_horizon = price_horizon
         self.price_smoothing = price_smoothing
-        self._price_ewma: dict[ActionSpec, float] = {}
         self.max_price = max_price
         self.start_or_wait = start_or_wait
-        self._price_cap = max(i for i, mu in enumerate(PRICE_GRID) if mu <= max_price)
-        self._dops: dict[tuple[ActionSpec, float], tuple[int, ...]] = {}  # size per grid price
-        self._node_rel_all: Any = None  # expected releases, per round (moldable sizing)
-        self._node_rel_round = -1
-        self._price_memo: dict[tuple[int, ActionSpec], int] = {}
         self._deadlines: list[tuple[float, int, int]] = []
-        self._market_memo: dict[tuple[int, ActionSpec], Any] = {}
         self.ledger = Ledger(pool)
         self._queue = WaitQueue()
         self._mall = Malleables(self.ledger)  # running malleable actions and the cores they borrowed
@@ -211,6 +200,11 @@ class Scheduler(Admission):
         self._running: dict[int, Action] = {}
         self._live: dict[int, Action] = {}  # queued or running, by id
         self._kinds: dict[str, KindStats] = {}
+        # the price of cores and the sizes it gives elastic CPU actions at admission
+        self._cpu = CpuSizing(self.ledger, self._running, self._kinds, self._spec_queued,
+                              default_duration=default_duration, lookahead=lookahead, load_target=load_target,
+                              price_horizon=price_horizon, price_smoothing=price_smoothing, max_price=max_price,
+                              objective=objective, start_or_wait=start_or_wait)
         self._seq = 0
         ng = len(pool.gpus)
         self._cells = tuple(c for c in pool.gpu_cells if c <= ng)
@@ -383,12 +377,7 @@ class Scheduler(Admission):
     def estimated_duration(self, spec: ActionSpec, units: int | None = None) -> float:
         """Seconds ``spec`` is expected to run at ``units`` (its minimum when None)."""
         st = self._kinds.get(spec.kind)
-        if spec.duration is not None:
-            d_min = spec.duration
-        elif st is None:
-            d_min = self.default_duration / spec.speedup(spec.min_units) if spec.elastic else self.default_duration
-        else:
-            d_min = st.t1 / st.speedup_at(spec, spec.min_units) if spec.elastic else st.t1
+        d_min = spec_dur_min(spec, st, self.default_duration)
         if units is None or spec.elastic is None:
             return d_min
         return d_min * (st.rel(spec, units) if st is not None else spec.relative_duration(units))

@@ -53,7 +53,7 @@ from typing import Any
 
 from ..spec import ActionSpec
 from .action import Action
-from .moldable import Moldable
+from .state import SchedulerState
 from .pricing import PRICE_GRID
 from .queueing import erlang_c, lq_slope, mmc_wq
 
@@ -95,7 +95,7 @@ class _Svc:
         return self.d0 * float(self.stats.rel(spec, k))
 
 
-class GpuSizing(Moldable):
+class GpuSizing(SchedulerState):
     restore_horizon: float
     gpu_instances: str
     regime_window: float
@@ -184,7 +184,7 @@ class GpuSizing(Moldable):
                 lam = lam0 if dt <= 0 else lam0 + (1.0 - math.exp(-dt / _RATE_WINDOW)) * (
                     (st.arrivals - n0) / dt - lam0)
             rates[name] = (now, st.arrivals, lam, st)
-            d0 = self._spec_d0(spec)
+            d0 = self._cpu.spec_d0(spec)
             svc = spec.service
             info = None
             if svc is not None:

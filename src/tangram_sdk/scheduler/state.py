@@ -22,6 +22,7 @@ from .learn import KindStats
 from .ledger import Ledger
 from .malleable import Malleables
 from .memo import RoundMemo
+from .moldable import CpuSizing
 from .placement import Placement
 from .queue import WaitQueue
 from .residency import Residency
@@ -69,20 +70,13 @@ class SchedulerState:
     load_target: float
     price_horizon: float
     price_smoothing: float
-    _price_ewma: dict[ActionSpec, float]
     max_price: float
-    _price_cap: int
-    _cap_overload: bool
     objective: str
     start_or_wait: bool
     rounds: int
     _spec_queued: dict[ActionSpec, int]  # _queue.spec_queued (and _svc_queued), as the sizing modules read them
-    _dops: dict[tuple[ActionSpec, float], tuple[int, ...]]
     learn_efficiency: bool
-    _node_rel_all: Any
-    _node_rel_round: int
-    _price_memo: dict[tuple[int, ActionSpec], int]
-    _market_memo: dict[tuple[int, ActionSpec], Any]
+    _cpu: CpuSizing
 
     _dur_min = staticmethod(dur_min)  # no extra frame on the hot path
 
