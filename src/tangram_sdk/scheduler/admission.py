@@ -84,9 +84,8 @@ class Admission(Deadlines):
         sized: dict[int, int] = {}  # priced CPU sizes chosen at admission
         priced = self.elastic and self.planner == "priced"
         gpu_priced = self.planner == "priced" and bool(self._cells)
-        if self._gpu_tent_end:
-            self._gpu_tent_end.clear()
-            self._gpu_tent.clear()
+        gpu = self._gpu
+        gpu.begin_round()
         scanned = 0
         scan_limit = self.scan_limit
         queue = wq.by_prio[wq.prios[0]].values() if len(wq.prios) == 1 else iter(wq)
@@ -107,17 +106,17 @@ class Admission(Deadlines):
                 continue
             gtake = a.gpu_min
             if cell >= 0 and (gpu_priced and (a.spec.service or a.eres == "gpu")):
-                choice = self._gpu_choice(a, gfree, now)  # size, cell, or wait (gpu_sizing)
-                if choice is None:
-                    gfree &= ~self._gpu_awaited
-                    if not self._gpu_wait_all:  # a free warm copy is left: the next one may take it
+                choice = gpu.choice(a, gfree, now)  # size, cell, or wait (gpu_sizing)
+                if not choice.units:
+                    gfree &= ~choice.awaited
+                    if not choice.wait_all:  # a free warm copy is left: the next one may take it
                         continue
                     blocked.add(f"svc:{a.spec.service}:{a.gpu_min}")
                     svc_blocked = True
                     exhausted = all(not sig.isdisjoint(blocked) for sig in sigs)
                     continue
-                gtake, cell = choice
-                self._gpu_reserve(a, gtake, cell, now)
+                gtake, cell = choice.units, choice.cell
+                gpu.reserve(a, gtake, cell, now)
                 if a.eres == "gpu":
                     sized[a.id] = gtake
             elif cell >= 0 and a.spec.service and self._place.should_wait_for_resident(a, cell, now):
@@ -261,14 +260,13 @@ class Admission(Deadlines):
         self._round_now = now
         if not lack and cell >= 0 and a.spec.service:
             if self.planner == "priced":
-                if self._gpu_tent_end:
-                    self._gpu_tent_end.clear()
-                    self._gpu_tent.clear()
-                choice = self._gpu_choice(a, L.gpu_free, now)
-                if choice is None:
+                gpu = self._gpu
+                gpu.begin_round()
+                choice = gpu.choice(a, L.gpu_free, now)
+                if not choice.units:
                     lack = [f"svc:{a.spec.service}:{a.gpu_min}"]
                 else:
-                    cell = choice[1]
+                    cell = choice.cell
             elif self._place.should_wait_for_resident(a, cell, now):
                 lack = [f"svc:{a.spec.service}:{a.gpu_min}"]
         if lack:
@@ -323,7 +321,7 @@ class Admission(Deadlines):
         if a.eres is not None:
             est *= a.stats.rel(spec, units)
         if restore:
-            est += self._restore_lat(self._restore_cost(spec.service), len(gpus))
+            est += self._gpu.restore_lat(self._place.restore_cost(spec.service), len(gpus))
         a.est_end = now + est
         self._running[a.id] = a
         if a.eres == "cpu":

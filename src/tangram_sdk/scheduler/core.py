@@ -51,6 +51,7 @@ from .memo import RoundMemo
 from .queue import WaitQueue
 from .admission import Admission
 from .placement import Placement
+from .gpu_sizing import GpuSizing
 from .moldable import CpuSizing
 from .residency import Residency
 
@@ -158,7 +159,10 @@ class Scheduler(Admission):
             raise ValueError("window and scan_limit must be >= 1, depth >= 0")
         if gpu_slots is not None and not gpu_slots > 0:
             raise ValueError(f"gpu_slots must be None or > 0, got {gpu_slots!r}")
-        self._init_gpu_sizing(restore_horizon, gpu_instances, gpu_regime_window)
+        GpuSizing.check_options(restore_horizon, gpu_instances, gpu_regime_window)
+        self.restore_horizon = restore_horizon
+        self.gpu_instances = gpu_instances
+        self.regime_window = gpu_regime_window
         self.pool = pool
         self.window = window
         self.depth = depth
@@ -221,6 +225,11 @@ class Scheduler(Admission):
         self._place = Placement(self.ledger, self._resident, self._gpu_holder, self._queue, self._kinds,
                                 self._memo, self._cell_memo, self._restore_s, self.default_restore_s,
                                 self.gpu_slots)
+        # the GPU market: widths, copies per service, start / wait / restore at admission
+        self._gpu = GpuSizing(self._kinds, self._resident, self._gpu_holder, self._cells, self._svc_queued,
+                              self._place, gpu_slots=gpu_slots, default_duration=default_duration,
+                              restore_horizon=restore_horizon, gpu_instances=gpu_instances,
+                              regime_window=gpu_regime_window)
         # round skipping: a submission that the last round's blocked set already covers, with no
         # resources freed and no time-dependent state since, cannot be granted: skip the round
         self._need_round = True
@@ -234,6 +243,12 @@ class Scheduler(Admission):
         self._sum_act = self._sum_queue = self._sum_exec = 0.0
 
     # ------------------------------------------------------------------------------ public API
+    def initial_gpu_width(self, spec: ActionSpec, services: int = 1) -> int:
+        """The width the core grants ``spec`` before it has measured any load: the widest legal
+        one leaving two cells in the pool at which ``services`` copies stay resident (a warm
+        start restores copies at it)."""
+        return self._gpu.initial_gpu_width(spec, services)
+
     def feasibility(self, spec: ActionSpec) -> str | None:
         """Why ``spec`` can never be granted by this pool, or None when it can (memoised: rollouts
         submit the same few specs millions of times)."""
@@ -558,8 +573,8 @@ class Scheduler(Admission):
         self._sum_act += now - a.submitted
         if g.restore and g.gpus and self.planner == "priced":
             # the hold included the restore the grant asked for: learn the call, not the copy
-            exec_s = max(0.1 * exec_s, exec_s - self._restore_lat(self._restore_cost(a.spec.service),
-                                                                  len(g.gpus)))
+            exec_s = max(0.1 * exec_s, exec_s - self._gpu.restore_lat(self._place.restore_cost(a.spec.service),
+                                                                      len(g.gpus)))
         if a.spec.duration is None:
             sp = (a.spec.speedup(g.units) if msp is None else msp) if a.eres else 1.0
             a.stats.observe_exec(exec_s, sp, self.duration_alpha,

@@ -12,7 +12,7 @@ from typing import NamedTuple
 
 from .action import Action
 from .estimate import Waiter, estimate_waits
-from .gpu_sizing import GpuSizing
+from .state import SchedulerState
 from .split import best_split
 
 __all__ = ["Plan", "Planning"]
@@ -49,7 +49,7 @@ class Plan(NamedTuple):
     evicted: list[int]
 
 
-class Planning(GpuSizing):
+class Planning(SchedulerState):
     # -- elastic split --------------------------------------------------------------------------
     def _releases(self, res: str, now: float) -> list[tuple[float, int]]:
         rel = []

@@ -22,6 +22,7 @@ from .learn import KindStats
 from .ledger import Ledger
 from .malleable import Malleables
 from .memo import RoundMemo
+from .gpu_sizing import GpuSizing
 from .moldable import CpuSizing
 from .placement import Placement
 from .queue import WaitQueue
@@ -77,6 +78,8 @@ class SchedulerState:
     _spec_queued: dict[ActionSpec, int]  # _queue.spec_queued (and _svc_queued), as the sizing modules read them
     learn_efficiency: bool
     _cpu: CpuSizing
+    _gpu: GpuSizing
+    gpu_instances: str
 
     _dur_min = staticmethod(dur_min)  # no extra frame on the hot path
 
