@@ -171,11 +171,10 @@ class Admission(Deadlines):
         units.update(sized)
         evicted: set[int] = set()
         if self.elastic:
-            plans = [self._split_cpu(cands, node_free, now)] if not priced else []
-            plans.append(self._split_gpu(cands, gfree, now))
-            for plan in plans:  # disjoint groups: CPU-elastic and GPU-elastic candidates
-                units.update(plan.units)
-                evicted.update(plan.evicted)
+            plan = self._planner.plan(cands, node_free, gfree, now, cpu=not priced)
+            units.update(plan.units)
+            evicted.update(plan.evicted)
+            self.evictions += plan.evictions
         # The blocked set was computed with every candidate's minimum reserved; elastic extras only
         # take more, so it stays valid. Evicted candidates are waiters the next round re-plans.
         if evicted:

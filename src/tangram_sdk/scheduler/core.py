@@ -53,6 +53,7 @@ from .admission import Admission
 from .placement import Placement
 from .gpu_sizing import GpuSizing
 from .moldable import CpuSizing
+from .planning import Planner
 from .residency import Residency
 
 if TYPE_CHECKING:
@@ -218,13 +219,16 @@ class Scheduler(Admission):
         self.next_wakeup: float | None = None
         self._shape: dict[ActionSpec, Shape] = {}  # per distinct spec, see Shape
         self._max_node = max(self.ledger.node_size) if self.ledger.node_size else 0
-        self._spec_rel: dict[tuple[int, int], tuple[Any, float]] = {}  # estimator's T(m)/T(min) cache
         # Placement.pick_cold_cell answers per (size, free mask): valid until residency changes
         self._cell_memo: dict[tuple[int, int], int] = {}
         self._memo = RoundMemo()  # what this round computes once (reset at each round's start)
         self._place = Placement(self.ledger, self._resident, self._gpu_holder, self._queue, self._kinds,
                                 self._memo, self._cell_memo, self._restore_s, self.default_restore_s,
                                 self.gpu_slots)
+        # how many elastic units each candidate of a round gets (a Plan), judged by the estimate
+        self._planner = Planner(self._running, self._queue, self._place, self._resident, self._memo, self._cells,
+                                window=window, depth=depth, lookahead=lookahead, lookahead_cap=lookahead_cap,
+                                mu_grid=self.mu_grid, max_evictions=max_evictions)
         # the GPU market: widths, copies per service, start / wait / restore at admission
         self._gpu = GpuSizing(self._kinds, self._resident, self._gpu_holder, self._cells, self._svc_queued,
                               self._place, gpu_slots=gpu_slots, default_duration=default_duration,

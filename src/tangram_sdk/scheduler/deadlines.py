@@ -17,12 +17,12 @@ import math
 from .action import Action
 from .decisions import Decision, Reject
 from .ledger import Ledger
-from .planning import Planning
+from .state import SchedulerState
 
 __all__ = ["Deadlines"]
 
 
-class Deadlines(Planning):
+class Deadlines(SchedulerState):
     _deadlines: list[tuple[float, int, int]]  # (deadline, seq, action id) of queued actions
 
     def _expire(self, now: float) -> list[Decision]:

@@ -13,7 +13,6 @@ and the cores they borrowed).
 
 from __future__ import annotations
 
-from typing import Any
 
 from ..pool import Pool
 from ..spec import ActionSpec
@@ -24,6 +23,7 @@ from .malleable import Malleables
 from .memo import RoundMemo
 from .gpu_sizing import GpuSizing
 from .moldable import CpuSizing
+from .planning import Planner
 from .placement import Placement
 from .queue import WaitQueue
 from .residency import Residency
@@ -60,7 +60,6 @@ class SchedulerState:
     _restore_s: dict[str, float]
     _shape: dict[ActionSpec, Shape]
     _max_node: int
-    _spec_rel: dict[tuple[int, int], tuple[Any, float]]
     _cell_memo: dict[tuple[int, int], int]
     _memo: RoundMemo
     _svc_queued: dict[str, int]
@@ -79,6 +78,7 @@ class SchedulerState:
     learn_efficiency: bool
     _cpu: CpuSizing
     _gpu: GpuSizing
+    _planner: Planner
     gpu_instances: str
 
     _dur_min = staticmethod(dur_min)  # no extra frame on the hot path
