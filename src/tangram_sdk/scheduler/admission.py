@@ -6,13 +6,13 @@ bookkeeping, by the same fit rules."""
 from __future__ import annotations
 
 from .action import Action
-from .deadlines import Deadlines
+from .state import SchedulerState
 from .decisions import Decision, Grant
 
 __all__ = ["Admission"]
 
 
-class Admission(Deadlines):
+class Admission(SchedulerState):
     _need_round: bool
     _blocked_last: set[str]
     _round_now: float
@@ -40,12 +40,32 @@ class Admission(Deadlines):
             return pre
         return self._round_plain(now)
 
+    def _arm_deadlines(self) -> None:
+        """Keep ``next_wakeup`` no later than the earliest deadline of a queued action."""
+        t = self._deadlines.earliest()
+        if t is not None and (self.next_wakeup is None or t < self.next_wakeup):
+            self.next_wakeup = t
+
+    def _admit_deadline(self, a: Action, deadline: float, now: float, out: list[Decision]) -> None:
+        """``a`` was queued with a deadline: refused now if it cannot start in time (see
+        :mod:`.deadlines`), else its deadline is kept and armed."""
+        r = self._deadlines.admit(a, deadline, now, self.rounds)
+        if r is not None:
+            self.rejected += 1
+            out.append(r)
+            return
+        self._arm_deadlines()
+
     def _cpu_waiting(self) -> bool:
         return any(n and spec.cpus for spec, n in self._spec_queued.items())
 
     def _round_plain(self, now: float) -> list[Decision]:
-        if self._deadlines:  # rare: only actions submitted with a deadline put entries here
-            out = self._expire(now)
+        dl = self._deadlines
+        if dl:  # rare: only actions submitted with a deadline put entries here
+            out = dl.expire(now)
+            if out:
+                self.rejected += len(out)
+                self._need_round = True
             out.extend(self._round_fcfs(now))
             self._arm_deadlines()
             return out

@@ -51,6 +51,7 @@ from .memo import RoundMemo
 from .queue import WaitQueue
 from .admission import Admission
 from .placement import Placement
+from .deadlines import Deadlines
 from .gpu_sizing import GpuSizing
 from .moldable import CpuSizing
 from .planning import Planner
@@ -195,7 +196,6 @@ class Scheduler(Admission):
         self.price_smoothing = price_smoothing
         self.max_price = max_price
         self.start_or_wait = start_or_wait
-        self._deadlines: list[tuple[float, int, int]] = []
         self.ledger = Ledger(pool)
         self._queue = WaitQueue()
         self._mall = Malleables(self.ledger)  # running malleable actions and the cores they borrowed
@@ -211,6 +211,7 @@ class Scheduler(Admission):
                               price_horizon=price_horizon, price_smoothing=price_smoothing, max_price=max_price,
                               objective=objective, start_or_wait=start_or_wait)
         self._seq = 0
+        self._deadlines = Deadlines(self._live, self._queue, self._running, self.ledger, self._cpu)
         ng = len(pool.gpus)
         self._cells = tuple(c for c in pool.gpu_cells if c <= ng)
         self._gpu_holder: list[Action | None] = [None] * ng

@@ -21,6 +21,7 @@ from .learn import KindStats
 from .ledger import Ledger
 from .malleable import Malleables
 from .memo import RoundMemo
+from .deadlines import Deadlines
 from .gpu_sizing import GpuSizing
 from .moldable import CpuSizing
 from .planning import Planner
@@ -79,6 +80,7 @@ class SchedulerState:
     _cpu: CpuSizing
     _gpu: GpuSizing
     _planner: Planner
+    _deadlines: Deadlines
     gpu_instances: str
 
     _dur_min = staticmethod(dur_min)  # no extra frame on the hot path
