@@ -41,7 +41,8 @@ from ..options import SchedulerOptions, merge_options
 from ..pool import Pool
 from ..snapshot import Snapshot
 from ..spec import ActionSpec
-from .action import Action, Shape, resource_keys, spec_dur_min
+from .action import Action, Shape, dur_min, resource_keys, spec_dur_min
+from .admission import Admission
 from .decisions import Decision, Grant, Reject
 from .events import Cancelled, Event, Released, ServiceResidency, Submitted, Tick, TokensUsed
 from .learn import KindStats
@@ -49,7 +50,6 @@ from .ledger import Ledger
 from .malleable import Malleables
 from .memo import RoundMemo
 from .queue import WaitQueue
-from .admission import Admission
 from .placement import Placement
 from .deadlines import Deadlines
 from .gpu_sizing import GpuSizing
@@ -109,7 +109,7 @@ class SchedulerStats(Snapshot):
     resident_services: int
 
 
-class Scheduler(Admission):
+class Scheduler:
     """Action-level elastic scheduler over one :class:`Pool`.
 
     ``window``: most elastic candidates optimised jointly per round (the rest get their minimum).
@@ -219,7 +219,6 @@ class Scheduler(Admission):
         self._restore_s: dict[str, float] = {}
         self.next_wakeup: float | None = None
         self._shape: dict[ActionSpec, Shape] = {}  # per distinct spec, see Shape
-        self._max_node = max(self.ledger.node_size) if self.ledger.node_size else 0
         # Placement.pick_cold_cell answers per (size, free mask): valid until residency changes
         self._cell_memo: dict[tuple[int, int], int] = {}
         self._memo = RoundMemo()  # what this round computes once (reset at each round's start)
@@ -235,6 +234,10 @@ class Scheduler(Admission):
                               self._place, gpu_slots=gpu_slots, default_duration=default_duration,
                               restore_horizon=restore_horizon, gpu_instances=gpu_instances,
                               regime_window=gpu_regime_window)
+        # the FCFS fit at the minimum, with the sizes the CPU and GPU markets decide at admission
+        self._admission = Admission(self.ledger, self._queue, self._place, self._cpu, self._gpu, scan_limit=scan_limit,
+                                    priced=elastic and planner == "priced",
+                                    gpu_priced=planner == "priced" and bool(self._cells))
         # round skipping: a submission that the last round's blocked set already covers, with no
         # resources freed and no time-dependent state since, cannot be granted: skip the round
         self._need_round = True
@@ -481,6 +484,204 @@ class Scheduler(Admission):
             parts.append(f"{n} {L.q_used[n]}")
         return f"<Scheduler {' '.join(parts)} | {len(self._running)} running, {self._queue.n} queued>"
 
+    # ------------------------------------------------------------------------------ the round
+    def _round(self, now: float) -> list[Decision]:
+        """One round at ``now``: malleable actions shrunk first and grown after when any run,
+        queued deadlines expired and armed when any are kept, admission, plan and grants."""
+        mall = self._mall
+        if mall.running:  # malleable actions running: shrink before admission, grow after
+            pre: list[Decision] = []
+            if mall.grown and self._cpu_waiting() and mall.shrink_all(pre, now):
+                self._need_round = True
+                self._cpu.forget_releases()  # the release line holds their cores
+            pre.extend(self._round_plain(now))
+            if not self._cpu_waiting() and self.ledger.free_cpus:
+                n = len(pre)
+                wake = mall.grow_idle(pre, now, self._cpu.dops_of)
+                if len(pre) > n:
+                    self._cpu.forget_releases()
+                if wake is not None and (self.next_wakeup is None or wake < self.next_wakeup):
+                    self.next_wakeup = wake  # look again when a young one outruns its estimate
+            return pre
+        if self._deadlines.heap:
+            return self._round_plain(now)
+        return self._round_fcfs(now)  # the common case, one frame less
+
+    def _arm_deadlines(self) -> None:
+        """Keep ``next_wakeup`` no later than the earliest deadline of a queued action."""
+        t = self._deadlines.earliest()
+        if t is not None and (self.next_wakeup is None or t < self.next_wakeup):
+            self.next_wakeup = t
+
+    def _admit_deadline(self, a: Action, deadline: float, now: float, out: list[Decision]) -> None:
+        """``a`` was queued with a deadline: refused now if it cannot start in time (see
+        :mod:`.deadlines`), else its deadline is kept and armed."""
+        r = self._deadlines.admit(a, deadline, now, self.rounds)
+        if r is not None:
+            self.rejected += 1
+            out.append(r)
+            return
+        self._arm_deadlines()
+
+    def _cpu_waiting(self) -> bool:
+        return any(n and spec.cpus for spec, n in self._spec_queued.items())
+
+    def _round_plain(self, now: float) -> list[Decision]:
+        if self._deadlines.heap:  # rare: only actions submitted with a deadline put entries here
+            out = self._deadlines.expire(now)
+            if out:
+                self.rejected += len(out)
+                self._need_round = True
+            out.extend(self._round_fcfs(now))
+            self._arm_deadlines()
+            return out
+        return self._round_fcfs(now)
+
+    def _round_fcfs(self, now: float) -> list[Decision]:
+        """Admission (:class:`.Admission`), the plan for the elastic candidates (:class:`.Planner`),
+        the grants; skipped when the last round's blocked set says nothing can be granted."""
+        wq = self._queue
+        if not wq.n:
+            self.next_wakeup = None
+            return []
+        if not self._need_round:
+            return []
+        self.next_wakeup = None
+        self.rounds += 1
+        if wq.n == 1:
+            only = wq.newest
+            if only is None or wq.by_prio[only.spec.priority].get(only.id) is not only:
+                (only,) = wq
+            if only.eres is None:
+                return self._round_single(only, now)
+        self._memo.reset(now)
+        L = self.ledger
+        if L.tokens:
+            L.refill(now)
+        adm = self._admission.scan(now, self.rounds)
+        self.next_wakeup = adm.wake
+        self._blocked_last = adm.blocked
+        self._round_now = now
+        self._time_sensitive = adm.wake is not None or adm.svc_blocked
+        self._need_round = False
+        cands = adm.cands
+        if not cands:
+            return []
+        sized = adm.sized
+        if not adm.elastic:  # the common FIFO case: everyone gets exactly the minimum
+            return [self._grant(a, sized.get(a.id, 0), now) for a in cands]
+        units = {a.id: a.emin for a in cands if a.eres is not None}
+        units.update(sized)
+        evicted: set[int] = set()
+        if self.elastic:
+            plan = self._planner.plan(cands, adm.node_free, adm.gfree, now, cpu=self.planner != "priced")
+            units.update(plan.units)
+            evicted.update(plan.evicted)
+            self.evictions += plan.evictions
+        # The blocked set was computed with every candidate's minimum reserved; elastic extras only
+        # take more, so it stays valid. Evicted candidates are waiters the next round re-plans.
+        if evicted:
+            self._need_round = True
+        out: list[Decision] = []
+        for a in cands:
+            if a.id in evicted:
+                continue
+            out.append(self._grant(a, units.get(a.id, 0), now))
+        return out
+
+    def _round_single(self, a: Action, now: float) -> list[Decision]:
+        """The uncontended case — one queued action, not elastic — decided straight on the ledger
+        with exactly the rules of the full round, minus its bookkeeping."""
+        if self._decide_single(a, now):
+            return [self._grant(a, 0, now)]
+        return []
+
+    def _decide_single(self, a: Action, now: float) -> bool:
+        """Does the lone action ``a`` fit now? Sets its placement, or (when it does not) the
+        blocked state that round skipping relies on."""
+        warm = self._memo.warm  # not a round: only the warm-copy waits are asked again here
+        if warm:
+            warm.clear()
+        L = self.ledger
+        if L.tokens:
+            L.refill(now)
+        lack, node, cell, span, wake = self._admission.fits(a, L.node_count, L.gpu_free, L.counted_free,
+                                                            L.q_used, L.tokens, now)
+        if wake is not None and (self.next_wakeup is None or wake < self.next_wakeup):
+            self.next_wakeup = wake
+        self._round_now = now
+        if not lack and cell >= 0 and a.spec.service:
+            if self.planner == "priced":
+                gpu = self._gpu
+                gpu.begin_round()
+                choice = gpu.choice(a, L.gpu_free, now)
+                if not choice.units:
+                    lack = [f"svc:{a.spec.service}:{a.gpu_min}"]
+                else:
+                    cell = choice.cell
+            elif self._place.should_wait_for_resident(a, cell, now):
+                lack = [f"svc:{a.spec.service}:{a.gpu_min}"]
+        if lack:
+            self._blocked_last = set(lack)
+            self._time_sensitive = self.next_wakeup is not None or bool(a.spec.service)
+            self._need_round = False
+            return False
+        a.node, a.cell, a.span = node, cell, span
+        return True
+
+    # -- grants ---------------------------------------------------------------------------------
+    def _grant(self, a: Action, units: int, now: float, *, queued: bool = True) -> Grant:
+        L = self.ledger
+        spec = a.spec
+        ncpu = units if a.eres == "cpu" else a.cpu_min
+        cpus: tuple[int, ...] = ()
+        if ncpu:
+            if a.span:
+                picked: list[int] = []
+                for i in sorted(range(len(L.node_free)), key=lambda i: -len(L.node_free[i])):
+                    take = sorted(L.node_free[i])[: ncpu - len(picked)]
+                    picked.extend(take)
+                    if len(picked) >= ncpu:
+                        break
+                cpus = tuple(sorted(picked))
+            elif ncpu == 1:
+                cpus = (min(L.node_free[a.node]),)
+            else:
+                cpus = tuple(sorted(L.node_free[a.node])[:ncpu])
+        gpus: tuple[int, ...] = ()
+        restore = False
+        if a.gpu_min:
+            size = units if a.eres == "gpu" else a.gpu_min
+            pos = tuple(range(a.cell, a.cell + size))
+            gpus = tuple(L.gpu_ids[p] for p in pos)
+            if spec.service is not None:
+                key = (spec.service, pos)
+                restore = key not in self._resident
+                if restore:
+                    self._cell_memo.clear()
+                self._resident.add(key, now)
+            for p in pos:
+                self._gpu_holder[p] = a
+        g = Grant(a.id, cpus, gpus, units if a.eres else 0, spec.memory, spec.quotas, restore, spec.tokens,
+                  a.need)
+        L.take(g)
+        if queued:
+            self._queue.remove(a)
+        a.grant = g
+        a.started = now
+        est = dur_min(a)
+        if a.eres is not None:
+            est *= a.stats.rel(spec, units)
+        if restore:
+            est += self._gpu.restore_lat(self._place.restore_cost(spec.service), len(gpus))
+        a.est_end = now + est
+        self._running[a.id] = a
+        if a.eres == "cpu":
+            self._mall.admitted(a)
+        self.granted += 1
+        self._sum_queue += now - a.submitted
+        return g
+
     # ------------------------------------------------------------------------------ events
     def _apply(self, ev: Event, now: float, out: list[Decision]) -> None:
         if isinstance(ev, Submitted):
@@ -561,7 +762,7 @@ class Scheduler(Admission):
             raise KeyError(f"release of unknown action id {aid}")
         g = a.grant
         assert g is not None
-        msp = self._mall.released(a, now) if self._mall else None
+        msp = self._mall.released(a, now) if self._mall.running else None
         self.ledger.give(g)
         for gid in g.gpus:
             self._gpu_holder[self.ledger.gpu_pos[gid]] = None

@@ -29,25 +29,23 @@ class Deadlines:
     action refused or expired here leaves the queue and the live set here, and the Reject is
     returned for the core to count and emit."""
 
-    __slots__ = ("_heap", "_live", "_queue", "_running", "ledger", "_cpu")
+    __slots__ = ("heap", "_live", "_queue", "_running", "ledger", "_cpu")
 
     def __init__(self, live: dict[int, Action], queue: WaitQueue, running: dict[int, Action], ledger: Ledger,
                  cpu: CpuSizing) -> None:
-        self._heap: list[tuple[float, int, int]] = []  # (deadline, seq, action id) of queued actions
+        # (deadline, seq, action id) of queued actions; the core tests the list itself for
+        # emptiness on every round (a list's truth is free, a __bool__ is a call)
+        self.heap: list[tuple[float, int, int]] = []
         self._live = live
         self._queue = queue
         self._running = running
         self.ledger = ledger
         self._cpu = cpu
 
-    def __bool__(self) -> bool:
-        """Any deadline kept (rare: only actions submitted with a deadline put entries here)."""
-        return bool(self._heap)
-
     def expire(self, now: float) -> list[Decision]:
         """Drop queued actions whose deadline has passed; Reject each."""
         out: list[Decision] = []
-        heap = self._heap
+        heap = self.heap
         while heap and heap[0][0] <= now:
             _d, _seq, aid = heapq.heappop(heap)
             a = self._live.get(aid)
@@ -61,7 +59,7 @@ class Deadlines:
 
     def earliest(self) -> float | None:
         """The earliest deadline of a still queued action (None: none), for ``next_wakeup``."""
-        heap = self._heap
+        heap = self.heap
         while heap:
             a = self._live.get(heap[0][2])
             if a is not None and a.grant is None:
@@ -80,7 +78,7 @@ class Deadlines:
             when = "never, as the pool stands" if math.isinf(est) else f"in about {est - now:.3f} s"
             return Reject(a.id, f"{a.spec.kind}: cannot start before its deadline in "
                                 f"{deadline - now:.3f} s (estimated start {when})", "deadline")
-        heapq.heappush(self._heap, (deadline, a.seq, a.id))
+        heapq.heappush(self.heap, (deadline, a.seq, a.id))
         return None
 
     def _estimate_start(self, a: Action, now: float, rnd: int) -> float:
