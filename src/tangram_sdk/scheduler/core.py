@@ -22,11 +22,21 @@ One round, run after every event:
 5. **Place** concretely: cores from one NUMA node, GPUs as aligned cells (1/2/4/8), preferring a
    cell where the action's service is already resident.
 
-One object, split by job into modules: this one (events, learning, invariants), :mod:`.admission`
-(steps 1 and 5), :mod:`.deadlines`, :mod:`.planning` (steps 2-4, each returning a ``Plan``), the
-sizing at admission (:mod:`.gpu_sizing`, :mod:`.moldable` with :mod:`.pricing`) and
-:mod:`.placement` (nodes, cells and restore pricing), over the state declared in :mod:`.state`.
-It owns its ledger, residency, wait queue (:mod:`.queue`) and per-round memo (:mod:`.memo`).
+``Scheduler`` (no base class) owns the state and the collaborators, each an object with one job and
+the few shared objects it is given at construction (or the round's snapshot per call):
+
+* state: the :class:`.Ledger` (free units), the :class:`.WaitQueue` (:mod:`.queue`), the running and
+  live actions, the learned kinds (:mod:`.learn`), who holds each GPU, the :class:`.Residency` and
+  the :class:`.RoundMemo` (:mod:`.memo`, one ``reset(now)`` per round);
+* :class:`.Admission` (step 1: ``scan`` returns an ``Admitted``), sizing at admission by
+  :class:`.CpuSizing` (:mod:`.moldable`, :mod:`.pricing`) and :class:`.GpuSizing`; :class:`.Planner`
+  (steps 2-4: ``plan`` returns a ``Plan``); :class:`.Placement` (step 5's nodes and cells, restore
+  prices); :class:`.Deadlines`; :class:`.Malleables` (running malleable actions, Resize).
+
+This module: the events (learning included), the round driver (malleable shrink, deadlines, the
+uncontended shortcut, admission, plan, grants) and what is observed (statistics, invariants in
+:mod:`.invariants`). Collaborators never write the core's counters or ``next_wakeup``: they return
+what the core records.
 """
 
 from __future__ import annotations
@@ -41,9 +51,10 @@ from ..options import SchedulerOptions, merge_options
 from ..pool import Pool
 from ..snapshot import Snapshot
 from ..spec import ActionSpec
-from .action import Action, Shape, dur_min, resource_keys, spec_dur_min
+from .action import Action, Shape, dur_min, shape_of, spec_dur_min
 from .admission import Admission
 from .decisions import Decision, Grant, Reject
+from . import invariants
 from .events import Cancelled, Event, Released, ServiceResidency, Submitted, Tick, TokensUsed
 from .learn import KindStats
 from .ledger import Ledger
@@ -199,14 +210,11 @@ class Scheduler:
         self.ledger = Ledger(pool)
         self._queue = WaitQueue()
         self._mall = Malleables(self.ledger)  # running malleable actions and the cores they borrowed
-        # its per-spec and per-service counts under the names the sizing modules read them by
-        self._spec_queued = self._queue.spec_queued
-        self._svc_queued = self._queue.svc_queued
         self._running: dict[int, Action] = {}
         self._live: dict[int, Action] = {}  # queued or running, by id
         self._kinds: dict[str, KindStats] = {}
         # the price of cores and the sizes it gives elastic CPU actions at admission
-        self._cpu = CpuSizing(self.ledger, self._running, self._kinds, self._spec_queued,
+        self._cpu = CpuSizing(self.ledger, self._running, self._kinds, self._queue.spec_queued,
                               default_duration=default_duration, lookahead=lookahead, load_target=load_target,
                               price_horizon=price_horizon, price_smoothing=price_smoothing, max_price=max_price,
                               objective=objective, start_or_wait=start_or_wait)
@@ -230,7 +238,7 @@ class Scheduler:
                                 window=window, depth=depth, lookahead=lookahead, lookahead_cap=lookahead_cap,
                                 mu_grid=self.mu_grid, max_evictions=max_evictions)
         # the GPU market: widths, copies per service, start / wait / restore at admission
-        self._gpu = GpuSizing(self._kinds, self._resident, self._gpu_holder, self._cells, self._svc_queued,
+        self._gpu = GpuSizing(self._kinds, self._resident, self._gpu_holder, self._cells, self._queue.svc_queued,
                               self._place, gpu_slots=gpu_slots, default_duration=default_duration,
                               restore_horizon=restore_horizon, gpu_instances=gpu_instances,
                               regime_window=gpu_regime_window)
@@ -270,56 +278,8 @@ class Scheduler:
             pass
         if len(cache) > 4096:
             cache.clear()
-        el = spec.elastic
-        if el is None:
-            eres, emin, emax = None, 0, 0
-        else:
-            eres, emin, emax = el.resource, (spec.cpus if el.resource == "cpu" else spec.gpus), el.max_units
-        need = spec.needs
-        if spec.memory and "memory" in self.ledger.counted_free:  # memory= is the built-in counted kind
-            need = tuple(sorted((*need, ("memory", spec.memory))))
-        shape = cache[spec] = Shape(self._feasibility(spec), resource_keys(spec), spec.cpus, spec.gpus,
-                                    eres, emin, emax, spec.speedup(emin) if eres else 1.0, need)
+        shape = cache[spec] = shape_of(spec, self.pool, self.ledger, self._cells)
         return shape
-
-    def _feasibility(self, spec: ActionSpec) -> str | None:
-        pool = self.pool
-        if spec.cpus > len(pool.cpus):
-            return f"cpus={spec.cpus} exceeds the pool's {len(pool.cpus)} cores"
-        if spec.gpus:
-            if spec.gpus > len(pool.gpus):
-                return f"gpus={spec.gpus} exceeds the pool's {len(pool.gpus)} GPUs"
-            if spec.gpus not in self._cells:
-                return f"gpus={spec.gpus} is not a GPU cell size of this pool {self._cells}"
-        if spec.memory or spec.needs:
-            kinds = {k.name: (k, cap) for k, cap in pool.counted_kinds}
-            # memory= on a pool that does not count memory is a limit for managers only
-            demands = (*((("memory", spec.memory),) if spec.memory and "memory" in kinds else ()), *spec.needs)
-            for name, n in sorted(demands):
-                if name not in kinds:
-                    return f"unknown resource {name!r} (pool counts {sorted(kinds) or 'none'})"
-                kind, cap = kinds[name]
-                if n > cap:
-                    return f"{name}={n} exceeds the pool's {cap} {kind.unit}"
-        conc = self.ledger.q_conc
-        for name, q in spec.quotas:
-            if name not in conc:
-                return f"unknown quota {name!r} (pool has {sorted(conc)})"
-            c = conc[name]
-            if c is not None and q > c:
-                return f"quota {name!r}: {q} units exceed its concurrency {c}"
-            b = self.ledger.q_bucket[name]
-            if b is not None and q > b:
-                return f"quota {name!r}: {q} units exceed its burst {b}"
-        for name, n in spec.tokens:
-            key = "#" + name
-            if key not in self.ledger.tokens:
-                weighted = sorted(k[1:] for k in self.ledger.tokens if k.startswith("#"))
-                return f"tokens of quota {name!r}: the pool has no token-rate limit by that name (has {weighted})"
-            b = self.ledger.q_bucket[key]
-            if b is not None and n > b:
-                return f"tokens of quota {name!r}: {n} tokens exceed its token burst {b}"
-        return None
 
     def handle(self, event: Event, now: float) -> list[Decision]:
         """Apply one event at time ``now`` and run a scheduling round."""
@@ -433,43 +393,8 @@ class Scheduler:
 
     def check_invariants(self) -> None:
         """Raise AssertionError if the ledger disagrees with the running grants (for tests)."""
-        L = self.ledger
-        used_c: set[int] = set()
-        used_g: set[int] = set()
-        q_used = {n: 0 for n in L.q_used}
-        counted = dict.fromkeys(L.counted_free, 0)
-        for a in self._running.values():
-            g = a.grant
-            assert g is not None
-            assert not (used_c & set(g.cpus)), f"core shared: {g.cpus}"
-            assert not (used_g & set(g.gpus)), f"gpu shared: {g.gpus}"
-            used_c |= set(g.cpus)
-            used_g |= set(g.gpus)
-            for n, k in g.counted:
-                counted[n] += k
-            assert g.counted == a.need, f"counted units {g.counted} != demand {a.need}"
-            for n, q in g.quotas:
-                q_used[n] += q
-            assert len(g.cpus) >= a.spec.cpus and len(g.gpus) >= a.spec.gpus, "minimum not honoured"
-            if a.eres is not None:
-                assert a.emin <= g.units <= a.emax, "elastic units out of range"
-        free_c = set().union(*L.node_free) if L.node_free else set()
-        assert not (free_c & used_c), "a granted core is also free"
-        assert free_c | used_c == set(self.pool.cpus), "cores lost"
-        assert L.node_count == [len(x) for x in L.node_free], "node counts out of step"
-        res = self._resident
-        for p in range(len(L.gpu_ids)):
-            on_p = {key for key in res.last_used if p in key[1]}
-            assert res.inst_at[p] == on_p, f"residency index out of step on GPU position {p}"
-            assert abs(res.use_at[p] - sum(1.0 / len(key[1]) for key in on_p)) < 1e-9, "GPU use out of step"
-        free_g = {L.gpu_ids[i] for i in range(len(L.gpu_ids)) if L.gpu_free >> i & 1}
-        assert not (free_g & used_g) and free_g | used_g == set(self.pool.gpus), "GPUs lost"
-        assert q_used == L.q_used, f"quota accounting {q_used} != {L.q_used}"
-        for n, c in L.q_conc.items():
-            assert c is None or q_used[n] <= c, f"quota {n} over concurrency"
-        for n, cap in self.pool.counted.items():
-            assert 0 <= L.counted_free[n] and L.counted_free[n] + counted[n] == cap, f"{n} units lost"
-        assert self.granted == self.released + len(self._running), "granted != released + running"
+        invariants.check_invariants(self.pool, self.ledger, self._resident, self._running, self.granted,
+                                    self.released)
 
     def __repr__(self) -> str:
         L = self.ledger
@@ -524,7 +449,7 @@ class Scheduler:
         self._arm_deadlines()
 
     def _cpu_waiting(self) -> bool:
-        return any(n and spec.cpus for spec, n in self._spec_queued.items())
+        return any(n and spec.cpus for spec, n in self._queue.spec_queued.items())
 
     def _round_plain(self, now: float) -> list[Decision]:
         if self._deadlines.heap:  # rare: only actions submitted with a deadline put entries here
