@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from ..pool import Pool
 from ..spec import ActionSpec
 from .decisions import Grant
 from .learn import KindStats
+from .ledger import Ledger
 
-__all__ = ["Action", "Shape", "dur_min", "resource_keys"]
+__all__ = ["Action", "Shape", "dur_min", "feasibility", "resource_keys", "shape_of", "spec_dur_min"]
 
 
 class Action:
@@ -46,6 +48,16 @@ def dur_min(a: Action) -> float:
     return st.t1 / (a.sp_min if st.beta == 1.0 else a.sp_min ** st.beta)
 
 
+def spec_dur_min(spec: ActionSpec, st: KindStats | None, default_duration: float) -> float:
+    """Seconds ``spec`` runs at its minimum units: its declared duration, else what its kind
+    ``st`` has learned, else ``default_duration`` (before anything is learned)."""
+    if spec.duration is not None:
+        return spec.duration
+    if st is None:
+        return default_duration / spec.speedup(spec.min_units) if spec.elastic else default_duration
+    return st.t1 / st.speedup_at(spec, spec.min_units) if spec.elastic else st.t1
+
+
 class Shape(NamedTuple):
     """What the core derives once per distinct spec (memoised by spec, so a tuple: cheap to
     unpack into each :class:`Action`)."""
@@ -79,3 +91,58 @@ def resource_keys(spec: ActionSpec) -> frozenset[str]:
     if spec.service is not None:
         keys.add(f"svc:{spec.service}:{spec.gpus}")
     return frozenset(keys)
+
+
+def shape_of(spec: ActionSpec, pool: Pool, ledger: Ledger, cells: tuple[int, ...]) -> Shape:
+    """What the core derives from ``spec`` once (it memoises the answer per spec)."""
+    el = spec.elastic
+    if el is None:
+        eres, emin, emax = None, 0, 0
+    else:
+        eres, emin, emax = el.resource, (spec.cpus if el.resource == "cpu" else spec.gpus), el.max_units
+    need = spec.needs
+    if spec.memory and "memory" in ledger.counted_free:  # memory= is the built-in counted kind
+        need = tuple(sorted((*need, ("memory", spec.memory))))
+    return Shape(feasibility(spec, pool, ledger, cells), resource_keys(spec), spec.cpus, spec.gpus,
+                 eres, emin, emax, spec.speedup(emin) if eres else 1.0, need)
+
+
+def feasibility(spec: ActionSpec, pool: Pool, ledger: Ledger, cells: tuple[int, ...]) -> str | None:
+    """Why ``spec`` can never be granted by ``pool`` (``ledger``: its quotas; ``cells``: its legal
+    GPU cell sizes), or None when it can."""
+    if spec.cpus > len(pool.cpus):
+        return f"cpus={spec.cpus} exceeds the pool's {len(pool.cpus)} cores"
+    if spec.gpus:
+        if spec.gpus > len(pool.gpus):
+            return f"gpus={spec.gpus} exceeds the pool's {len(pool.gpus)} GPUs"
+        if spec.gpus not in cells:
+            return f"gpus={spec.gpus} is not a GPU cell size of this pool {cells}"
+    if spec.memory or spec.needs:
+        kinds = {k.name: (k, cap) for k, cap in pool.counted_kinds}
+        # memory= on a pool that does not count memory is a limit for managers only
+        demands = (*((("memory", spec.memory),) if spec.memory and "memory" in kinds else ()), *spec.needs)
+        for name, n in sorted(demands):
+            if name not in kinds:
+                return f"unknown resource {name!r} (pool counts {sorted(kinds) or 'none'})"
+            kind, cap = kinds[name]
+            if n > cap:
+                return f"{name}={n} exceeds the pool's {cap} {kind.unit}"
+    conc = ledger.q_conc
+    for name, q in spec.quotas:
+        if name not in conc:
+            return f"unknown quota {name!r} (pool has {sorted(conc)})"
+        c = conc[name]
+        if c is not None and q > c:
+            return f"quota {name!r}: {q} units exceed its concurrency {c}"
+        b = ledger.q_bucket[name]
+        if b is not None and q > b:
+            return f"quota {name!r}: {q} units exceed its burst {b}"
+    for name, n in spec.tokens:
+        key = "#" + name
+        if key not in ledger.tokens:
+            weighted = sorted(k[1:] for k in ledger.tokens if k.startswith("#"))
+            return f"tokens of quota {name!r}: the pool has no token-rate limit by that name (has {weighted})"
+        b = ledger.q_bucket[key]
+        if b is not None and n > b:
+            return f"tokens of quota {name!r}: {n} tokens exceed its token burst {b}"
+    return None

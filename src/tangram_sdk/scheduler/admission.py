@@ -1,75 +1,70 @@
-"""One scheduling round: admit waiting actions FCFS at their minimum (an action that does not fit
-blocks only the resources it lacks), let :class:`.Planning` split the spare elastic units, then
-place and grant. Also the uncontended shortcut that decides a lone action without the round's
-bookkeeping, by the same fit rules."""
+"""Admission: walk the wait queue FCFS (by priority, then arrival) and reserve each action that fits
+at its minimum; an action that does not fit blocks only the resources it lacks for everyone behind
+it (no overtaking on a contended resource, so nobody starves), while actions needing other
+resources still pass. Sizes decided at admission come from the collaborators that price them: the
+CPU sizing (:mod:`.moldable`) for elastic CPU actions, the GPU market (:mod:`.gpu_sizing`) for GPU
+service actions.
+
+:class:`Admission` is a collaborator the core owns: given the ledger, the wait queue, the placement,
+the CPU and GPU sizing and its options, :meth:`~Admission.scan` reads the queue and the ledger and
+returns what one round admits (:class:`Admitted`); :meth:`~Admission.fits` is the one fit rule, also
+used by the core's uncontended shortcut. Neither changes the ledger or the queue: the core grants
+(or, for the planner's evictions, leaves queued) what they return.
+"""
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from .action import Action
-from .deadlines import Deadlines
-from .decisions import Decision, Grant
+from .gpu_sizing import GpuSizing
+from .ledger import Ledger
+from .moldable import CpuSizing
+from .placement import Placement
+from .queue import WaitQueue
 
-__all__ = ["Admission"]
+__all__ = ["Admission", "Admitted", "Fit"]
+
+# fits(): (resources it lacks, NUMA node, GPU cell offset, spans nodes, when a missing token is back)
+Fit = tuple[list[str], int, int, bool, float | None]
 
 
-class Admission(Deadlines):
-    _need_round: bool
-    _blocked_last: set[str]
-    _round_now: float
-    _time_sensitive: bool
-    rounds: int
-    granted: int
-    _sum_queue: float
+class Admitted(NamedTuple):
+    """What one round's scan admitted: the round snapshot the planner and the grants start from."""
 
-    # ------------------------------------------------------------------------------ the round
-    def _round(self, now: float) -> list[Decision]:
-        mall = self._mall
-        if mall:  # malleable actions running: shrink before admission, grow after
-            pre: list[Decision] = []
-            if mall.grown and self._cpu_waiting() and mall.shrink_all(pre, now):
-                self._need_round = True
-                self._node_rel_all = None  # the release line holds their cores
-            pre.extend(self._round_plain(now))
-            if not self._cpu_waiting() and self.ledger.free_cpus:
-                n = len(pre)
-                wake = mall.grow_idle(pre, now, self._dops_of)
-                if len(pre) > n:
-                    self._node_rel_all = None
-                if wake is not None and (self.next_wakeup is None or wake < self.next_wakeup):
-                    self.next_wakeup = wake  # look again when a young one outruns its estimate
-            return pre
-        return self._round_plain(now)
+    cands: list[Action]  # reserved at their minimum, FCFS order (node, cell, span set on each)
+    sized: dict[int, int]  # action id -> units decided at admission (priced CPU, the GPU market)
+    node_free: list[int]  # free cores per NUMA node with every candidate's minimum reserved
+    gfree: int  # free GPU positions (mask), likewise
+    blocked: set[str]  # resource keys some waiter lacked (round skipping relies on them)
+    svc_blocked: bool  # a waiter chose to wait (warm copy, more cores): time may change the answer
+    elastic: bool  # a candidate's elastic units are left to the planner
+    wake: float | None  # when to look again (a rate-limit token back, awaited cores back)
 
-    def _cpu_waiting(self) -> bool:
-        return any(n and spec.cpus for spec, n in self._spec_queued.items())
 
-    def _round_plain(self, now: float) -> list[Decision]:
-        if self._deadlines:  # rare: only actions submitted with a deadline put entries here
-            out = self._expire(now)
-            out.extend(self._round_fcfs(now))
-            self._arm_deadlines()
-            return out
-        return self._round_fcfs(now)
+class Admission:
+    """The FCFS fit at the minimum (see the module docstring)."""
 
-    def _round_fcfs(self, now: float) -> list[Decision]:
+    __slots__ = ("ledger", "_queue", "_place", "_cpu", "_gpu", "scan_limit", "priced", "gpu_priced",
+                 "_max_node")
+
+    def __init__(self, ledger: Ledger, queue: WaitQueue, place: Placement, cpu: CpuSizing, gpu: GpuSizing, *,
+                 scan_limit: int, priced: bool, gpu_priced: bool) -> None:
+        self.ledger = ledger
+        self._queue = queue
+        self._place = place
+        self._cpu = cpu
+        self._gpu = gpu
+        self.scan_limit = scan_limit
+        self.priced = priced  # elastic CPU actions sized at admission by the price of cores
+        self.gpu_priced = gpu_priced  # GPU service actions placed by the GPU market
+        self._max_node = max(ledger.node_size) if ledger.node_size else 0
+
+    def scan(self, now: float, rnd: int) -> Admitted:
+        """One round's admission at ``now`` over the ledger as it stands (token buckets refilled
+        to ``now`` by the core); ``rnd``: the core's round number (the CPU sizing memoises by it)."""
         wq = self._queue
-        if not wq.n:
-            self.next_wakeup = None
-            return []
-        if not self._need_round:
-            return []
-        self.next_wakeup = None
-        self.rounds += 1
-        if wq.n == 1:
-            only = wq.newest
-            if only is None or wq.by_prio[only.spec.priority].get(only.id) is not only:
-                (only,) = wq
-            if only.eres is None:
-                return self._round_single(only, now)
-        self._memo.reset(now)
         L = self.ledger
-        if L.tokens:
-            L.refill(now)
         node_free = L.node_count.copy()
         gfree = L.gpu_free
         counted = dict(L.counted_free) if L.counted_free else L.counted_free
@@ -80,13 +75,14 @@ class Admission(Deadlines):
         exhausted = False  # every queued action needs something already blocked: stop scanning
         svc_blocked = False  # a service waits for its warm copy: the next round may differ in time
         elastic_cands = False
+        wake: float | None = None
         cands: list[Action] = []
         sized: dict[int, int] = {}  # priced CPU sizes chosen at admission
-        priced = self.elastic and self.planner == "priced"
-        gpu_priced = self.planner == "priced" and bool(self._cells)
-        if self._gpu_tent_end:
-            self._gpu_tent_end.clear()
-            self._gpu_tent.clear()
+        priced = self.priced
+        gpu_priced = self.gpu_priced
+        gpu = self._gpu
+        if gpu_priced:  # only the GPU market's choices take cells tentatively
+            gpu.begin_round()
         scanned = 0
         scan_limit = self.scan_limit
         queue = wq.by_prio[wq.prios[0]].values() if len(wq.prios) == 1 else iter(wq)
@@ -96,7 +92,9 @@ class Admission(Deadlines):
             scanned += 1
             if blocked and not a.keys.isdisjoint(blocked):
                 continue
-            lack, node, cell, span = self._fits(a, node_free, gfree, counted, q_used, tokens, now)
+            lack, node, cell, span, t = self.fits(a, node_free, gfree, counted, q_used, tokens, now)
+            if t is not None and (wake is None or t < wake):
+                wake = t
             if lack:
                 blocked.update(lack)
                 exhausted = True
@@ -107,17 +105,17 @@ class Admission(Deadlines):
                 continue
             gtake = a.gpu_min
             if cell >= 0 and (gpu_priced and (a.spec.service or a.eres == "gpu")):
-                choice = self._gpu_choice(a, gfree, now)  # size, cell, or wait (gpu_sizing)
-                if choice is None:
-                    gfree &= ~self._gpu_awaited
-                    if not self._gpu_wait_all:  # a free warm copy is left: the next one may take it
+                choice = gpu.choice(a, gfree, now)  # size, cell, or wait (gpu_sizing)
+                if not choice.units:
+                    gfree &= ~choice.awaited
+                    if not choice.wait_all:  # a free warm copy is left: the next one may take it
                         continue
                     blocked.add(f"svc:{a.spec.service}:{a.gpu_min}")
                     svc_blocked = True
                     exhausted = all(not sig.isdisjoint(blocked) for sig in sigs)
                     continue
-                gtake, cell = choice
-                self._gpu_reserve(a, gtake, cell, now)
+                gtake, cell = choice.units, choice.cell
+                gpu.reserve(a, gtake, cell, now)
                 if a.eres == "gpu":
                     sized[a.id] = gtake
             elif cell >= 0 and a.spec.service and self._place.should_wait_for_resident(a, cell, now):
@@ -128,7 +126,9 @@ class Admission(Deadlines):
                 continue
             take = a.cpu_min
             if priced and a.eres == "cpu":
-                take = self._priced_cpu_units(a, node, node_free, span, now)
+                take, t = self._cpu.units(a, node, node_free, span, now, rnd)
+                if t is not None and (wake is None or t < wake):
+                    wake = t
                 if not take:  # waiting for more cores beats starting now on fewer
                     blocked.add("cpu")
                     svc_blocked = True
@@ -158,41 +158,15 @@ class Admission(Deadlines):
             if a.eres is not None and a.id not in sized:
                 elastic_cands = True
             cands.append(a)
-        self._blocked_last = blocked
-        self._round_now = now
-        self._time_sensitive = self.next_wakeup is not None or svc_blocked
-        self._need_round = False
-        if not cands:
-            return []
-        if not elastic_cands:  # the common FIFO case: everyone gets exactly the minimum
-            return [self._grant(a, sized.get(a.id, 0), now) for a in cands]
-        units = {a.id: a.emin for a in cands if a.eres is not None}
-        units.update(sized)
-        evicted: set[int] = set()
-        if self.elastic:
-            plans = [self._split_cpu(cands, node_free, now)] if not priced else []
-            plans.append(self._split_gpu(cands, gfree, now))
-            for plan in plans:  # disjoint groups: CPU-elastic and GPU-elastic candidates
-                units.update(plan.units)
-                evicted.update(plan.evicted)
-        # The blocked set was computed with every candidate's minimum reserved; elastic extras only
-        # take more, so it stays valid. Evicted candidates are waiters the next round re-plans.
-        if evicted:
-            self._need_round = True
-        out: list[Decision] = []
-        for a in cands:
-            if a.id in evicted:
-                continue
-            out.append(self._grant(a, units.get(a.id, 0), now))
-        return out
+        return Admitted(cands, sized, node_free, gfree, blocked, svc_blocked, elastic_cands, wake)
 
-    # -- admission helpers ----------------------------------------------------------------------
-    def _fits(self, a: Action, node_free: list[int], gfree: int, counted: dict[str, int],
-              q_used: dict[str, int], tokens: dict[str, float], now: float) -> tuple[list[str], int, int, bool]:
+    def fits(self, a: Action, node_free: list[int], gfree: int, counted: dict[str, int],
+             q_used: dict[str, int], tokens: dict[str, float], now: float) -> Fit:
         """Does ``a`` fit at its minimum in this (tentative) state? Returns the resources it lacks
-        (empty when it fits), its NUMA node, GPU cell offset, and whether it must span nodes. A
-        missing rate-limit token also moves ``next_wakeup`` to when it will be there."""
+        (empty when it fits), its NUMA node, GPU cell offset, whether it must span nodes, and,
+        when a rate-limit token is missing, when it will be there (else None)."""
         lack: list[str] = []
+        wake: float | None = None
         spec = a.spec
         if spec.quotas:
             L = self.ledger
@@ -205,8 +179,8 @@ class Admission(Deadlines):
                     rate = L.q_rate[name]
                     assert rate is not None
                     t = now + (q - tokens[name]) / rate
-                    if self.next_wakeup is None or t < self.next_wakeup:
-                        self.next_wakeup = t
+                    if wake is None or t < wake:
+                        wake = t
         if spec.tokens:
             L = self.ledger
             for name, n in spec.tokens:
@@ -217,8 +191,8 @@ class Admission(Deadlines):
                     rate = L.q_rate[key]
                     assert rate is not None
                     t = now + (n - tokens[key]) / rate
-                    if self.next_wakeup is None or t < self.next_wakeup:
-                        self.next_wakeup = t
+                    if wake is None or t < wake:
+                        wake = t
         for name, n in a.need:  # counted kinds (memory, declared resources): a count each
             if n > counted[name]:
                 lack.append("n:" + name)
@@ -236,96 +210,4 @@ class Admission(Deadlines):
             cell = self._place.pick_cell(a.gpu_min, spec.service, gfree)
             if cell < 0:
                 lack.append("gpu")
-        return lack, node, cell, span
-
-    def _round_single(self, a: Action, now: float) -> list[Decision]:
-        """The uncontended case — one queued action, not elastic — decided straight on the ledger
-        with exactly the rules of the full round, minus its bookkeeping."""
-        if self._decide_single(a, now):
-            return [self._grant(a, 0, now)]
-        return []
-
-    def _decide_single(self, a: Action, now: float) -> bool:
-        """Does the lone action ``a`` fit now? Sets its placement, or (when it does not) the
-        blocked state that round skipping relies on."""
-        warm = self._memo.warm  # not a round: only the warm-copy waits are asked again here
-        if warm:
-            warm.clear()
-        L = self.ledger
-        if L.tokens:
-            L.refill(now)
-        lack, node, cell, span = self._fits(a, L.node_count, L.gpu_free, L.counted_free,
-                                           L.q_used, L.tokens, now)
-        self._round_now = now
-        if not lack and cell >= 0 and a.spec.service:
-            if self.planner == "priced":
-                if self._gpu_tent_end:
-                    self._gpu_tent_end.clear()
-                    self._gpu_tent.clear()
-                choice = self._gpu_choice(a, L.gpu_free, now)
-                if choice is None:
-                    lack = [f"svc:{a.spec.service}:{a.gpu_min}"]
-                else:
-                    cell = choice[1]
-            elif self._place.should_wait_for_resident(a, cell, now):
-                lack = [f"svc:{a.spec.service}:{a.gpu_min}"]
-        if lack:
-            self._blocked_last = set(lack)
-            self._time_sensitive = self.next_wakeup is not None or bool(a.spec.service)
-            self._need_round = False
-            return False
-        a.node, a.cell, a.span = node, cell, span
-        return True
-
-    # -- placement ------------------------------------------------------------------------------
-    def _grant(self, a: Action, units: int, now: float, *, queued: bool = True) -> Grant:
-        L = self.ledger
-        spec = a.spec
-        ncpu = units if a.eres == "cpu" else a.cpu_min
-        cpus: tuple[int, ...] = ()
-        if ncpu:
-            if a.span:
-                picked: list[int] = []
-                for i in sorted(range(len(L.node_free)), key=lambda i: -len(L.node_free[i])):
-                    take = sorted(L.node_free[i])[: ncpu - len(picked)]
-                    picked.extend(take)
-                    if len(picked) >= ncpu:
-                        break
-                cpus = tuple(sorted(picked))
-            elif ncpu == 1:
-                cpus = (min(L.node_free[a.node]),)
-            else:
-                cpus = tuple(sorted(L.node_free[a.node])[:ncpu])
-        gpus: tuple[int, ...] = ()
-        restore = False
-        if a.gpu_min:
-            size = units if a.eres == "gpu" else a.gpu_min
-            pos = tuple(range(a.cell, a.cell + size))
-            gpus = tuple(L.gpu_ids[p] for p in pos)
-            if spec.service is not None:
-                key = (spec.service, pos)
-                restore = key not in self._resident
-                if restore:
-                    self._cell_memo.clear()
-                self._resident.add(key, now)
-            for p in pos:
-                self._gpu_holder[p] = a
-        g = Grant(a.id, cpus, gpus, units if a.eres else 0, spec.memory, spec.quotas, restore, spec.tokens,
-                  a.need)
-        L.take(g)
-        if queued:
-            self._queue.remove(a)
-        a.grant = g
-        a.started = now
-        est = self._dur_min(a)
-        if a.eres is not None:
-            est *= a.stats.rel(spec, units)
-        if restore:
-            est += self._restore_lat(self._restore_cost(spec.service), len(gpus))
-        a.est_end = now + est
-        self._running[a.id] = a
-        if a.eres == "cpu":
-            self._mall.admitted(a)
-        self.granted += 1
-        self._sum_queue += now - a.submitted
-        return g
+        return lack, node, cell, span, wake

@@ -22,11 +22,21 @@ One round, run after every event:
 5. **Place** concretely: cores from one NUMA node, GPUs as aligned cells (1/2/4/8), preferring a
    cell where the action's service is already resident.
 
-One object, split by job into modules: this one (events, learning, invariants), :mod:`.admission`
-(steps 1 and 5), :mod:`.deadlines`, :mod:`.planning` (steps 2-4, each returning a ``Plan``), the
-sizing at admission (:mod:`.gpu_sizing`, :mod:`.moldable` with :mod:`.pricing`) and
-:mod:`.placement` (nodes, cells and restore pricing), over the state declared in :mod:`.state`.
-It owns its ledger, residency, wait queue (:mod:`.queue`) and per-round memo (:mod:`.memo`).
+``Scheduler`` (no base class) owns the state and the collaborators, each an object with one job and
+the few shared objects it is given at construction (or the round's snapshot per call):
+
+* state: the :class:`.Ledger` (free units), the :class:`.WaitQueue` (:mod:`.queue`), the running and
+  live actions, the learned kinds (:mod:`.learn`), who holds each GPU, the :class:`.Residency` and
+  the :class:`.RoundMemo` (:mod:`.memo`, one ``reset(now)`` per round);
+* :class:`.Admission` (step 1: ``scan`` returns an ``Admitted``), sizing at admission by
+  :class:`.CpuSizing` (:mod:`.moldable`, :mod:`.pricing`) and :class:`.GpuSizing`; :class:`.Planner`
+  (steps 2-4: ``plan`` returns a ``Plan``); :class:`.Placement` (step 5's nodes and cells, restore
+  prices); :class:`.Deadlines`; :class:`.Malleables` (running malleable actions, Resize).
+
+This module: the events (learning included), the round driver (malleable shrink, deadlines, the
+uncontended shortcut, admission, plan, grants) and what is observed (statistics, invariants in
+:mod:`.invariants`). Collaborators never write the core's counters or ``next_wakeup``: they return
+what the core records.
 """
 
 from __future__ import annotations
@@ -41,17 +51,21 @@ from ..options import SchedulerOptions, merge_options
 from ..pool import Pool
 from ..snapshot import Snapshot
 from ..spec import ActionSpec
-from .action import Action, Shape, resource_keys
+from .action import Action, Shape, dur_min, shape_of, spec_dur_min
+from .admission import Admission
 from .decisions import Decision, Grant, Reject
+from . import invariants
 from .events import Cancelled, Event, Released, ServiceResidency, Submitted, Tick, TokensUsed
 from .learn import KindStats
 from .ledger import Ledger
 from .malleable import Malleables
 from .memo import RoundMemo
 from .queue import WaitQueue
-from .admission import Admission
 from .placement import Placement
-from .pricing import PRICE_GRID
+from .deadlines import Deadlines
+from .gpu_sizing import GpuSizing
+from .moldable import CpuSizing
+from .planning import Planner
 from .residency import Residency
 
 if TYPE_CHECKING:
@@ -106,7 +120,7 @@ class SchedulerStats(Snapshot):
     resident_services: int
 
 
-class Scheduler(Admission):
+class Scheduler:
     """Action-level elastic scheduler over one :class:`Pool`.
 
     ``window``: most elastic candidates optimised jointly per round (the rest get their minimum).
@@ -158,7 +172,10 @@ class Scheduler(Admission):
             raise ValueError("window and scan_limit must be >= 1, depth >= 0")
         if gpu_slots is not None and not gpu_slots > 0:
             raise ValueError(f"gpu_slots must be None or > 0, got {gpu_slots!r}")
-        self._init_gpu_sizing(restore_horizon, gpu_instances, gpu_regime_window)
+        GpuSizing.check_options(restore_horizon, gpu_instances, gpu_regime_window)
+        self.restore_horizon = restore_horizon
+        self.gpu_instances = gpu_instances
+        self.regime_window = gpu_regime_window
         self.pool = pool
         self.window = window
         self.depth = depth
@@ -184,34 +201,25 @@ class Scheduler(Admission):
         if not (load_target > 0 and price_horizon >= 0 and max_price >= 0):
             raise ValueError("load_target must be > 0, price_horizon and max_price >= 0")
         self.objective = objective
-        # under a sustained overload, "act" runs everyone at the minimum (throughput-optimal for
-        # mean ACT); the others keep the price bounded so no elastic action runs below the size
-        # max_price implies (one long action on one core otherwise sets the RL step)
-        self._cap_overload = objective != "act"
         self.planner = planner
         self.load_target = load_target
         self.price_horizon = price_horizon
         self.price_smoothing = price_smoothing
-        self._price_ewma: dict[ActionSpec, float] = {}
         self.max_price = max_price
         self.start_or_wait = start_or_wait
-        self._price_cap = max(i for i, mu in enumerate(PRICE_GRID) if mu <= max_price)
-        self._dops: dict[tuple[ActionSpec, float], tuple[int, ...]] = {}  # size per grid price
-        self._node_rel_all: Any = None  # expected releases, per round (moldable sizing)
-        self._node_rel_round = -1
-        self._price_memo: dict[tuple[int, ActionSpec], int] = {}
-        self._deadlines: list[tuple[float, int, int]] = []
-        self._market_memo: dict[tuple[int, ActionSpec], Any] = {}
         self.ledger = Ledger(pool)
         self._queue = WaitQueue()
         self._mall = Malleables(self.ledger)  # running malleable actions and the cores they borrowed
-        # its per-spec and per-service counts under the names the sizing modules read them by
-        self._spec_queued = self._queue.spec_queued
-        self._svc_queued = self._queue.svc_queued
         self._running: dict[int, Action] = {}
         self._live: dict[int, Action] = {}  # queued or running, by id
         self._kinds: dict[str, KindStats] = {}
+        # the price of cores and the sizes it gives elastic CPU actions at admission
+        self._cpu = CpuSizing(self.ledger, self._running, self._kinds, self._queue.spec_queued,
+                              default_duration=default_duration, lookahead=lookahead, load_target=load_target,
+                              price_horizon=price_horizon, price_smoothing=price_smoothing, max_price=max_price,
+                              objective=objective, start_or_wait=start_or_wait)
         self._seq = 0
+        self._deadlines = Deadlines(self._live, self._queue, self._running, self.ledger, self._cpu)
         ng = len(pool.gpus)
         self._cells = tuple(c for c in pool.gpu_cells if c <= ng)
         self._gpu_holder: list[Action | None] = [None] * ng
@@ -219,14 +227,25 @@ class Scheduler(Admission):
         self._restore_s: dict[str, float] = {}
         self.next_wakeup: float | None = None
         self._shape: dict[ActionSpec, Shape] = {}  # per distinct spec, see Shape
-        self._max_node = max(self.ledger.node_size) if self.ledger.node_size else 0
-        self._spec_rel: dict[tuple[int, int], tuple[Any, float]] = {}  # estimator's T(m)/T(min) cache
         # Placement.pick_cold_cell answers per (size, free mask): valid until residency changes
         self._cell_memo: dict[tuple[int, int], int] = {}
         self._memo = RoundMemo()  # what this round computes once (reset at each round's start)
         self._place = Placement(self.ledger, self._resident, self._gpu_holder, self._queue, self._kinds,
                                 self._memo, self._cell_memo, self._restore_s, self.default_restore_s,
                                 self.gpu_slots)
+        # how many elastic units each candidate of a round gets (a Plan), judged by the estimate
+        self._planner = Planner(self._running, self._queue, self._place, self._resident, self._memo, self._cells,
+                                window=window, depth=depth, lookahead=lookahead, lookahead_cap=lookahead_cap,
+                                mu_grid=self.mu_grid, max_evictions=max_evictions)
+        # the GPU market: widths, copies per service, start / wait / restore at admission
+        self._gpu = GpuSizing(self._kinds, self._resident, self._gpu_holder, self._cells, self._queue.svc_queued,
+                              self._place, gpu_slots=gpu_slots, default_duration=default_duration,
+                              restore_horizon=restore_horizon, gpu_instances=gpu_instances,
+                              regime_window=gpu_regime_window)
+        # the FCFS fit at the minimum, with the sizes the CPU and GPU markets decide at admission
+        self._admission = Admission(self.ledger, self._queue, self._place, self._cpu, self._gpu, scan_limit=scan_limit,
+                                    priced=elastic and planner == "priced",
+                                    gpu_priced=planner == "priced" and bool(self._cells))
         # round skipping: a submission that the last round's blocked set already covers, with no
         # resources freed and no time-dependent state since, cannot be granted: skip the round
         self._need_round = True
@@ -240,6 +259,12 @@ class Scheduler(Admission):
         self._sum_act = self._sum_queue = self._sum_exec = 0.0
 
     # ------------------------------------------------------------------------------ public API
+    def initial_gpu_width(self, spec: ActionSpec, services: int = 1) -> int:
+        """The width the core grants ``spec`` before it has measured any load: the widest legal
+        one leaving two cells in the pool at which ``services`` copies stay resident (a warm
+        start restores copies at it)."""
+        return self._gpu.initial_gpu_width(spec, services)
+
     def feasibility(self, spec: ActionSpec) -> str | None:
         """Why ``spec`` can never be granted by this pool, or None when it can (memoised: rollouts
         submit the same few specs millions of times)."""
@@ -253,56 +278,8 @@ class Scheduler(Admission):
             pass
         if len(cache) > 4096:
             cache.clear()
-        el = spec.elastic
-        if el is None:
-            eres, emin, emax = None, 0, 0
-        else:
-            eres, emin, emax = el.resource, (spec.cpus if el.resource == "cpu" else spec.gpus), el.max_units
-        need = spec.needs
-        if spec.memory and "memory" in self.ledger.counted_free:  # memory= is the built-in counted kind
-            need = tuple(sorted((*need, ("memory", spec.memory))))
-        shape = cache[spec] = Shape(self._feasibility(spec), resource_keys(spec), spec.cpus, spec.gpus,
-                                    eres, emin, emax, spec.speedup(emin) if eres else 1.0, need)
+        shape = cache[spec] = shape_of(spec, self.pool, self.ledger, self._cells)
         return shape
-
-    def _feasibility(self, spec: ActionSpec) -> str | None:
-        pool = self.pool
-        if spec.cpus > len(pool.cpus):
-            return f"cpus={spec.cpus} exceeds the pool's {len(pool.cpus)} cores"
-        if spec.gpus:
-            if spec.gpus > len(pool.gpus):
-                return f"gpus={spec.gpus} exceeds the pool's {len(pool.gpus)} GPUs"
-            if spec.gpus not in self._cells:
-                return f"gpus={spec.gpus} is not a GPU cell size of this pool {self._cells}"
-        if spec.memory or spec.needs:
-            kinds = {k.name: (k, cap) for k, cap in pool.counted_kinds}
-            # memory= on a pool that does not count memory is a limit for managers only
-            demands = (*((("memory", spec.memory),) if spec.memory and "memory" in kinds else ()), *spec.needs)
-            for name, n in sorted(demands):
-                if name not in kinds:
-                    return f"unknown resource {name!r} (pool counts {sorted(kinds) or 'none'})"
-                kind, cap = kinds[name]
-                if n > cap:
-                    return f"{name}={n} exceeds the pool's {cap} {kind.unit}"
-        conc = self.ledger.q_conc
-        for name, q in spec.quotas:
-            if name not in conc:
-                return f"unknown quota {name!r} (pool has {sorted(conc)})"
-            c = conc[name]
-            if c is not None and q > c:
-                return f"quota {name!r}: {q} units exceed its concurrency {c}"
-            b = self.ledger.q_bucket[name]
-            if b is not None and q > b:
-                return f"quota {name!r}: {q} units exceed its burst {b}"
-        for name, n in spec.tokens:
-            key = "#" + name
-            if key not in self.ledger.tokens:
-                weighted = sorted(k[1:] for k in self.ledger.tokens if k.startswith("#"))
-                return f"tokens of quota {name!r}: the pool has no token-rate limit by that name (has {weighted})"
-            b = self.ledger.q_bucket[key]
-            if b is not None and n > b:
-                return f"tokens of quota {name!r}: {n} tokens exceed its token burst {b}"
-        return None
 
     def handle(self, event: Event, now: float) -> list[Decision]:
         """Apply one event at time ``now`` and run a scheduling round."""
@@ -383,12 +360,7 @@ class Scheduler(Admission):
     def estimated_duration(self, spec: ActionSpec, units: int | None = None) -> float:
         """Seconds ``spec`` is expected to run at ``units`` (its minimum when None)."""
         st = self._kinds.get(spec.kind)
-        if spec.duration is not None:
-            d_min = spec.duration
-        elif st is None:
-            d_min = self.default_duration / spec.speedup(spec.min_units) if spec.elastic else self.default_duration
-        else:
-            d_min = st.t1 / st.speedup_at(spec, spec.min_units) if spec.elastic else st.t1
+        d_min = spec_dur_min(spec, st, self.default_duration)
         if units is None or spec.elastic is None:
             return d_min
         return d_min * (st.rel(spec, units) if st is not None else spec.relative_duration(units))
@@ -421,43 +393,8 @@ class Scheduler(Admission):
 
     def check_invariants(self) -> None:
         """Raise AssertionError if the ledger disagrees with the running grants (for tests)."""
-        L = self.ledger
-        used_c: set[int] = set()
-        used_g: set[int] = set()
-        q_used = {n: 0 for n in L.q_used}
-        counted = dict.fromkeys(L.counted_free, 0)
-        for a in self._running.values():
-            g = a.grant
-            assert g is not None
-            assert not (used_c & set(g.cpus)), f"core shared: {g.cpus}"
-            assert not (used_g & set(g.gpus)), f"gpu shared: {g.gpus}"
-            used_c |= set(g.cpus)
-            used_g |= set(g.gpus)
-            for n, k in g.counted:
-                counted[n] += k
-            assert g.counted == a.need, f"counted units {g.counted} != demand {a.need}"
-            for n, q in g.quotas:
-                q_used[n] += q
-            assert len(g.cpus) >= a.spec.cpus and len(g.gpus) >= a.spec.gpus, "minimum not honoured"
-            if a.eres is not None:
-                assert a.emin <= g.units <= a.emax, "elastic units out of range"
-        free_c = set().union(*L.node_free) if L.node_free else set()
-        assert not (free_c & used_c), "a granted core is also free"
-        assert free_c | used_c == set(self.pool.cpus), "cores lost"
-        assert L.node_count == [len(x) for x in L.node_free], "node counts out of step"
-        res = self._resident
-        for p in range(len(L.gpu_ids)):
-            on_p = {key for key in res.last_used if p in key[1]}
-            assert res.inst_at[p] == on_p, f"residency index out of step on GPU position {p}"
-            assert abs(res.use_at[p] - sum(1.0 / len(key[1]) for key in on_p)) < 1e-9, "GPU use out of step"
-        free_g = {L.gpu_ids[i] for i in range(len(L.gpu_ids)) if L.gpu_free >> i & 1}
-        assert not (free_g & used_g) and free_g | used_g == set(self.pool.gpus), "GPUs lost"
-        assert q_used == L.q_used, f"quota accounting {q_used} != {L.q_used}"
-        for n, c in L.q_conc.items():
-            assert c is None or q_used[n] <= c, f"quota {n} over concurrency"
-        for n, cap in self.pool.counted.items():
-            assert 0 <= L.counted_free[n] and L.counted_free[n] + counted[n] == cap, f"{n} units lost"
-        assert self.granted == self.released + len(self._running), "granted != released + running"
+        invariants.check_invariants(self.pool, self.ledger, self._resident, self._running, self.granted,
+                                    self.released)
 
     def __repr__(self) -> str:
         L = self.ledger
@@ -471,6 +408,204 @@ class Scheduler(Admission):
         for n in L.q_used:
             parts.append(f"{n} {L.q_used[n]}")
         return f"<Scheduler {' '.join(parts)} | {len(self._running)} running, {self._queue.n} queued>"
+
+    # ------------------------------------------------------------------------------ the round
+    def _round(self, now: float) -> list[Decision]:
+        """One round at ``now``: malleable actions shrunk first and grown after when any run,
+        queued deadlines expired and armed when any are kept, admission, plan and grants."""
+        mall = self._mall
+        if mall.running:  # malleable actions running: shrink before admission, grow after
+            pre: list[Decision] = []
+            if mall.grown and self._cpu_waiting() and mall.shrink_all(pre, now):
+                self._need_round = True
+                self._cpu.forget_releases()  # the release line holds their cores
+            pre.extend(self._round_plain(now))
+            if not self._cpu_waiting() and self.ledger.free_cpus:
+                n = len(pre)
+                wake = mall.grow_idle(pre, now, self._cpu.dops_of)
+                if len(pre) > n:
+                    self._cpu.forget_releases()
+                if wake is not None and (self.next_wakeup is None or wake < self.next_wakeup):
+                    self.next_wakeup = wake  # look again when a young one outruns its estimate
+            return pre
+        if self._deadlines.heap:
+            return self._round_plain(now)
+        return self._round_fcfs(now)  # the common case, one frame less
+
+    def _arm_deadlines(self) -> None:
+        """Keep ``next_wakeup`` no later than the earliest deadline of a queued action."""
+        t = self._deadlines.earliest()
+        if t is not None and (self.next_wakeup is None or t < self.next_wakeup):
+            self.next_wakeup = t
+
+    def _admit_deadline(self, a: Action, deadline: float, now: float, out: list[Decision]) -> None:
+        """``a`` was queued with a deadline: refused now if it cannot start in time (see
+        :mod:`.deadlines`), else its deadline is kept and armed."""
+        r = self._deadlines.admit(a, deadline, now, self.rounds)
+        if r is not None:
+            self.rejected += 1
+            out.append(r)
+            return
+        self._arm_deadlines()
+
+    def _cpu_waiting(self) -> bool:
+        return any(n and spec.cpus for spec, n in self._queue.spec_queued.items())
+
+    def _round_plain(self, now: float) -> list[Decision]:
+        if self._deadlines.heap:  # rare: only actions submitted with a deadline put entries here
+            out = self._deadlines.expire(now)
+            if out:
+                self.rejected += len(out)
+                self._need_round = True
+            out.extend(self._round_fcfs(now))
+            self._arm_deadlines()
+            return out
+        return self._round_fcfs(now)
+
+    def _round_fcfs(self, now: float) -> list[Decision]:
+        """Admission (:class:`.Admission`), the plan for the elastic candidates (:class:`.Planner`),
+        the grants; skipped when the last round's blocked set says nothing can be granted."""
+        wq = self._queue
+        if not wq.n:
+            self.next_wakeup = None
+            return []
+        if not self._need_round:
+            return []
+        self.next_wakeup = None
+        self.rounds += 1
+        if wq.n == 1:
+            only = wq.newest
+            if only is None or wq.by_prio[only.spec.priority].get(only.id) is not only:
+                (only,) = wq
+            if only.eres is None:
+                return self._round_single(only, now)
+        self._memo.reset(now)
+        L = self.ledger
+        if L.tokens:
+            L.refill(now)
+        adm = self._admission.scan(now, self.rounds)
+        self.next_wakeup = adm.wake
+        self._blocked_last = adm.blocked
+        self._round_now = now
+        self._time_sensitive = adm.wake is not None or adm.svc_blocked
+        self._need_round = False
+        cands = adm.cands
+        if not cands:
+            return []
+        sized = adm.sized
+        if not adm.elastic:  # the common FIFO case: everyone gets exactly the minimum
+            return [self._grant(a, sized.get(a.id, 0), now) for a in cands]
+        units = {a.id: a.emin for a in cands if a.eres is not None}
+        units.update(sized)
+        evicted: set[int] = set()
+        if self.elastic:
+            plan = self._planner.plan(cands, adm.node_free, adm.gfree, now, cpu=self.planner != "priced")
+            units.update(plan.units)
+            evicted.update(plan.evicted)
+            self.evictions += plan.evictions
+        # The blocked set was computed with every candidate's minimum reserved; elastic extras only
+        # take more, so it stays valid. Evicted candidates are waiters the next round re-plans.
+        if evicted:
+            self._need_round = True
+        out: list[Decision] = []
+        for a in cands:
+            if a.id in evicted:
+                continue
+            out.append(self._grant(a, units.get(a.id, 0), now))
+        return out
+
+    def _round_single(self, a: Action, now: float) -> list[Decision]:
+        """The uncontended case — one queued action, not elastic — decided straight on the ledger
+        with exactly the rules of the full round, minus its bookkeeping."""
+        if self._decide_single(a, now):
+            return [self._grant(a, 0, now)]
+        return []
+
+    def _decide_single(self, a: Action, now: float) -> bool:
+        """Does the lone action ``a`` fit now? Sets its placement, or (when it does not) the
+        blocked state that round skipping relies on."""
+        warm = self._memo.warm  # not a round: only the warm-copy waits are asked again here
+        if warm:
+            warm.clear()
+        L = self.ledger
+        if L.tokens:
+            L.refill(now)
+        lack, node, cell, span, wake = self._admission.fits(a, L.node_count, L.gpu_free, L.counted_free,
+                                                            L.q_used, L.tokens, now)
+        if wake is not None and (self.next_wakeup is None or wake < self.next_wakeup):
+            self.next_wakeup = wake
+        self._round_now = now
+        if not lack and cell >= 0 and a.spec.service:
+            if self.planner == "priced":
+                gpu = self._gpu
+                gpu.begin_round()
+                choice = gpu.choice(a, L.gpu_free, now)
+                if not choice.units:
+                    lack = [f"svc:{a.spec.service}:{a.gpu_min}"]
+                else:
+                    cell = choice.cell
+            elif self._place.should_wait_for_resident(a, cell, now):
+                lack = [f"svc:{a.spec.service}:{a.gpu_min}"]
+        if lack:
+            self._blocked_last = set(lack)
+            self._time_sensitive = self.next_wakeup is not None or bool(a.spec.service)
+            self._need_round = False
+            return False
+        a.node, a.cell, a.span = node, cell, span
+        return True
+
+    # -- grants ---------------------------------------------------------------------------------
+    def _grant(self, a: Action, units: int, now: float, *, queued: bool = True) -> Grant:
+        L = self.ledger
+        spec = a.spec
+        ncpu = units if a.eres == "cpu" else a.cpu_min
+        cpus: tuple[int, ...] = ()
+        if ncpu:
+            if a.span:
+                picked: list[int] = []
+                for i in sorted(range(len(L.node_free)), key=lambda i: -len(L.node_free[i])):
+                    take = sorted(L.node_free[i])[: ncpu - len(picked)]
+                    picked.extend(take)
+                    if len(picked) >= ncpu:
+                        break
+                cpus = tuple(sorted(picked))
+            elif ncpu == 1:
+                cpus = (min(L.node_free[a.node]),)
+            else:
+                cpus = tuple(sorted(L.node_free[a.node])[:ncpu])
+        gpus: tuple[int, ...] = ()
+        restore = False
+        if a.gpu_min:
+            size = units if a.eres == "gpu" else a.gpu_min
+            pos = tuple(range(a.cell, a.cell + size))
+            gpus = tuple(L.gpu_ids[p] for p in pos)
+            if spec.service is not None:
+                key = (spec.service, pos)
+                restore = key not in self._resident
+                if restore:
+                    self._cell_memo.clear()
+                self._resident.add(key, now)
+            for p in pos:
+                self._gpu_holder[p] = a
+        g = Grant(a.id, cpus, gpus, units if a.eres else 0, spec.memory, spec.quotas, restore, spec.tokens,
+                  a.need)
+        L.take(g)
+        if queued:
+            self._queue.remove(a)
+        a.grant = g
+        a.started = now
+        est = dur_min(a)
+        if a.eres is not None:
+            est *= a.stats.rel(spec, units)
+        if restore:
+            est += self._gpu.restore_lat(self._place.restore_cost(spec.service), len(gpus))
+        a.est_end = now + est
+        self._running[a.id] = a
+        if a.eres == "cpu":
+            self._mall.admitted(a)
+        self.granted += 1
+        self._sum_queue += now - a.submitted
+        return g
 
     # ------------------------------------------------------------------------------ events
     def _apply(self, ev: Event, now: float, out: list[Decision]) -> None:
@@ -552,7 +687,7 @@ class Scheduler(Admission):
             raise KeyError(f"release of unknown action id {aid}")
         g = a.grant
         assert g is not None
-        msp = self._mall.released(a, now) if self._mall else None
+        msp = self._mall.released(a, now) if self._mall.running else None
         self.ledger.give(g)
         for gid in g.gpus:
             self._gpu_holder[self.ledger.gpu_pos[gid]] = None
@@ -569,8 +704,8 @@ class Scheduler(Admission):
         self._sum_act += now - a.submitted
         if g.restore and g.gpus and self.planner == "priced":
             # the hold included the restore the grant asked for: learn the call, not the copy
-            exec_s = max(0.1 * exec_s, exec_s - self._restore_lat(self._restore_cost(a.spec.service),
-                                                                  len(g.gpus)))
+            exec_s = max(0.1 * exec_s, exec_s - self._gpu.restore_lat(self._place.restore_cost(a.spec.service),
+                                                                      len(g.gpus)))
         if a.spec.duration is None:
             sp = (a.spec.speedup(g.units) if msp is None else msp) if a.eres else 1.0
             a.stats.observe_exec(exec_s, sp, self.duration_alpha,

@@ -17,18 +17,35 @@ import math
 from .action import Action
 from .decisions import Decision, Reject
 from .ledger import Ledger
-from .planning import Planning
+from .moldable import CpuSizing
+from .queue import WaitQueue
 
 __all__ = ["Deadlines"]
 
 
-class Deadlines(Planning):
-    _deadlines: list[tuple[float, int, int]]  # (deadline, seq, action id) of queued actions
+class Deadlines:
+    """The deadlines of queued actions, earliest first. Given at construction the live actions by
+    id, the wait queue, the running actions, the ledger and the CPU sizing (its release line); an
+    action refused or expired here leaves the queue and the live set here, and the Reject is
+    returned for the core to count and emit."""
 
-    def _expire(self, now: float) -> list[Decision]:
+    __slots__ = ("heap", "_live", "_queue", "_running", "ledger", "_cpu")
+
+    def __init__(self, live: dict[int, Action], queue: WaitQueue, running: dict[int, Action], ledger: Ledger,
+                 cpu: CpuSizing) -> None:
+        # (deadline, seq, action id) of queued actions; the core tests the list itself for
+        # emptiness on every round (a list's truth is free, a __bool__ is a call)
+        self.heap: list[tuple[float, int, int]] = []
+        self._live = live
+        self._queue = queue
+        self._running = running
+        self.ledger = ledger
+        self._cpu = cpu
+
+    def expire(self, now: float) -> list[Decision]:
         """Drop queued actions whose deadline has passed; Reject each."""
         out: list[Decision] = []
-        heap = self._deadlines
+        heap = self.heap
         while heap and heap[0][0] <= now:
             _d, _seq, aid = heapq.heappop(heap)
             a = self._live.get(aid)
@@ -36,39 +53,35 @@ class Deadlines(Planning):
                 continue
             self._queue.remove(a)
             del self._live[aid]
-            self.rejected += 1
-            self._need_round = True
             out.append(Reject(aid, f"{a.spec.kind}: not granted before its deadline "
                                    f"(queued {now - a.submitted:.3f} s)", "deadline"))
         return out
 
-    def _arm_deadlines(self) -> None:
-        """Keep ``next_wakeup`` no later than the earliest deadline of a queued action."""
-        heap = self._deadlines
+    def earliest(self) -> float | None:
+        """The earliest deadline of a still queued action (None: none), for ``next_wakeup``."""
+        heap = self.heap
         while heap:
             a = self._live.get(heap[0][2])
             if a is not None and a.grant is None:
                 break
             heapq.heappop(heap)
-        if heap and (self.next_wakeup is None or heap[0][0] < self.next_wakeup):
-            self.next_wakeup = heap[0][0]
+        return heap[0][0] if heap else None
 
-    def _admit_deadline(self, a: Action, deadline: float, now: float, out: list[Decision]) -> None:
-        """``a`` was queued with a deadline: refuse it now if it cannot start in time, else
-        remember the deadline so the queue drops it then."""
-        est = self._estimate_start(a, now)
+    def admit(self, a: Action, deadline: float, now: float, rnd: int) -> Reject | None:
+        """``a`` was queued with a deadline: refuse it now (dropped from the queue) if it cannot
+        start in time, else remember the deadline so :meth:`expire` drops it then. ``rnd``: the
+        core's round number (the release line is memoised per round)."""
+        est = self._estimate_start(a, now, rnd)
         if est > deadline:
             self._queue.remove(a)
             del self._live[a.id]
-            self.rejected += 1
             when = "never, as the pool stands" if math.isinf(est) else f"in about {est - now:.3f} s"
-            out.append(Reject(a.id, f"{a.spec.kind}: cannot start before its deadline in "
-                                    f"{deadline - now:.3f} s (estimated start {when})", "deadline"))
-            return
-        heapq.heappush(self._deadlines, (deadline, a.seq, a.id))
-        self._arm_deadlines()
+            return Reject(a.id, f"{a.spec.kind}: cannot start before its deadline in "
+                                f"{deadline - now:.3f} s (estimated start {when})", "deadline")
+        heapq.heappush(self.heap, (deadline, a.seq, a.id))
+        return None
 
-    def _estimate_start(self, a: Action, now: float) -> float:
+    def _estimate_start(self, a: Action, now: float, rnd: int) -> float:
         """The earliest time ``a`` could start (see the module docstring)."""
         spec = a.spec
         L = self.ledger
@@ -86,7 +99,7 @@ class Deadlines(Planning):
                 ahead_t[name] = ahead_t.get(name, 0) + n
         start = now
         if a.cpu_min:
-            times, cum, _ = self._release_line(now)
+            times, cum, _ = self._cpu.release_line(now, rnd)
             start = max(start, _when(ahead_cpu + a.cpu_min - L.free_cpus, times, cum, now))
         if a.gpu_min or spec.quotas:
             gpu_rel: list[tuple[float, int]] = []

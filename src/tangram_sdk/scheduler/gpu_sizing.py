@@ -51,13 +51,17 @@ import heapq
 import math
 from typing import Any
 
+from typing import NamedTuple
+
 from ..spec import ActionSpec
-from .action import Action
-from .moldable import Moldable
+from .action import Action, dur_min, spec_dur_min
+from .learn import KindStats
+from .placement import Placement
 from .pricing import PRICE_GRID
 from .queueing import erlang_c, lq_slope, mmc_wq
+from .residency import Residency
 
-__all__ = ["GpuSizing"]
+__all__ = ["GpuChoice", "GpuSizing"]
 
 _MARKET_DT = 1.0  # seconds between market updates (rates are smooth; pricing every event costs)
 _RATE_WINDOW = 30.0  # seconds over which call rates and the GPU queue are smoothed
@@ -95,49 +99,75 @@ class _Svc:
         return self.d0 * float(self.stats.rel(spec, k))
 
 
-class GpuSizing(Moldable):
-    restore_horizon: float
-    gpu_instances: str
-    regime_window: float
-    _gpu_mkt: Any
-    _gpu_tent: dict[str, list[tuple[int, ...]]]
-    _gpu_tent_end: dict[int, float]
-    _gpu_cells: dict[Any, Any]
-    _gpu_rates: dict[str, Any]
-    _gpu_regime: int
-    _gpu_switched_at: float
-    _gpu_transition: float
-    _gpu_cv_f: float
-    _gpu_awaited: int
-    _gpu_wait_all: bool
-    _gpu_cost_memo: dict[Any, Any]
-    _gpu_loss_memo: dict[Any, float]
-    _gpu_pref: dict[ActionSpec, int]
-    _gpu_prev_pref: dict[ActionSpec, int]
+class GpuChoice(NamedTuple):
+    """:meth:`GpuSizing.choice`'s answer: ``units`` on the cell at offset ``cell``, or (``units``
+    0) wait for a busy warm copy; then ``awaited`` is the mask of its GPUs, kept from everyone
+    behind it, and ``wait_all`` says no free warm copy is left for the next call of the service."""
 
-    def _init_gpu_sizing(self, restore_horizon: float, gpu_instances: str, regime_window: float) -> None:
+    units: int
+    cell: int
+    awaited: int
+    wait_all: bool
+
+
+class GpuSizing:
+    """The GPU market: one width per kind, the copies each service should keep, and the choice of
+    cell (start warm, wait for a warm copy, or restore cold) for a GPU service action at admission.
+
+    Given at construction: the learned kinds, the residency, who holds each GPU position, the
+    pool's legal cell sizes, the queue's per-service counts and the placement (restore prices);
+    shared objects the core mutates, read here. Its own state: the market (rates, regime, preferred
+    widths, targets), its memos, and the cells tentatively taken in the current round (cleared by
+    :meth:`begin_round`)."""
+
+    __slots__ = ("_kinds", "_resident", "_gpu_holder", "_cells", "_svc_queued", "_place", "gpu_slots",
+                 "default_duration", "restore_horizon", "gpu_instances", "regime_window", "_gpu_mkt",
+                 "_gpu_tent", "_gpu_tent_end", "_gpu_cells", "_gpu_rates", "_gpu_regime", "_gpu_switched_at",
+                 "_gpu_transition", "_gpu_cv_f", "_gpu_cost_memo", "_gpu_loss_memo", "_gpu_pref",
+                 "_gpu_prev_pref")
+
+    @staticmethod
+    def check_options(restore_horizon: float, gpu_instances: str, regime_window: float) -> None:
         if gpu_instances not in ("tp", "replica"):
             raise ValueError(f"gpu_instances must be 'tp' or 'replica', got {gpu_instances!r}")
         if not (restore_horizon >= 0 and regime_window >= 0):
             raise ValueError("restore_horizon and gpu_regime_window must be >= 0")
+
+    def __init__(self, kinds: dict[str, KindStats], resident: Residency, gpu_holder: list[Action | None],
+                 cells: tuple[int, ...], svc_queued: dict[str, int], place: Placement, *,
+                 gpu_slots: float | None, default_duration: float, restore_horizon: float, gpu_instances: str,
+                 regime_window: float) -> None:
+        self.check_options(restore_horizon, gpu_instances, regime_window)
+        self._kinds = kinds
+        self._resident = resident
+        self._gpu_holder = gpu_holder
+        self._cells = cells
+        self._svc_queued = svc_queued
+        self._place = place
+        self.gpu_slots = gpu_slots
+        self.default_duration = default_duration
         self.restore_horizon = restore_horizon
         self.gpu_instances = gpu_instances
         self.regime_window = regime_window
-        self._gpu_mkt = None
-        self._gpu_tent = {}
-        self._gpu_tent_end = {}
-        self._gpu_cells = {}
-        self._gpu_rates = {}
+        self._gpu_mkt: Any = None
+        self._gpu_tent: dict[str, list[tuple[int, ...]]] = {}
+        self._gpu_tent_end: dict[int, float] = {}
+        self._gpu_cells: dict[Any, Any] = {}
+        self._gpu_rates: dict[str, Any] = {}
         self._gpu_regime = 1 << 30  # chosen at the first look (initial_gpu_width)
         self._gpu_switched_at = -math.inf
         self._gpu_transition = _TRANSITION
         self._gpu_cv_f = 1.0
-        self._gpu_awaited = 0
-        self._gpu_wait_all = True
-        self._gpu_cost_memo = {}
-        self._gpu_loss_memo = {}
-        self._gpu_pref = {}
-        self._gpu_prev_pref = {}
+        self._gpu_cost_memo: dict[Any, Any] = {}
+        self._gpu_loss_memo: dict[Any, float] = {}
+        self._gpu_pref: dict[ActionSpec, int] = {}
+        self._gpu_prev_pref: dict[ActionSpec, int] = {}
+
+    def begin_round(self) -> None:
+        """A round's admission starts: forget the cells earlier rounds took tentatively."""
+        if self._gpu_tent_end:
+            self._gpu_tent_end.clear()
+            self._gpu_tent.clear()
 
     # -- sizes ----------------------------------------------------------------------------------
     def _gpu_sizes(self, spec: ActionSpec) -> tuple[int, ...]:
@@ -184,7 +214,7 @@ class GpuSizing(Moldable):
                 lam = lam0 if dt <= 0 else lam0 + (1.0 - math.exp(-dt / _RATE_WINDOW)) * (
                     (st.arrivals - n0) / dt - lam0)
             rates[name] = (now, st.arrivals, lam, st)
-            d0 = self._spec_d0(spec)
+            d0 = spec_dur_min(spec, st, self.default_duration)
             svc = spec.service
             info = None
             if svc is not None:
@@ -270,7 +300,7 @@ class GpuSizing(Moldable):
             for name, info in svcs.items():
                 if info.lam > 0:
                     n = max(1, len(self._resident.warm_cells(name, info.pref)))
-                    cost += n * self._restore_lat(self._restore_cost(name), pick)
+                    cost += n * self.restore_lat(self._place.restore_cost(name), pick)
             if math.isfinite(gain) and gain * lam_sum * max(self.restore_horizon, self.regime_window, 1.0) < cost:
                 pick = m_cur
         if pick != m_cur:
@@ -352,10 +382,10 @@ class GpuSizing(Moldable):
         while heap and budget > 1e-9:
             g, name = heapq.heappop(heap)
             info = svcs[name]
-            r = self._restore_cost(name)
+            r = self._place.restore_cost(name)
             m = info.pref
             mem = 1.0 if self.gpu_instances == "tp" else float(m)
-            if -g < self._restore_lat(r, m) + mu_w * self._restore_gpu_s(r, m):
+            if -g < self.restore_lat(r, m) + mu_w * self._restore_gpu_s(r, m):
                 continue  # not worth a restore; others may still be
             if mem > budget + 1e-9 or info.target >= G // m:
                 continue
@@ -435,11 +465,11 @@ class GpuSizing(Moldable):
             lost = 1
         if k == info.pref and len(have) <= info.target and not forced:
             return math.inf  # a copy its service needs: only one without any copy may take it
-        r_other = self._restore_cost(other)
+        r_other = self._place.restore_cost(other)
         calls = info.lam * self.restore_horizon
         if len(have) <= lost:
             # its last copy: its next call restores (its waiters wait for that too)
-            return ((min(1.0, calls) + waiting) * self._restore_lat(r_other, info.pref)
+            return ((min(1.0, calls) + waiting) * self.restore_lat(r_other, info.pref)
                     + mu_w * self._restore_gpu_s(r_other, info.pref))
         rest = have[lost:]
         rho_o = min(0.99, max(0.0, rho - info.load / max(1, len(self._gpu_holder))))
@@ -447,7 +477,7 @@ class GpuSizing(Moldable):
         return (calls * (self._svc_cost(info, rest, mu, rho_o) - self._svc_cost(info, have, mu, rho_o))
                 + waiting * t * (1.0 / len(rest) - 1.0 / len(have)))
 
-    def _restore_lat(self, r: float, k: int) -> float:
+    def restore_lat(self, r: float, k: int) -> float:
         """Seconds a k-GPU restore takes: TP instances load 1/k per GPU in parallel; replicas a
         full copy per GPU, also in parallel."""
         return r / k if self.gpu_instances == "tp" else r
@@ -497,9 +527,9 @@ class GpuSizing(Moldable):
                 wait = rem
         return wait
 
-    def _gpu_choice(self, a: Action, gfree: int, now: float) -> tuple[int, int] | None:
-        """``(units, cell offset)`` for GPU service action ``a`` on the free mask ``gfree``, or
-        None when waiting for a busy warm instance is cheapest."""
+    def choice(self, a: Action, gfree: int, now: float) -> GpuChoice:
+        """Units and cell offset for GPU service action ``a`` on the free mask ``gfree``, or (units
+        0) wait, when waiting for a busy warm instance is cheapest (see :class:`GpuChoice`)."""
         spec = a.spec
         svc = spec.service
         mu, svcs, load, mu_w = self._gpu_market(now)
@@ -517,8 +547,8 @@ class GpuSizing(Moldable):
             use_sizes = sizes + (prev,)
         info = svcs.get(svc) if svc is not None else None
         if info is None:
-            info = _Svc(0.0, spec, self._dur_min(a), a.stats)
-        d0 = self._dur_min(a)
+            info = _Svc(0.0, spec, dur_min(a), a.stats)
+        d0 = dur_min(a)
         elastic = a.eres == "gpu"
         G = max(1, len(self._gpu_holder))
         rho = min(0.99, load / G)
@@ -572,7 +602,7 @@ class GpuSizing(Moldable):
                 c += self._avail(pos, now)
                 if c < best - 1e-12:
                     best, choice, awaited = c, None, full
-        r = self._restore_cost(svc)
+        r = self._place.restore_cost(svc)
         slots = self.gpu_slots
         warm_off: dict[int, set[int]] = {}
         for pos in warm:
@@ -582,7 +612,7 @@ class GpuSizing(Moldable):
         for m in sizes:
             full = (1 << m) - 1
             t = t_of(m)
-            fixed = self._restore_lat(r, m) + t * (1.0 + mu * m) + mu_w * self._restore_gpu_s(r, m)
+            fixed = self.restore_lat(r, m) + t * (1.0 + mu * m) + mu_w * self._restore_gpu_s(r, m)
             cr = credit(m)
             if fixed - cr >= best:
                 continue
@@ -633,7 +663,6 @@ class GpuSizing(Moldable):
                 best, choice = fixed + cell_best, (m, cell_o)
         # waiting: the awaited instance's GPUs are kept from everyone behind (FCFS: a TP-4 waiter
         # is not starved by TP-1 grants taking its cell one GPU at a time)
-        self._gpu_awaited = awaited if choice is None else 0
         if choice is None and awaited:
             # the next waiter of this service sees the awaited copy busy for this one's turn too
             end = now + self._avail(tuple(i for i in range(G) if awaited >> i & 1), now) + t_of(
@@ -641,17 +670,18 @@ class GpuSizing(Moldable):
             for i in range(G):
                 if awaited >> i & 1:
                     self._gpu_tent_end[i] = end
-        self._gpu_wait_all = not free_warm  # a free warm copy is left for the ones behind
-        return choice
+        if choice is None:  # wait_all False: a free warm copy is left for the ones behind
+            return GpuChoice(0, -1, awaited, not free_warm)
+        return GpuChoice(choice[0], choice[1], 0, not free_warm)
 
-    def _gpu_reserve(self, a: Action, units: int, cell: int, now: float) -> None:
+    def reserve(self, a: Action, units: int, cell: int, now: float) -> None:
         """Note a GPU grant decided earlier in this round, for the later candidates' choices: when
         its cells free up, and a new instance if it restores."""
         pos = tuple(range(cell, cell + units))
-        t = self._dur_min(a) * (a.stats.rel(a.spec, units) if a.eres == "gpu" else 1.0)
+        t = dur_min(a) * (a.stats.rel(a.spec, units) if a.eres == "gpu" else 1.0)
         svc = a.spec.service
         if svc is not None and (svc, pos) not in self._resident:
-            t += self._restore_lat(self._restore_cost(svc), units)
+            t += self.restore_lat(self._place.restore_cost(svc), units)
             self._gpu_tent.setdefault(svc, []).append(pos)
         end = now + t
         for p in pos:

@@ -45,9 +45,6 @@ class Malleables:
         self.acc: dict[int, tuple[float, float]] = {}  # id -> (segment start, speedup-seconds so far)
         self.resizes = 0
 
-    def __bool__(self) -> bool:
-        return bool(self.running)
-
     def admitted(self, a: Action) -> None:
         """``a`` was just granted: track it if its spec is malleable."""
         el = a.spec.elastic

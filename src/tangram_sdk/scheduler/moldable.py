@@ -28,12 +28,15 @@ import math
 from bisect import bisect_right
 from collections.abc import Callable
 
+from typing import Any
+
 from ..spec import ActionSpec
-from .action import Action
-from .state import SchedulerState
+from .action import Action, dur_min, spec_dur_min
+from .learn import KindStats
+from .ledger import Ledger
 from .pricing import PRICE_GRID, dop_at_price, dops_over_grid
 
-__all__ = ["Moldable"]
+__all__ = ["CpuSizing", "ReleaseLine"]
 
 _EXPLORE_EVERY = 16  # every n-th arrival of a kind at price 0 re-checks its declared size
 
@@ -41,7 +44,51 @@ _EXPLORE_EVERY = 16  # every n-th arrival of a kind at price 0 re-checks its dec
 ReleaseLine = tuple[list[float], list[int], list[list[tuple[float, int]]]]
 
 
-class Moldable(SchedulerState):
+class CpuSizing:
+    """The price of cores, and the size it gives each elastic CPU action at admission.
+
+    Given at construction: the ledger, the running actions, the learned kinds and the queue's
+    per-spec counts (shared objects the core mutates; this reads them) and the pricing options.
+    Its own state: the sizes per grid price per spec, the per-spec price smoothing, and memos
+    keyed by the core's round number ``rnd`` (every method that uses them takes it)."""
+
+    __slots__ = ("ledger", "_running", "_kinds", "_spec_queued", "default_duration", "lookahead",
+                 "load_target", "price_horizon", "price_smoothing", "objective", "start_or_wait",
+                 "_price_cap", "_cap_overload", "_price_ewma", "_dops", "_node_rel_all", "_node_rel_round",
+                 "_price_memo", "_market_memo")
+
+    def __init__(self, ledger: Ledger, running: dict[int, Action], kinds: dict[str, KindStats],
+                 spec_queued: dict[ActionSpec, int], *, default_duration: float, lookahead: bool,
+                 load_target: float, price_horizon: float, price_smoothing: float, max_price: float,
+                 objective: str, start_or_wait: bool) -> None:
+        self.ledger = ledger
+        self._running = running
+        self._kinds = kinds
+        self._spec_queued = spec_queued
+        self.default_duration = default_duration
+        self.lookahead = lookahead
+        self.load_target = load_target
+        self.price_horizon = price_horizon
+        self.price_smoothing = price_smoothing
+        self.objective = objective
+        self.start_or_wait = start_or_wait
+        self._price_cap = max(i for i, mu in enumerate(PRICE_GRID) if mu <= max_price)
+        # under a sustained overload, "act" runs everyone at the minimum (throughput-optimal for
+        # mean ACT); the others keep the price bounded so no elastic action runs below the size
+        # max_price implies (one long action on one core otherwise sets the RL step)
+        self._cap_overload = objective != "act"
+        self._price_ewma: dict[ActionSpec, float] = {}
+        self._dops: dict[tuple[ActionSpec, float], tuple[int, ...]] = {}  # size per grid price
+        self._node_rel_all: ReleaseLine | None = None  # expected releases, per round
+        self._node_rel_round = -1
+        self._price_memo: dict[tuple[int, ActionSpec], int] = {}
+        self._market_memo: dict[tuple[int, ActionSpec], Any] = {}
+
+    def forget_releases(self) -> None:
+        """Running actions' cores changed within the round (a malleable resize): rebuild the
+        release line at its next use."""
+        self._node_rel_all = None
+
     def _rel_fn(self, spec: ActionSpec) -> Callable[[int], float]:
         """``m -> T(m)/T(min)`` for ``spec`` as its kind has learned it."""
         st = self._kinds.get(spec.kind)
@@ -49,7 +96,7 @@ class Moldable(SchedulerState):
             return spec.relative_duration
         return lambda m: st.rel(spec, m)
 
-    def _dops_of(self, spec: ActionSpec) -> tuple[int, ...]:
+    def dops_of(self, spec: ActionSpec) -> tuple[int, ...]:
         """Units ``spec`` would take at each grid price, under its kind's learned efficiency
         (memoised per spec until that moves)."""
         st = self._kinds.get(spec.kind)
@@ -61,22 +108,16 @@ class Moldable(SchedulerState):
             hit = self._dops[key] = dops_over_grid(self._rel_fn(spec), range(spec.min_units, spec.max_units + 1))
         return hit
 
-    def _spec_d0(self, spec: ActionSpec) -> float:
+    def spec_d0(self, spec: ActionSpec) -> float:
         """Seconds ``spec`` runs at its minimum units, from what its kind has learned."""
-        if spec.duration is not None:
-            return spec.duration
-        st = self._kinds.get(spec.kind)
-        if st is None:
-            t1 = self.default_duration
-            return t1 / spec.speedup(spec.min_units) if spec.elastic else t1
-        return st.t1 / st.speedup_at(spec, spec.min_units) if spec.elastic else st.t1
+        return spec_dur_min(spec, self._kinds.get(spec.kind), self.default_duration)
 
-    def _release_line(self, now: float) -> ReleaseLine:
+    def release_line(self, now: float, rnd: int) -> ReleaseLine:
         """Expected CPU releases of running actions, built once per round. An action past its
         estimate is assumed half done (heavy tails: the longer it has run, the longer it will)."""
         line = self._node_rel_all
-        if line is not None and self._node_rel_round == self.rounds:
-            return line  # type: ignore[no-any-return]
+        if line is not None and self._node_rel_round == rnd:
+            return line
         node_of = self.ledger.node_of
         per_node: list[list[tuple[float, int]]] = [[] for _ in self.ledger.node_size]
         allr: list[tuple[float, int]] = []
@@ -108,22 +149,22 @@ class Moldable(SchedulerState):
         for lst in per_node:
             lst.sort()
         line = self._node_rel_all = (times, cum, per_node)
-        self._node_rel_round = self.rounds
+        self._node_rel_round = rnd
         return line
 
-    def _market(self, a: Action, now: float) -> Callable[[float], int]:
+    def _market(self, a: Action, now: float, rnd: int) -> Callable[[float], int]:
         """``supply -> price index``: the clearing price for ``a``'s cores if ``supply`` cores
         were free (memoised per round and spec). The lowest price at which the cores wanted by
         everyone queued, plus everyone expected to arrive within the window (a fixed fraction of
         ``a``'s duration at its minimum, weighted ``1 / load_target``), fit the supply."""
-        key = (self.rounds, a.spec)
+        key = (rnd, a.spec)
         memo = self._market_memo
         hit: Callable[[float], int] | None = memo.get(key)
         if hit is not None:
             return hit
         if len(memo) > 64:
             memo.clear()
-        tau = self.price_horizon * self._dur_min(a)
+        tau = self.price_horizon * dur_min(a)
         ahead = 1.0 / self.load_target
         # demand per distinct spec: a count (queued) or expected count in the window (arriving),
         # with its size per price (elastic CPU) or its fixed need
@@ -132,7 +173,7 @@ class Moldable(SchedulerState):
         for spec, n in self._spec_queued.items():
             if spec.cpus:
                 if spec.elastic_resource == "cpu":
-                    elastic.append((n, self._dops_of(spec)))
+                    elastic.append((n, self.dops_of(spec)))
                 else:
                     fixed += n * spec.cpus
         backlog = fixed + sum(n * sizes[-1] for n, sizes in elastic)  # the queue at minimum sizes
@@ -145,7 +186,7 @@ class Moldable(SchedulerState):
                 if n_in <= 0:
                     continue
                 if spec.elastic_resource == "cpu":
-                    elastic.append((n_in, self._dops_of(spec)))
+                    elastic.append((n_in, self.dops_of(spec)))
                 else:
                     fixed += n_in * spec.cpus
         top = len(PRICE_GRID) - 1
@@ -177,24 +218,24 @@ class Moldable(SchedulerState):
         memo[key] = index
         return index
 
-    def _supply_by(self, t: float, a: Action) -> float:
+    def _supply_by(self, t: float, a: Action, rnd: int) -> float:
         """Cores free now plus those expected back by ``t`` plus the pricing window."""
-        times, cum, _ = self._release_line(t)
-        i = bisect_right(times, t + self.price_horizon * self._dur_min(a))
+        times, cum, _ = self.release_line(t, rnd)
+        i = bisect_right(times, t + self.price_horizon * dur_min(a))
         return self.ledger.free_cpus + (cum[i - 1] if i else 0)
 
-    def _cpu_price(self, a: Action, now: float) -> int:
+    def _cpu_price(self, a: Action, now: float, rnd: int) -> int:
         """Index in PRICE_GRID of the price ``a`` is sized at now: the clearing price for the
         supply now, smoothed per spec (memoised per round and spec). Smoothing keeps one pair
         of close arrivals from pricing the next action down to a sliver while the pool frees up."""
-        key = (self.rounds, a.spec)
+        key = (rnd, a.spec)
         memo = self._price_memo
         hit = memo.get(key)
         if hit is not None:
             return hit
         if len(memo) > 64:
             memo.clear()
-        lo = self._market(a, now)(self._supply_by(now, a))
+        lo = self._market(a, now, rnd)(self._supply_by(now, a, rnd))
         sm = self.price_smoothing
         if sm and lo < len(PRICE_GRID) - 1:
             prev = self._price_ewma.get(a.spec)
@@ -204,13 +245,15 @@ class Moldable(SchedulerState):
         memo[key] = lo
         return lo
 
-    def _priced_cpu_units(self, a: Action, node: int, node_free: list[int], span: bool, now: float) -> int:
-        """Cores for elastic CPU action ``a`` at its price, or 0 to wait for more. Waiting until
+    def units(self, a: Action, node: int, node_free: list[int], span: bool, now: float,
+              rnd: int) -> tuple[int, float | None]:
+        """Cores for elastic CPU action ``a`` at its price, or 0 to wait for more, and when a
+        waiting one should be re-decided (None: not waiting). Waiting until
         the next releases on its node is chosen when that finishes sooner, counting the wait of
         everyone queued behind it and the idle reserved cores at the price then, than starting
         now on what is free at the price now."""
-        gi = self._cpu_price(a, now)
-        dops = self._dops_of(a.spec)
+        gi = self._cpu_price(a, now, rnd)
+        dops = self.dops_of(a.spec)
         want = dops[gi]
         st = a.stats
         if gi == 0 and st.beta < 1.0 and st.arrivals % _EXPLORE_EVERY == 0:
@@ -222,17 +265,17 @@ class Moldable(SchedulerState):
         free = sum(node_free) if span else node_free[node]
         start = min(want, free)
         if not self.start_or_wait or span or start >= dops[0]:
-            return start
+            return start, None
         # objective "step": at the bound, no action starts below the size max_price implies while
         # the cores for it are expected back within its own run at that size (one long action
         # started on a core or two during a flood sets the RL step). For "balanced" this cost more
         # than it saved: in the quick contended cells it held actions waiting for the floor and
         # the step got worse (1.06 -> 1.45), and it did not save the full seed-2 straggler.
         floor = dops[gi] if gi == self._price_cap and self.objective == "step" else a.emin
-        _, _, per_node = self._release_line(now)
-        market = self._market(a, now)
+        _, _, per_node = self.release_line(now, rnd)
+        market = self._market(a, now, rnd)
         rel = self._rel_fn(a.spec)
-        d0 = self._dur_min(a)
+        d0 = dur_min(a)
         behind = sum(n for spec, n in self._spec_queued.items() if spec.cpus) - 1
         best = d0 * rel(start) if start >= floor else math.inf
         patience = d0 * rel(floor)
@@ -243,7 +286,7 @@ class Moldable(SchedulerState):
             if w >= best or w > patience:  # nothing that starts later can finish sooner
                 break
             have += k
-            gk = market(self._supply_by(t, a))
+            gk = market(self._supply_by(t, a, rnd))
             m = min(have, dops[gk])
             if m <= start or m < floor:
                 continue
@@ -255,8 +298,5 @@ class Moldable(SchedulerState):
             if have >= dops[0]:
                 break
         if best_m == start:  # includes: no release in sight that would reach the floor
-            return start
-        wake = now + best_w  # re-decide when the awaited cores should be back, even if late
-        if self.next_wakeup is None or wake < self.next_wakeup:
-            self.next_wakeup = wake
-        return 0
+            return start, None
+        return 0, now + best_w  # re-decide when the awaited cores should be back, even if late

@@ -1,21 +1,30 @@
 """How many elastic units each candidate gets: for each price on unit-seconds the split is exact
 (:mod:`.split`), and the completion-time estimate (:mod:`.estimate`) over running, queued and
-expected actions picks among the prices' plans, with greedy eviction on top. Each step returns
-its :class:`Plan` (units per candidate, candidates pushed back) for admission to grant."""
+expected actions picks among the prices' plans, with greedy eviction on top.
+
+:class:`Planner` is a collaborator the core owns: given at construction the running actions, the
+wait queue, the placement, the residency, the round memo, the pool's legal GPU cells and the
+planning options, it takes a round's snapshot (the candidates admission reserved at their minimum,
+the free cores per node and GPU mask left after them, the time) and returns a :class:`Plan`:
+units per candidate plus the candidates pushed back. It changes nothing the core owns (its own
+``T(m)/T(min)`` cache and the round memo's entries aside); the core grants the plan."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
 from operator import itemgetter
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
-from .action import Action
+from .action import Action, dur_min
 from .estimate import Waiter, estimate_waits
-from .gpu_sizing import GpuSizing
+from .memo import RoundMemo
+from .placement import Placement
+from .queue import WaitQueue
+from .residency import Residency
 from .split import best_split
 
-__all__ = ["Plan", "Planning"]
+__all__ = ["Plan", "Planner"]
 
 _by_time = itemgetter(0)
 
@@ -43,13 +52,54 @@ def _priced(durations: list[tuple[int, float]], emin: int, mu: float) -> list[tu
 
 class Plan(NamedTuple):
     """A planning step's answer: ``units`` per candidate it sized (action id -> units) and the
-    ids it ``evicted`` (pushed back to the queue; the next round re-plans them)."""
+    ids it ``evicted`` (pushed back to the queue; the next round re-plans them). ``evictions``:
+    how many the eviction search pushed back, what ``statistics().evictions`` counts; the same as
+    ``len(evicted)`` except where the GPU split could not place its plan and fell back to every
+    candidate's minimum."""
 
     units: dict[int, int]
     evicted: list[int]
+    evictions: int = 0
 
 
-class Planning(GpuSizing):
+class Planner:
+    """Elastic units for a round's candidates (see the module docstring). Not slotted: one per
+    scheduler, and ``benchmarks/plan_gap.py`` wraps :meth:`plan_group` on an instance."""
+
+    def __init__(self, running: dict[int, Action], queue: WaitQueue, place: Placement, resident: Residency,
+                 memo: RoundMemo, cells: tuple[int, ...], *, window: int, depth: int, lookahead: bool,
+                 lookahead_cap: int, mu_grid: tuple[float, ...], max_evictions: int) -> None:
+        self._running = running
+        self._queue = queue
+        self._place = place
+        self._resident = resident
+        self._memo = memo
+        self._cells = cells
+        self.window = window
+        self.depth = depth
+        self.lookahead = lookahead
+        self.lookahead_cap = lookahead_cap
+        self.mu_grid = mu_grid
+        self.max_evictions = max_evictions
+        self._spec_rel: dict[tuple[int, int], tuple[Any, float]] = {}  # estimator's T(m)/T(min) cache
+
+    def plan(self, cands: list[Action], node_free: list[int], gfree: int, now: float, *, cpu: bool) -> Plan:
+        """Units for the elastic candidates of one round (``cpu``: split the CPU-elastic ones too;
+        the priced planner sized them at admission) and the candidates pushed back. ``node_free``
+        and ``gfree``: what is free with every candidate's minimum reserved."""
+        plans = [self._split_cpu(cands, node_free, now)] if cpu else []
+        plans.append(self._split_gpu(cands, gfree, now))
+        if len(plans) == 1:
+            return plans[0]
+        units: dict[int, int] = {}
+        evicted: list[int] = []
+        n = 0
+        for p in plans:  # disjoint groups: CPU-elastic and GPU-elastic candidates
+            units.update(p.units)
+            evicted.extend(p.evicted)
+            n += p.evictions
+        return Plan(units, evicted, n)
+
     # -- elastic split --------------------------------------------------------------------------
     def _releases(self, res: str, now: float) -> list[tuple[float, int]]:
         rel = []
@@ -62,7 +112,7 @@ class Planning(GpuSizing):
         rel.sort()
         return rel
 
-    def _may_evict(self, group: list[Action], res: str, evict: bool) -> bool:
+    def may_evict(self, group: list[Action], res: str, evict: bool) -> bool:
         """Evicting a candidate that fits only pays when nobody else waits for this resource: with
         a queue, its units would go to the queue's head, not to the other candidates."""
         if not evict:
@@ -82,7 +132,7 @@ class Planning(GpuSizing):
                 continue
             need = a.cpu_min if res == "cpu" else a.gpu_min
             if need:
-                out.append(Waiter(now, need, self._dur_min(a), a.emax if a.eres == res else need, a.spec))
+                out.append(Waiter(now, need, dur_min(a), a.emax if a.eres == res else need, a.spec))
         return out
 
     def _arrivals(self, res: str, now: float, horizon: float) -> list[Waiter]:
@@ -132,9 +182,9 @@ class Planning(GpuSizing):
         bins = sorted({a.node for a in group})
         spare = {b: node_free[b] for b in bins}
         free_total = sum(node_free)
-        fixed_rel = [(now + self._dur_min(a), a.cpu_min) for a in cands
+        fixed_rel = [(now + dur_min(a), a.cpu_min) for a in cands
                      if a.cpu_min and (a.eres != "cpu" or a.span)]
-        return self._plan_group(group, bins, spare, free_total, fixed_rel, "cpu", now, step_units=None,
+        return self.plan_group(group, bins, spare, free_total, fixed_rel, "cpu", now, step_units=None,
                                 evict=evict)
 
     def _split_gpu(self, cands: list[Action], gfree: int, now: float) -> Plan:
@@ -150,8 +200,8 @@ class Planning(GpuSizing):
         spare_total = mask.bit_count() - sum(a.emin for a in group)
         if spare_total <= 0 and len(group) < 2:  # nothing to split or evict: keep admission's cell
             return Plan({}, [])
-        fixed_rel = [(now + self._dur_min(a), a.gpu_min) for a in cands if a.gpu_min and a.eres != "gpu"]
-        plan = self._plan_group(group, [0], {0: spare_total}, gfree.bit_count(), fixed_rel, "gpu", now,
+        fixed_rel = [(now + dur_min(a), a.gpu_min) for a in cands if a.gpu_min and a.eres != "gpu"]
+        plan = self.plan_group(group, [0], {0: spare_total}, gfree.bit_count(), fixed_rel, "gpu", now,
                                 step_units=self._cells, evict=evict)
         units = plan.units
         evicted = set(plan.evicted)
@@ -178,13 +228,13 @@ class Planning(GpuSizing):
             units[failed.id] = smaller[-1]
             live.sort(key=lambda a: (-units[a.id], a.seq))
         # fall back: everyone at minimum in the cells admission chose, nobody pushed back
-        return Plan({a.id: a.emin for a in group}, [])
+        return Plan({a.id: a.emin for a in group}, [], plan.evictions)
 
     def _durations(self, a: Action, spare: int, steps: tuple[int, ...] | None) -> list[tuple[int, float]]:
         """``(units, expected seconds)`` for every size ``a`` may get out of ``spare``, a cold
         start's restore and displacement included. Independent of the price, so each plan builds
         it once per candidate and prices it for every ``mu`` (:func:`_priced`)."""
-        d0 = self._dur_min(a)
+        d0 = dur_min(a)
         spec = a.spec
         hi = min(a.emax, a.emin + spare)
         sizes = range(a.emin, hi + 1) if steps is None else [s for s in steps if a.emin <= s <= hi]
@@ -204,11 +254,11 @@ class Planning(GpuSizing):
             out.append((m, t))
         return out
 
-    def _plan_group(self, group: list[Action], bins: list[int], spare: dict[int, int], free_total: int,
+    def plan_group(self, group: list[Action], bins: list[int], spare: dict[int, int], free_total: int,
                     fixed_rel: list[tuple[float, int]], res: str, now: float,
                     step_units: tuple[int, ...] | None, evict: bool) -> Plan:
-        plan_cost = self._plan_context(group, fixed_rel, free_total, res, now)
-        evict = self._may_evict(group, res, evict)
+        plan_cost = self.plan_context(group, fixed_rel, free_total, res, now)
+        evict = self.may_evict(group, res, evict)
         binkey = (lambda a: a.node) if res == "cpu" else (lambda a: 0)
 
         def plan(active: list[Action], out_: list[Action]) -> tuple[float, dict[int, int]]:
@@ -264,16 +314,15 @@ class Planning(GpuSizing):
                 n_ev += 1
             else:
                 break
-        self.evictions += len(out_)
-        return Plan({a.id: best_units.get(a.id, a.emin) for a in active}, [a.id for a in out_])
+        return Plan({a.id: best_units.get(a.id, a.emin) for a in active}, [a.id for a in out_], len(out_))
 
-    def _plan_context(self, group: list[Action], fixed_rel: list[tuple[float, int]], free_total: int,
+    def plan_context(self, group: list[Action], fixed_rel: list[tuple[float, int]], free_total: int,
                       res: str, now: float) -> Callable[[list[Action], list[Action], dict[int, int]], float]:
         """Everything a plan's cost depends on besides the plan itself, gathered once per round;
         returns ``cost(admitted, evicted, units)`` (also used by the exhaustive reference search)."""
         releases = self._releases(res, now)
         queued = self._queued_waiters(res, now, {a.id for a in group})
-        horizon = max(self._dur_min(a) for a in group)
+        horizon = max(dur_min(a) for a in group)
         arrivals = self._arrivals(res, now, horizon)
 
         def cost(active: list[Action], out_: list[Action], chosen: dict[int, int]) -> float:
@@ -292,14 +341,14 @@ class Planning(GpuSizing):
         policy: dict[str, int] = {}
         for a in active:
             m = chosen.get(a.id, a.emin)
-            t = self._dur_min(a) * a.stats.rel(a.spec, m)
+            t = dur_min(a) * a.stats.rel(a.spec, m)
             cost += t
             extra_rel.append((now + t, m))
             free -= m - a.emin
             policy[a.spec.kind] = m
         waiters: list[Waiter] = []
         for a in out_:
-            d = self._dur_min(a)
+            d = dur_min(a)
             free += a.emin
             waiters.append(Waiter(now, a.emin, d, a.emax, a.spec))
         waiters.extend(queued)
