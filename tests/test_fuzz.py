@@ -252,7 +252,8 @@ def trace_lines(draw: Any) -> bytes:
                                     max_size=3))
         return json.dumps({"pool": pool}).encode()
     if kind == "text":
-        return draw(st.text(max_size=30)).encode("utf-8", "surrogatepass")
+        # one line each: a newline inside would make two (and the line numbers count those)
+        return draw(st.text(max_size=30)).replace("\n", " ").encode("utf-8", "surrogatepass")
     return draw(st.binary(max_size=30)).replace(b"\n", b" ")
 
 
@@ -282,8 +283,8 @@ def _load(lines: list[bytes]) -> None:
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(lines=st.lists(trace_lines(), min_size=1, max_size=6))
 def test_trace_reader_random_traces_raise_only_trace_error_naming_the_line(lines: list[bytes]) -> None:
-    """Random traces (valid, mutated, pool headers, random text and bytes). Fails today on the
-    cases pinned one by one below."""
+    """Random traces (valid, mutated, pool headers, random text and bytes) raise only a
+    TraceError, naming a line of the file; the cases it once found are pinned one by one below."""
     _load(lines)
 
 

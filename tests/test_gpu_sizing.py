@@ -147,3 +147,19 @@ def test_when_no_width_holds_every_service_the_faster_restores_win() -> None:
     t = summarise(run_policy(wl, "tangram"))["act_mean_s"]
     best = min(summarise(run_policy(wl, p))["act_mean_s"] for p in ("fifo1", "fifo2"))
     assert t <= 1.02 * best, (t, best)
+
+
+def test_arrivals_a_denormal_apart_are_a_burst_not_an_infinite_rate() -> None:
+    """Two submissions of one kind 5e-324 s apart (Hypothesis found it): the 32-arrival rate was
+    1/5e-324 = inf, the GPU market's spread factor NaN, and the submit raised ValueError. Arrivals
+    within a microsecond are simultaneous: the GPU call is granted, the rate stays finite."""
+    from tangram_sdk.scheduler.learn import KindStats
+
+    s = Scheduler(Pool(cpus=4, gpus=4), window=4, depth=8)
+    s.submit(1, ActionSpec(kind="a"), 0.0)
+    (g,) = s.submit(2, ActionSpec(kind="a", cpus=0, gpus=1, service="rm"), 5e-324)
+    assert isinstance(g, Grant) and len(g.gpus) == 1
+    st = KindStats(1.0)
+    st.observe_arrival(0.0, 0.1)
+    st.observe_arrival(5e-324, 0.1)
+    assert st.window_rate(5e-324) == 0.0

@@ -22,6 +22,9 @@ _PAIRED_VAR = 0.02  # variance of log(measured parallelism) around beta * log(de
 # between close sizes the mix of lengths that completes at each (sizes granted in a burst vs in a
 # quiet spell) moves the per-size means more than the declared speedups differ
 _MIN_SPREAD = 0.35
+# arrivals closer than this are simultaneous (a burst, not a rate): the same floor as rate()'s gap;
+# a span of 5e-324 s gave a rate of inf and NaN in the GPU market (found by Hypothesis)
+_SIMULTANEOUS = 1e-6
 
 
 def _spread(bs: dict[float, list[float]]) -> float:
@@ -192,7 +195,7 @@ class KindStats:
             return 0.0
         oldest = ring[self.ring_i] if n == RING else ring[0]
         span = max(now, self.last_arrival or now) - oldest
-        if span <= 0:  # simultaneous arrivals are a burst, already in the queue, not a rate
+        if span <= _SIMULTANEOUS:  # simultaneous arrivals are a burst, already in the queue, not a rate
             return 0.0
         lam = (n - 1) / span
         quiet = now - (self.last_arrival or now)
