@@ -108,10 +108,10 @@ def cells(quick: bool, seeds: int) -> list[Cell]:
     # (~1.15 GPUs of TP-1 load: isolated-36 ~3 % busy, 10 GPUs ~12 %, 6 ~19 %); there the best fixed TP is 2 and TP-4 queues
     # 10x. The full matrix also keeps a light 6-GPU cell (batch 512), the one GPU cell Tangram
     # loses (fifo4's thrash on 8 copies for 9 teachers is cheap at that load: docs/evaluation.md)
-    # and a heavy 10-GPU cell (batch 4096, ~24 % busy): Tangram loses there too (brief urgent
-    # TP-4 -> TP-2 excursions at peaks of the latest rates, each undone 60 s later)
+    # and heavy 8- and 10-GPU cells (batch 4096): Tangram loses there too (TP-4 <-> TP-2 switches
+    # on a model that underestimates TP-4's waits in two cells, each switch restoring the teachers)
     gpu_cells = (((2048, 6), (512, 10), (512, 16)) if quick else
-                 ((512, 6),) + tuple((2048, g) for g in (6, 10, 16, 24, 32, 40)) + ((4096, 10),))
+                 ((512, 6),) + tuple((2048, g) for g in (6, 10, 16, 24, 32, 40)) + ((4096, 8), (4096, 10)))
     for seed in range(1 if quick else seeds):
         for mb, g in gpu_cells:
             for tp in (4, 1):
