@@ -55,6 +55,9 @@ __all__ = ["Tangram", "Observer"]
 log = logging.getLogger("tangram_sdk")
 
 _RESIZE_WAIT_S = 30.0  # leaving waits this long for a manager's resize in flight, then cancels it
+# seconds between retries of a manager's resize that raised, then it gives up (logged): a shrink it
+# missed leaves the container on cores the pool has already handed to someone else
+_RESIZE_RETRY_S = (0.05, 0.2, 1.0, 2.0, 5.0)
 
 class Tangram:
     """Action-level resource manager for one pool, embedded in the current asyncio loop.
@@ -687,7 +690,7 @@ class _Waiter:
     async context manager :meth:`Tangram.acquire` returns."""
 
     __slots__ = ("aid", "applied", "deadline", "error", "fut", "grant", "inline", "lease", "left", "live",
-                 "resize_queue", "resizer", "rt", "spec", "task", "timeout")
+                 "resize_queue", "resizer", "retrying", "rt", "spec", "task", "timeout")
 
     def __init__(self, rt: Tangram, spec: ActionSpec, timeout: float | None, deadline: float | None) -> None:
         self.rt = rt
@@ -706,6 +709,7 @@ class _Waiter:
         self.live = False  # applied: resizes may run (before that they queue)
         self.resize_queue: list[tuple[Grant, Grant]] = []  # (old, new) not applied yet, in order
         self.resizer: asyncio.Task[None] | None = None  # applies resize_queue (one per lease at a time)
+        self.retrying = False  # the resizer is backing off before retrying a manager's failed resize
 
     async def __aenter__(self) -> Lease:
         rt = self.rt
@@ -755,23 +759,44 @@ class _Waiter:
     async def _resizing(self) -> None:
         """Apply queued resizes in order: each manager that has ``resize`` (in apply order), then
         the lease's own (its ``run`` commands re-pinned, its callbacks). A manager that raises is
-        logged and counted; the action goes on with what it has."""
+        logged and counted, and the action goes on with what it has; that manager's resize is
+        retried (``_RESIZE_RETRY_S``) until it applies the latest one, a newer one comes, the
+        action leaves, or the retries run out: a shrink it missed leaves the work on cores the
+        pool already gave back (the release parks the container on what it holds either way)."""
         rt, lease = self.rt, self.lease
         assert lease is not None
+        missed: dict[int, tuple[Any, Grant, Grant]] = {}  # id(manager) -> (it, what it has, the target)
+        tries = 0
         try:
-            while self.resize_queue and not self.left:
-                old, new = self.resize_queue.pop(0)
-                for m in list(self.applied.managers) if self.applied is not None else ():
-                    fn = getattr(m, "resize", None)
-                    if fn is None:
-                        continue
+            while not self.left and (self.resize_queue or missed):
+                if not self.resize_queue:  # only retries left: back off, then try the target again
+                    if tries == len(_RESIZE_RETRY_S):
+                        for m, have, new in missed.values():
+                            log.error("manager %s never applied action %s's resize to cpus %s (it has %s); "
+                                      "gave up after %d retries", getattr(m, "name", m), self.aid,
+                                      list(new.cpus), list(have.cpus), tries)
+                        break
+                    self.retrying = True
                     try:
-                        await fn(old, new, lease)
-                    except Exception:
-                        rt._resize_failures += 1
-                        log.exception("manager %s failed to resize action %s (%s) from cpus %s to %s",
-                                      getattr(m, "name", m), self.aid, self.spec.kind, list(old.cpus),
-                                      list(new.cpus))
+                        await asyncio.sleep(_RESIZE_RETRY_S[tries])
+                    finally:
+                        self.retrying = False
+                    tries += 1
+                    for key, (m, have, new) in list(missed.items()):
+                        if self.left or self.resize_queue:
+                            break
+                        if await self._resize_one(m, have, new, lease):
+                            del missed[key]
+                    continue
+                old, new = self.resize_queue.pop(0)
+                tries = 0
+                for m in list(self.applied.managers) if self.applied is not None else ():
+                    if getattr(m, "resize", None) is None:
+                        continue
+                    prev = missed.pop(id(m), None)
+                    have = old if prev is None else prev[1]  # what this manager last applied
+                    if not await self._resize_one(m, have, new, lease):
+                        missed[id(m)] = (m, have, new)
                 if self.left:
                     break
                 rt._resizes += 1
@@ -779,12 +804,25 @@ class _Waiter:
         finally:
             self.resizer = None
 
+    async def _resize_one(self, m: Any, have: Grant, new: Grant, lease: Lease) -> bool:
+        """``m.resize(have, new)``; False (logged, counted) when it raised."""
+        try:
+            await m.resize(have, new, lease)
+            return True
+        except Exception:
+            self.rt._resize_failures += 1
+            log.exception("manager %s failed to resize action %s (%s) from cpus %s to %s",
+                          getattr(m, "name", m), self.aid, self.spec.kind, list(have.cpus), list(new.cpus))
+            return False
+
     async def _stop_resizing(self) -> None:
         """Leaving: drop resizes not begun, let one in flight finish (bounded), then cancel it."""
         self.resize_queue.clear()
         task = self.resizer
         if task is None or task.done():
             return
+        if self.retrying:  # only backing off before a retry: nothing in flight to wait for
+            task.cancel()
         done, _ = await asyncio.wait([task], timeout=_RESIZE_WAIT_S)
         if not done:
             log.error("action %s: a manager's resize did not finish within %g s; cancelled", self.aid,
