@@ -594,6 +594,8 @@ class Scheduler:
             self._queue.remove(a)
         a.grant = g
         a.started = now
+        if a.eres == "gpu":
+            self._gpu.observe_wait(a.submitted, now)
         est = dur_min(a)
         if a.eres is not None:
             est *= a.stats.rel(spec, units)

@@ -11,9 +11,14 @@ cells of ``gpu_slots x m`` TP-m copies: the model sees no residency, and 9 teach
 TP-2 thrashed a restore per call of the ninth). The first width, before any load is measured, is
 the widest leaving two cells that holds the services already resident. A new width must predict
 3 % better, also at the latest rates, the last switch be ``gpu_regime_window`` seconds old, and the
-saving over ``restore_horizon`` pay for restoring the copies at the new width; narrowing when the
-width in force waits too often at the latest rates is urgent (an overload queues within seconds)
-and goes to the narrower width those rates score best. Mixed widths at the same time were tried and lost: a TP-2 call in
+saving over ``restore_horizon`` pay for restoring the copies at the new width (their restore
+latency, plus the GPU-seconds they hold at twice the pool's price of a GPU-second); a wider width
+must also win with each width's waits as *measured* in its earlier stints (the calls' real queue
+waits against the model's, per width: the pooled model misses the residency of few wide cells);
+narrowing when the width in force waits too often at the latest rates is urgent (an overload
+queues within seconds) and goes to the narrower width those rates score best, and each urgent
+narrowing that the smoothed rates undo raises the bar for the next one from that width.
+Mixed widths at the same time were tried and lost: a TP-2 call in
 a 4-GPU cell keeps a TP-4 call out of it (buddy fragmentation), and copies of every width split
 memory. For 60 s after a switch the old width's copies still serve while the new ones restore.
 
@@ -74,6 +79,13 @@ _P_URGENT = 0.15  # the width in force waits this much more often than that: nar
 _START_CELLS = 2  # the first width: the widest that still leaves this many cells in the pool
 _SWAP_MARGIN = 1.0  # a restore that evicts must save this many times its own cost more
 _MU_MAX = PRICE_GRID[-2]  # the largest finite price (an overloaded pool still restores cold services)
+_SWITCH_MU = 2.0  # a switch's restores cost their GPU-seconds at this many times the price mu_work
+                  # (the cells they stop, the mixed widths meanwhile, and the likely way back;
+                  # 2-5 decide alike in the heavy MOPD cells, 1 does not)
+_FALSE_ALARM = 2.0  # each urgent narrowing the smoothed rates undid multiplies _P_URGENT by this
+_CAL_SETTLE = 10.0  # calls submitted this soon after a switch wait for its restores, not the model
+_CAL_DECAY = 0.998  # per observed call: measured waits are remembered over ~500 calls
+_CAL_PRIOR = 20.0  # calls' worth of execution seconds on both sides: few samples keep the model
 _OVERLOAD = 100.0  # wait, in service times per unit of excess load, of a service with too few copies
 
 
@@ -124,7 +136,8 @@ class GpuSizing:
                  "default_duration", "restore_horizon", "gpu_instances", "regime_window", "_gpu_mkt",
                  "_gpu_tent", "_gpu_tent_end", "_gpu_cells", "_gpu_rates", "_gpu_regime", "_gpu_switched_at",
                  "_gpu_transition", "_gpu_cv_f", "_gpu_cost_memo", "_gpu_loss_memo", "_gpu_pref",
-                 "_gpu_prev_pref")
+                 "_gpu_prev_pref", "_gpu_false_alarms", "_gpu_left_urgently",
+                 "_gpu_wq_obs", "_gpu_wq_f", "_gpu_pred_wq")
 
     @staticmethod
     def check_options(restore_horizon: float, gpu_instances: str, regime_window: float) -> None:
@@ -150,6 +163,11 @@ class GpuSizing:
         self.gpu_instances = gpu_instances
         self.regime_window = regime_window
         self._gpu_mkt: Any = None
+        self._gpu_wq_obs: dict[int, tuple[float, float]] = {}  # width -> decayed (measured, predicted) waits
+        self._gpu_wq_f: dict[int, float] = {}  # width -> measured / predicted wait, with the prior
+        self._gpu_pred_wq = 0.0  # the model's wait at the width in force, at the last market
+        self._gpu_false_alarms: dict[int, int] = {}
+        self._gpu_left_urgently = 0
         self._gpu_tent: dict[str, list[tuple[int, ...]]] = {}
         self._gpu_tent_end: dict[int, float] = {}
         self._gpu_cells: dict[Any, Any] = {}
@@ -274,7 +292,8 @@ class GpuSizing:
         urgent = False
         if cur is not None and m_cur > widths[0]:
             pw_fast = self._regime_predict(fast, m_cur, G, cv_f)[2]
-        if cur is None or (m_cur > widths[0] and max(cur[1], pw_fast) > _P_WAIT + _P_URGENT):
+        if cur is None or (m_cur > widths[0] and max(cur[1], pw_fast) > _P_WAIT + _P_URGENT * (
+                _FALSE_ALARM ** self._gpu_false_alarms.get(m_cur, 0))):
             # narrowing is urgent (an overload queues in seconds), judged at the latest rates
             nar = [m for m in widths if m < m_cur and (m == widths[0] or self._regime_predict(
                 fast, m, G, cv_f)[2] <= _P_WAIT)]
@@ -287,6 +306,16 @@ class GpuSizing:
               and scores[best_m][0] < cur[0] * (1.0 - _SWITCH)):
             # at the latest rates too (a rising load must not be met by growing wider)
             ex_f, wq_f, pw_f = self._regime_predict(fast, best_m, G, cv_f)
+            if best_m > m_cur and self._gpu_wq_f:
+                # growing must also win with each width's waits as measured in its past stints
+                # (the pooled model misses the residency of few wide cells: 2 TP-4 cells of 8
+                # GPUs waited ~3x its prediction at batch 4096, TP-2 ~2x; growing on the model
+                # alone traded TP-2 and TP-4 every minute there, 1.15x fifo2's mean ACT)
+                f = self._gpu_wq_f
+                eb, wb, _p = self._regime_predict(kinds, best_m, G, cv_f)
+                ec, wc, _p = self._regime_predict(kinds, m_cur, G, cv_f)
+                if eb + wb * f.get(best_m, 1.0) >= (ec + wc * f.get(m_cur, 1.0)) * (1.0 - _SWITCH):
+                    pw_f = math.inf  # not grown into
             if best_m < m_cur or (pw_f <= _P_WAIT and ex_f + wq_f < sum(
                     self._regime_predict(fast, m_cur, G, cv_f)[:2]) * (1.0 - _SWITCH)):
                 pick = best_m
@@ -297,19 +326,32 @@ class GpuSizing:
             fast_cur = sum(self._regime_predict(fast, m_cur, G, cv_f)[:2])
             gain = (min(cur[0], fast_cur) if math.isfinite(fast_cur) else fast_cur) - min(scores[pick][0], fast_new)
             cost = 0.0
+            mu_prev = memo[2][3] if memo is not None else 0.0  # the price at the width in force
             for name, info in svcs.items():
                 if info.lam > 0:
                     n = max(1, len(self._resident.warm_cells(name, info.pref)))
-                    cost += n * self.restore_lat(self._place.restore_cost(name), pick)
+                    r_s = self._place.restore_cost(name)
+                    cost += n * (self.restore_lat(r_s, pick) + _SWITCH_MU * mu_prev * self._restore_gpu_s(r_s, pick))
             if math.isfinite(gain) and gain * lam_sum * max(self.restore_horizon, self.regime_window, 1.0) < cost:
                 pick = m_cur
         if pick != m_cur:
+            if (not urgent and pick > m_cur and self._gpu_left_urgently == pick
+                    and now - self._gpu_switched_at <= 2.0 * max(self.regime_window, 1.0)):
+                # back to a width left urgently, at the smoothed rates: the alarm was false, and
+                # the next one from this width needs a higher chance to wait (10 GPUs at batch
+                # 3072 left TP-4 three times for 60-180 s, restoring every teacher each way)
+                self._gpu_false_alarms[pick] = self._gpu_false_alarms.get(pick, 0) + 1
+            self._gpu_left_urgently = m_cur if urgent else 0
             self._gpu_switched_at = now
             self._gpu_transition = _TRANSITION_URGENT if urgent else _TRANSITION
             self._gpu_regime = pick
             self._gpu_prev_pref = dict(self._gpu_pref)
         if not math.isfinite(self._gpu_switched_at):
             self._gpu_switched_at = now
+        self._gpu_pred_wq = self._regime_predict(kinds, pick, G, cv_f)[1]
+        for mm, (o, p) in self._gpu_wq_obs.items():
+            prior = _CAL_PRIOR * (self._regime_predict(kinds, mm, G, cv_f)[0] or 1.0)
+            self._gpu_wq_f[mm] = (o + prior) / (p + prior)
         total = W = 0.0
         pref: dict[ActionSpec, int] = {}
         for lam, spec, ts, info in kinds:
@@ -353,6 +395,17 @@ class GpuSizing:
         c = max(1, int(G / mbar))
         a = A / mbar
         return W / L, cv_f * mmc_wq(c, a, W / L), erlang_c(c, a)
+
+    def observe_wait(self, submitted: float, now: float) -> None:
+        """A call of an elastic GPU kind submitted at ``submitted`` is granted ``now``: its wait,
+        beside the one the model predicted for the width in force, calibrates that width for
+        growing into it again (calls submitted within _CAL_SETTLE s of a switch, or before it, wait
+        for the switch's restores, not for the model)."""
+        if submitted - self._gpu_switched_at < _CAL_SETTLE:
+            return
+        m = self._gpu_regime
+        o, p = self._gpu_wq_obs.get(m, (0.0, 0.0))
+        self._gpu_wq_obs[m] = (o * _CAL_DECAY + (now - submitted), p * _CAL_DECAY + self._gpu_pred_wq)
 
     def _copies_fit(self, m: int, G: int) -> float:
         """Copies at width ``m`` the pool's memory holds in aligned cells (``gpu_slots`` x m TP-m
