@@ -55,8 +55,9 @@ log = logging.getLogger("tangram_sdk.ray")
 
 
 class _AgentManager(BaseManager):
-    """The node runtime's one manager: forwards apply/release to the node agent (a Ray call),
-    each bounded by ``timeout`` seconds (a frozen agent must not hold a grant forever)."""
+    """The node runtime's one manager: forwards apply/release (and a malleable action's resize) to
+    the node agent (a Ray call), each bounded by ``timeout`` seconds (a frozen agent must not hold
+    a grant forever)."""
 
     name = "ray-agent"
 
@@ -87,6 +88,15 @@ class _AgentManager(BaseManager):
         except Exception as exc:
             raise self._error(exc) from None
         lease.attach("agent_keys", keys)
+
+    async def resize(self, old: Grant, new: Grant, lease: Lease) -> None:
+        """A malleable action's new cores (the node runtime's Resize): the agent applies them
+        through the node's managers and to its own copy of the lease (``lease.exec`` there)."""
+        aid = lease.action_id
+        try:
+            await within(self.agent.resize.remote(aid, old, new), self.timeout, lambda: self._late("resize", aid))
+        except Exception as exc:
+            raise self._error(exc) from None
 
     async def release(self, grant: Grant, lease: Lease) -> None:
         aid = lease.action_id
