@@ -16,6 +16,7 @@ when it closes or stays silent for longer than ``ttl`` seconds.
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import logging
 import os
@@ -706,6 +707,8 @@ class SchedulerActor:
         self.granted += 1
         nl, ql = held.nlease, held.qlease
         node = held.node
+        if nl is not None and nl.malleable:  # the node runtime may grow/shrink it: tell the client
+            nl.on_resize(functools.partial(self._resized, conn, key, held))
         fields = {
             "id": held.gid,
             "node": None if node is None else node.label,
@@ -722,6 +725,15 @@ class SchedulerActor:
             "queued_s": loop.time() - t0,
         }
         conn.send(("grant", key, fields))
+
+    @staticmethod
+    def _resized(conn: _Conn, key: int, held: _Held, lease: Lease) -> None:
+        """A node runtime applied a Resize to the node part of a client's lease (the agent's
+        managers have run it): send the client its new cores, unless that lease was released or
+        lost meanwhile (the client ignores a late one too)."""
+        if conn.closed or conn.held.get(key) is not held:
+            return
+        conn.send(("rsz", key, tuple(lease.cpus), lease.units))
 
     async def _phases(self, held: _Held, spec: ActionSpec, hint: str | None, caller: str | None,
                       deadline: float | None = None) -> None:
