@@ -69,3 +69,40 @@ def test_wire_frames_split_and_join() -> None:
     spec = ActionSpec(kind="e", cpus=1, elastic=Elasticity("cpu", 4, lambda m: 1.0))
     back = __import__("pickle").loads(_wire.dumps(spec))
     assert back.elastic.efficiency.efficiency(3) == 1.0
+
+
+async def test_client_applies_resize_frames_to_its_lease_even_before_it_is_built_and_never_after() -> None:
+    """``("rsz", key, cpus, units)`` from the actor: a resize that lands in the same read as its
+    grant (before ``acquire`` has built the lease) is applied once the lease exists; one for a
+    held lease updates it as the in-process runtime does (cores, units, resizes, callbacks); one
+    after the release, or for a key never granted, changes nothing."""
+    import asyncio
+    import pickle
+
+    from tangram_sdk import Elasticity
+    from tangram_sdk.ray import RemoteTangram
+    from tangram_sdk.ray.client import _Link
+
+    rt = RemoteTangram("t")
+    link = rt._link = _Link(rt)  # no socket: what the client sends goes nowhere, frames are fed in
+    spec = ActionSpec(kind="m", cpus=1, elastic=Elasticity("cpu", 4, malleable=True))
+    acm = rt.acquire(spec)
+    entering = asyncio.create_task(acm.enter())
+    while not link.waiters:
+        await asyncio.sleep(0)
+    (key,) = link.waiters
+    fields = {"id": 7, "node": "A", "ray_node_id": "n", "agent": None, "agent_keys": [], "node_aid": 3,
+              "cpus": (2,), "gpus": (), "units": 1, "memory": 0, "counted": (), "quotas": (), "queued_s": 0.0}
+    link._on_frame(pickle.dumps(("grant", key, fields)))
+    link._on_frame(pickle.dumps(("rsz", key, (0, 1, 2), 3)))  # before the acquire resumed
+    lease = await entering
+    assert lease.cpus == (0, 1, 2) and lease.units == 3 and lease.resizes == 1 and link.early == {}
+    seen: list[tuple[tuple[int, ...], int]] = []
+    lease.on_resize(lambda ls: seen.append((ls.cpus, ls.units)))
+    link._on_frame(pickle.dumps(("rsz", key, (2,), 1, "a field from a newer actor")))
+    assert seen == [((2,), 1)] and lease.cpus == (2,) and lease.units == 1 and lease.resizes == 2
+    assert lease.thread_env()["OMP_NUM_THREADS"] == "1"
+    await acm.exit(failed=False)
+    link._on_frame(pickle.dumps(("rsz", key, (0, 1, 2, 3), 4)))  # after the release: ignored
+    link._on_frame(pickle.dumps(("rsz", 999, (0, 1), 2)))  # never granted: ignored
+    assert lease.cpus == (2,) and lease.resizes == 2 and seen == [((2,), 1)] and link.early == {}

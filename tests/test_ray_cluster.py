@@ -28,8 +28,9 @@ else:
     ray = pytest.importorskip("ray", reason="the ray extra is not installed (pip install 'tangram-sdk[ray]')")
 
 import itertools
+import pickle
 
-from tangram_sdk import ActionSpec, Pool, Quota, SpecError
+from tangram_sdk import ActionSpec, Amdahl, Elasticity, Pool, Quota, SpecError
 from tangram_sdk.ray import NodeLostError, RemoteTangram, deploy
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(120)]
@@ -478,6 +479,146 @@ async def test_link_loss_and_scheduler_death(cluster_address: str) -> None:
     with pytest.raises(TangramError, match="deploy"):
         TangramCluster.get("mortal", namespace=NS)
     await tg.aclose()
+
+
+def _resizing_managers(journal: str, *, fail: bool) -> Any:
+    """A managers factory for the agent (nested: cloudpickle ships it by value): two recording
+    FakeManagers (one whose ``resize`` raises when ``fail``) around one that attaches an ``exec``
+    reporting what the agent's own copy of the lease holds when it runs."""
+
+    def make() -> list[Any]:
+        from tangram_sdk.errors import ManagerError
+        from tangram_sdk.lease import ExecResult
+        from tangram_sdk.managers.base import BaseManager
+        from tangram_sdk.testing import FakeManager
+
+        class Probe(BaseManager):
+            name = "probe"
+
+            async def apply(self, grant: Any, lease: Any) -> None:
+                async def run(cmd: Any, **kw: Any) -> ExecResult:
+                    seen = {"cpus": list(lease.cpus), "units": lease.units, "resizes": lease.resizes,
+                            "omp": lease.thread_env().get("OMP_NUM_THREADS")}
+                    return ExecResult(0, json.dumps(seen).encode(), b"", 0.0)
+
+                lease.attach("exec", run)
+
+        first = FakeManager("first", journal=journal)
+        if fail:
+            first.fail("resize", lambda: ManagerError("the cpuset write was refused", resource="first"))
+        return [first, Probe(), FakeManager("second", journal=journal)]
+
+    return make
+
+
+STRAGGLER = ActionSpec(kind="straggler", cpus=1, duration=0.2,
+                       elastic=Elasticity("cpu", max_units=4, efficiency=Amdahl(0.95), malleable=True))
+BLOCKER = ActionSpec(kind="blocker", cpus=3)
+
+
+async def _until(cond: Any, what: str, limit: float = 15.0) -> None:
+    loop = asyncio.get_running_loop()
+    end = loop.time() + limit
+    while not cond():
+        assert loop.time() < end, f"timed out waiting for {what}"
+        await asyncio.sleep(0.01)
+
+
+async def _straggler(tg: RemoteTangram) -> Any:
+    """A malleable remote action granted one core while a blocker held the other three."""
+    blocker = await tg.acquire_lease(BLOCKER)
+    lease = await tg.acquire_lease(STRAGGLER)
+    assert len(lease.cpus) == 1 and lease.units == 1 and lease.resizes == 0, lease
+    return blocker, lease
+
+
+async def test_a_malleable_remote_action_is_grown_and_shrunk_on_its_agent_and_in_the_client(
+        cluster_address: str, tmp_path: Path) -> None:
+    """The node's scheduler lends a remote straggler the cores nobody asked for, then takes them
+    back for the next action: both resizes reach the agent's managers (in apply order) and its
+    copy of the lease, and the client's lease (cores, units, resizes, on_resize callbacks); a
+    resize frame for a lease already released is ignored."""
+    from tangram_sdk.testing import FakeManager
+
+    journal = tmp_path / "calls.jsonl"
+    cl = deploy("malleable", namespace=NS, pool=Pool(cpus=4), check_invariants=True,
+                managers=_resizing_managers(str(journal), fail=False))
+    try:
+        async with RemoteTangram("malleable", namespace=NS) as tg:
+            blocker, lease = await _straggler(tg)
+            base = lease.cpus
+            seen: list[tuple[tuple[int, ...], int]] = []
+            lease.on_resize(lambda ls: seen.append((ls.cpus, ls.units)))
+            await tg.release(blocker)  # three idle cores; past its 0.2 s estimate, it is grown into them
+            await _until(lambda: seen, "the client to see the grow")
+            assert seen == [((0, 1, 2, 3), 4)] and lease.cpus == (0, 1, 2, 3) and lease.units == 4
+            assert lease.resizes == 1 and lease.thread_env()["OMP_NUM_THREADS"] == "4"
+            probe = json.loads((await lease.exec(["nproc"])).stdout)
+            assert probe == {"cpus": [0, 1, 2, 3], "units": 4, "resizes": 1, "omp": "4"}, probe
+            resized = [(c.manager, c.outcome) for c in FakeManager.read_journal(journal) if c.method == "resize"]
+            assert resized == [("first", "ok"), ("second", "ok")], resized  # in apply order, on the agent
+            # another action needs cores: the borrowed ones go back first, then it is admitted on them
+            other = await tg.acquire_lease(BLOCKER, timeout=10)
+            await _until(lambda: len(seen) == 2, "the client to see the shrink")
+            assert seen[1] == (base, 1) and lease.cpus == base and lease.units == 1 and lease.resizes == 2
+            assert not set(other.cpus) & set(base)
+            assert json.loads((await lease.exec(["nproc"])).stdout)["cpus"] == list(base)
+            n = _node(await tg.statistics())
+            assert n["resizes"] == 2 and n["resize_failures"] == 0 and n["cpus_free"] == 0, n
+            key = tg._open[id(lease)][1]._key
+            await tg.release(lease)
+            await tg.release(other)
+            # a resize that reaches the client after its release changes nothing
+            assert tg._link is not None
+            tg._link._on_frame(pickle.dumps(("rsz", key, (0, 1, 2, 3), 4)))
+            assert lease.cpus == base and lease.units == 1 and lease.resizes == 2 and len(seen) == 2
+            s = await tg.statistics()
+            for _ in range(50):
+                if s["held"] == 0 and _node(s)["cpus_free"] == 4:
+                    break
+                await asyncio.sleep(0.02)
+                s = await tg.statistics()
+            assert s["held"] == 0 and _node(s)["cpus_free"] == 4, s
+        assert _poll(cl.check_invariants, lambda e: e == [], 5) == []
+    finally:
+        cl.shutdown()
+
+
+async def test_an_agent_manager_whose_resize_raises_is_counted_and_the_action_completes(
+        cluster_address: str, tmp_path: Path) -> None:
+    """The first manager's resize raises on the agent: the error crosses typed, the node's runtime
+    counts it in resize_failures, the managers after it still resize, and the action goes on (its
+    lease follows the resize, as in process) and is released cleanly."""
+    from tangram_sdk.testing import FakeManager
+
+    journal = tmp_path / "calls.jsonl"
+    cl = deploy("malleable-fail", namespace=NS, pool=Pool(cpus=4), check_invariants=True,
+                managers=_resizing_managers(str(journal), fail=True))
+    try:
+        async with RemoteTangram("malleable-fail", namespace=NS) as tg:
+            blocker, lease = await _straggler(tg)
+            await tg.release(blocker)
+            await _until(lambda: lease.resizes == 1, "the client to see the grow")
+            n = _node(await tg.statistics())
+            assert n["resize_failures"] == 1 and n["resizes"] == 1, n
+            resized = [(c.manager, c.outcome) for c in FakeManager.read_journal(journal) if c.method == "resize"]
+            assert [m for m, _o in resized] == ["first", "second"] and resized[1][1] == "ok", resized
+            assert "ManagerError" in resized[0][1] and "cpuset write was refused" in resized[0][1], resized
+            res = await lease.exec(["true"])  # the action goes on, on its agent
+            assert res.exit_code == 0 and json.loads(res.stdout)["cpus"] == [0, 1, 2, 3]
+            await tg.release(lease)
+            s = await tg.statistics()
+            for _ in range(50):
+                if s["held"] == 0 and _node(s)["cpus_free"] == 4:
+                    break
+                await asyncio.sleep(0.02)
+                s = await tg.statistics()
+            assert s["held"] == 0 and _node(s)["cpus_free"] == 4 and s["released"] == s["granted"] == 2, s
+            applied = [c for c in FakeManager.read_journal(journal) if c.method in ("apply", "release")]
+            assert [c.outcome for c in applied] == ["ok"] * len(applied) and len(applied) == 8, applied
+        assert _poll(cl.check_invariants, lambda e: e == [], 5) == []
+    finally:
+        cl.shutdown()
 
 
 # ---------------------------------------------------------------------------------------- clients

@@ -10,7 +10,13 @@ unpickled.
 Client -> actor: ``("acq", key, kind, spec_bytes, timeout, node, caller_node)``, ``("rel", key, failed[, ack[, parallelism]])``,
 ``("cancel", key[, ack])``, ``("hb",)``, ``("stats", key)``.
 Actor -> client: ``("welcome", config)``, ``("grant", key, fields)``, ``("err", key, exc)``,
-``("lost", key, exc)``, ``("reply", key, value)``, ``("ack", key)``, ``("hb",)``.
+``("lost", key, exc)``, ``("reply", key, value)``, ``("ack", key)``, ``("hb",)``,
+``("rsz", key, cpus, units)``.
+
+Frames evolve by appending fields (a reader takes the ones it knows and ignores the rest) and by
+new operations, which an older reader ignores: ``rsz`` (a held malleable lease now has ``cpus``,
+``units``, after the node's scheduler resized it and its agent applied that) is lost on an older
+client, whose work then keeps its first cores, as before ``rsz`` existed.
 
 A plain release is pipelined (nothing comes back). A cancelled, timed-out or failed action asks
 for an ``ack``: the actor answers once the units are back in the pool, and the client raises only

@@ -16,6 +16,7 @@ when it closes or stays silent for longer than ``ttl`` seconds.
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import logging
 import os
@@ -55,8 +56,9 @@ log = logging.getLogger("tangram_sdk.ray")
 
 
 class _AgentManager(BaseManager):
-    """The node runtime's one manager: forwards apply/release to the node agent (a Ray call),
-    each bounded by ``timeout`` seconds (a frozen agent must not hold a grant forever)."""
+    """The node runtime's one manager: forwards apply/release (and a malleable action's resize) to
+    the node agent (a Ray call), each bounded by ``timeout`` seconds (a frozen agent must not hold
+    a grant forever)."""
 
     name = "ray-agent"
 
@@ -87,6 +89,15 @@ class _AgentManager(BaseManager):
         except Exception as exc:
             raise self._error(exc) from None
         lease.attach("agent_keys", keys)
+
+    async def resize(self, old: Grant, new: Grant, lease: Lease) -> None:
+        """A malleable action's new cores (the node runtime's Resize): the agent applies them
+        through the node's managers and to its own copy of the lease (``lease.exec`` there)."""
+        aid = lease.action_id
+        try:
+            await within(self.agent.resize.remote(aid, old, new), self.timeout, lambda: self._late("resize", aid))
+        except Exception as exc:
+            raise self._error(exc) from None
 
     async def release(self, grant: Grant, lease: Lease) -> None:
         aid = lease.action_id
@@ -696,6 +707,8 @@ class SchedulerActor:
         self.granted += 1
         nl, ql = held.nlease, held.qlease
         node = held.node
+        if nl is not None and nl.malleable:  # the node runtime may grow/shrink it: tell the client
+            nl.on_resize(functools.partial(self._resized, conn, key, held))
         fields = {
             "id": held.gid,
             "node": None if node is None else node.label,
@@ -712,6 +725,15 @@ class SchedulerActor:
             "queued_s": loop.time() - t0,
         }
         conn.send(("grant", key, fields))
+
+    @staticmethod
+    def _resized(conn: _Conn, key: int, held: _Held, lease: Lease) -> None:
+        """A node runtime applied a Resize to the node part of a client's lease (the agent's
+        managers have run it): send the client its new cores, unless that lease was released or
+        lost meanwhile (the client ignores a late one too)."""
+        if conn.closed or conn.held.get(key) is not held:
+            return
+        conn.send(("rsz", key, tuple(lease.cpus), lease.units))
 
     async def _phases(self, held: _Held, spec: ActionSpec, hint: str | None, caller: str | None,
                       deadline: float | None = None) -> None:

@@ -3,9 +3,9 @@ runs that node's resource managers.
 
 The scheduler actor creates one agent per node it manages (so agents share its fate), asks it for
 the node's :class:`~tangram_sdk.pool.Pool`, and then, for every grant on that node, calls
-``apply``/``release`` here: the cpuset write happens on the machine whose containers it touches and
-the GPU restore on the machine whose devices it fills. Clients reach ``lease.exec``/``lease.call``
-through ``exec``/``call`` here. The scheduler keeps one ``watch()`` call open: when the agent or its
+``apply``/``release`` (and ``resize`` when a malleable action is grown or shrunk) here: the cpuset
+write happens on the machine whose containers it touches and the GPU restore on the machine whose
+devices it fills. Clients reach ``lease.exec``/``lease.call`` through ``exec``/``call`` here. The scheduler keeps one ``watch()`` call open: when the agent or its
 node dies, that call fails and the node leaves the pool.
 """
 
@@ -52,15 +52,17 @@ def default_node_pool() -> Pool:
 
 
 class _Held:
-    """One action's grant on this node: its lease, the managers whose apply began, and whether
-    that apply has finished (a release that overtakes a slow apply waits for it)."""
+    """One action's grant on this node: its lease, the managers whose apply began, whether that
+    apply has finished (a release or resize that overtakes a slow apply waits for it), and the
+    lock its resizes take turns on."""
 
-    __slots__ = ("applied", "lease", "settled")
+    __slots__ = ("applied", "lease", "resizing", "settled")
 
     def __init__(self, lease: Lease, applied: Applied) -> None:
         self.lease = lease
         self.applied = applied
         self.settled = asyncio.Event()
+        self.resizing = asyncio.Lock()  # a malleable action's resizes, one at a time
 
 
 class NodeAgent:
@@ -178,6 +180,41 @@ class NodeAgent:
             return None
         self._held_back[action_id] = asyncio.gather(*until, return_exceptions=True)
         return {"quarantined": "; ".join(why)}
+
+    async def resize(self, action_id: int, old: Grant, new: Grant) -> None:
+        """A malleable action's Resize (the scheduler's node runtime forwards it, once the apply is
+        done): this node's lease says the new cores at once (``lease.exec`` here caps threads to
+        them), each manager that has ``resize`` applies them, in apply order, then the lease's own
+        commands and callbacks follow. Every manager runs even when one raises; the first error
+        is raised afterwards, typed (a foreign exception becomes ManagerError naming the
+        manager), so the scheduler counts it in ``resize_failures``."""
+        held = self._leases.get(action_id)
+        if held is None:
+            raise ManagerError(f"node {self.node!r} holds no lease #{action_id} to resize (released or lost)")
+        await held.settled.wait()
+        lease = held.lease
+        async with held.resizing:  # one resize of an action at a time, in the order they came
+            if self._leases.get(action_id) is not held:
+                return  # released meanwhile: nothing left to resize
+            held.applied.grant = new  # what a release undoes is what it holds now
+            lease._resize(tuple(new.cpus), new.units)
+            first: Exception | None = None
+            for m in list(held.applied.managers):
+                fn = getattr(m, "resize", None)
+                if fn is None:
+                    continue
+                try:
+                    await fn(old, new, lease)
+                except Exception as exc:  # noqa: BLE001 - report it, and still resize the others
+                    log.exception("node %s: manager %s failed to resize action %s from cpus %s to %s", self.node,
+                                  getattr(m, "name", m), action_id, list(old.cpus), list(new.cpus))
+                    if first is None:
+                        first = exc if isinstance(exc, TangramError) else ManagerError(
+                            f"{lease.spec.kind}: resizing failed in manager {getattr(m, 'name', m)!r}: {exc!r}",
+                            resource=str(getattr(m, "name", m)))
+            lease._resized()
+        if first is not None:
+            raise first
 
     async def restored(self, action_id: int) -> None:
         """Return once what held ``action_id`` back is restored (or its manager closed)."""

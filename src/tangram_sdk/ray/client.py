@@ -325,12 +325,20 @@ async def _awaitable(ref: Any) -> Any:
 
 
 class _Held:
-    __slots__ = ("cancelled", "lost", "task")
+    __slots__ = ("cancelled", "lease", "lost", "task")
 
     def __init__(self, task: asyncio.Task[Any] | None) -> None:
         self.task = task
+        self.lease: Lease | None = None  # set once built (resizes are applied to it)
         self.lost: BaseException | None = None
         self.cancelled = False
+
+
+def _apply_resize(lease: Lease, cpus: Sequence[int], units: int) -> None:
+    """A resize the actor reported, applied to the client's lease as the in-process runtime
+    applies one: it says the new cores, its ``run`` commands are re-pinned, its callbacks run."""
+    lease._resize(tuple(cpus), int(units))
+    lease._resized()
 
 
 class _Link:
@@ -343,6 +351,8 @@ class _Link:
         self.acks: dict[int, asyncio.Future[None]] = {}  # failed/cancelled actions waiting for their units to go back
         self.refused: set[int] = set()  # acquires the actor answered with an error
         self.held: dict[int, _Held] = {}
+        # granted, lease not built yet: the resizes that arrived meanwhile (applied once it is)
+        self.early: dict[int, list[tuple[tuple[int, ...], int]]] = {}
         self.welcome: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         self.last_recv = time.monotonic()
         self.closed = False
@@ -365,6 +375,10 @@ class _Link:
             fut = self.waiters.pop(msg[1], None)
             if fut is not None and not fut.done():
                 fut.set_result(msg[2])
+                if op == "grant":
+                    self.early[msg[1]] = []
+        elif op == "rsz":
+            self._resized(msg[1], msg[2], msg[3])
         elif op == "err":
             fut = self.waiters.pop(msg[1], None)
             if fut is not None and not fut.done():
@@ -378,6 +392,18 @@ class _Link:
             self._lose(msg[1], msg[2])
         elif op == "welcome" and not self.welcome.done():
             self.welcome.set_result(msg[1])
+
+    def _resized(self, key: int, cpus: Sequence[int], units: int) -> None:
+        """``("rsz", key, cpus, units)``: the node's scheduler resized a held malleable lease. One
+        released (or lost) already is left alone; one granted but not built yet gets it once built."""
+        h = self.held.get(key)
+        if h is not None:
+            if h.lost is None and h.lease is not None:
+                _apply_resize(h.lease, cpus, units)
+            return
+        early = self.early.get(key)
+        if early is not None:
+            early.append((tuple(cpus), int(units)))
 
     def _lose(self, key: int, exc: BaseException) -> None:
         h = self.held.get(key)
@@ -706,6 +732,7 @@ class _RemoteAcquire:
             f = await wait_future(fut, grace, self._late)
         except BaseException as exc:
             link.waiters.pop(key, None)
+            link.early.pop(key, None)
             if key in link.refused:  # refused by the actor (SpecError, its own timeout...): nothing is held
                 link.refused.discard(key)
                 raise
@@ -713,7 +740,7 @@ class _RemoteAcquire:
             if await link.give_back(("cancel", key, True), key) and not isinstance(exc, asyncio.CancelledError):
                 raise asyncio.CancelledError from exc  # cancelled while giving back: the cancel wins
             raise
-        link.held[key] = _Held(asyncio.current_task())
+        held = link.held[key] = _Held(asyncio.current_task())
         now = loop.time()
         lease = Lease(f["id"], self._spec, cpus=tuple(f["cpus"]), gpus=tuple(f["gpus"]), units=f["units"],
                       memory=f["memory"], quotas=tuple(f["quotas"]), queued_s=now - t0, granted_at=now,
@@ -734,7 +761,9 @@ class _RemoteAcquire:
                     return await rt._agent(agent_name).call.remote(aid, args, kwargs)
 
                 lease.attach("call", _call)
-        self._lease = lease
+        self._lease = held.lease = lease
+        for cpus, units in link.early.pop(key, ()):  # resized between the grant and now
+            _apply_resize(lease, cpus, units)
         return lease
 
     def _late(self) -> str:
