@@ -5,6 +5,7 @@ models (tensor-parallel instances vs the torch manager's per-GPU replicas)."""
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 import pytest
@@ -176,3 +177,33 @@ def test_heavy_pools_do_not_trade_widths_on_the_pooled_model() -> None:
     t = summarise(run_policy(wl, "tangram"))
     f2 = summarise(run_policy(wl, "fifo2"))
     assert t["act_mean_s"] <= 1.02 * f2["act_mean_s"], (t["act_mean_s"], f2["act_mean_s"])
+
+
+def test_an_urgent_narrowing_the_smoothed_rates_undo_raises_the_bar_for_the_next(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """MOPD at batch 3072 on 10 GPUs: peaks of the 32-arrival rate make TP-4 (two cells) look
+    overloaded, the core narrows to TP-2 at once, and the smoothed rates take it back to TP-4 a
+    minute later, each way restoring the teachers. Counting each undone narrowing as a false alarm
+    (the next needs a higher chance to wait) leaves fewer round trips and a lower mean ACT."""
+    import tangram_sdk.scheduler.gpu_sizing as gs
+
+    market = gs.GpuSizing._gpu_market
+
+    def run() -> tuple[int, float]:
+        widths: list[int] = []
+
+        def watched(self: gs.GpuSizing, now: float) -> Any:
+            out = market(self, now)
+            if not widths or widths[-1] != self._gpu_regime:
+                widths.append(self._gpu_regime)
+            return out
+
+        monkeypatch.setattr(gs.GpuSizing, "_gpu_market", watched)
+        act = summarise(run_policy(mopd(3072, gpus=10, seed=0), "tangram"))["act_mean_s"]
+        return sum(1 for a, b in zip(widths, widths[1:]) if a == 4 and b == 2), act
+
+    n_new, act_new = run()
+    monkeypatch.setattr(gs, "_FALSE_ALARM", 1.0)  # every alarm believed alike
+    n_old, act_old = run()
+    assert n_old >= 3 and n_new < n_old, (n_old, n_new)
+    assert act_new < act_old, (act_new, act_old)
