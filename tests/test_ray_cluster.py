@@ -505,7 +505,7 @@ def _resizing_managers(journal: str, *, fail: bool) -> Any:
 
         first = FakeManager("first", journal=journal)
         if fail:
-            first.fail("resize", lambda: ManagerError("the cpuset write was refused", resource="first"))
+            first.fail("resize", lambda: ManagerError("the cpuset write was refused", resource="first"), times=1)
         return [first, Probe(), FakeManager("second", journal=journal)]
 
     return make
@@ -586,9 +586,10 @@ async def test_a_malleable_remote_action_is_grown_and_shrunk_on_its_agent_and_in
 
 async def test_an_agent_manager_whose_resize_raises_is_counted_and_the_action_completes(
         cluster_address: str, tmp_path: Path) -> None:
-    """The first manager's resize raises on the agent: the error crosses typed, the node's runtime
-    counts it in resize_failures, the managers after it still resize, and the action goes on (its
-    lease follows the resize, as in process) and is released cleanly."""
+    """The first manager's resize raises on the agent (once): the error crosses typed, the node's
+    runtime counts it in resize_failures, the managers after it still resize, the action goes on
+    (its lease follows the resize, as in process), the runtime's retry reaches the agent again and
+    the first manager applies it then; the action is released cleanly."""
     from tangram_sdk.testing import FakeManager
 
     journal = tmp_path / "calls.jsonl"
@@ -599,11 +600,17 @@ async def test_an_agent_manager_whose_resize_raises_is_counted_and_the_action_co
             blocker, lease = await _straggler(tg)
             await tg.release(blocker)
             await _until(lambda: lease.resizes == 1, "the client to see the grow")
+
+            def resized() -> list[tuple[str | None, str]]:
+                return [(c.manager, c.outcome) for c in FakeManager.read_journal(journal) if c.method == "resize"]
+
+            await _until(lambda: len(resized()) == 4, "the runtime's retry to reach the agent")
             n = _node(await tg.statistics())
             assert n["resize_failures"] == 1 and n["resizes"] == 1, n
-            resized = [(c.manager, c.outcome) for c in FakeManager.read_journal(journal) if c.method == "resize"]
-            assert [m for m, _o in resized] == ["first", "second"] and resized[1][1] == "ok", resized
-            assert "ManagerError" in resized[0][1] and "cpuset write was refused" in resized[0][1], resized
+            got = resized()
+            assert [m for m, _o in got] == ["first", "second", "first", "second"], got
+            assert "ManagerError" in got[0][1] and "cpuset write was refused" in got[0][1], got
+            assert [o for _m, o in got[1:]] == ["ok", "ok", "ok"], got
             res = await lease.exec(["true"])  # the action goes on, on its agent
             assert res.exit_code == 0 and json.loads(res.stdout)["cpus"] == [0, 1, 2, 3]
             await tg.release(lease)
