@@ -83,7 +83,7 @@ _SWITCH_MU = 2.0  # a switch's restores cost their GPU-seconds at this many time
                   # (the cells they stop, the mixed widths meanwhile, and the likely way back;
                   # 2-5 decide alike in the heavy MOPD cells, 1 does not)
 _FALSE_ALARM = 2.0  # each urgent narrowing the smoothed rates undid multiplies _P_URGENT by this
-_CAL_SETTLE = 10.0  # calls submitted this soon after a switch wait for its restores, not the model
+_CAL_SETTLE = 10.0  # calls submitted this soon after a switch (after its transition) wait for its restores
 _CAL_DECAY = 0.998  # per observed call: measured waits are remembered over ~500 calls
 _CAL_PRIOR = 20.0  # calls' worth of execution seconds on both sides: few samples keep the model
 _OVERLOAD = 100.0  # wait, in service times per unit of excess load, of a service with too few copies
@@ -137,7 +137,7 @@ class GpuSizing:
                  "_gpu_tent", "_gpu_tent_end", "_gpu_cells", "_gpu_rates", "_gpu_regime", "_gpu_switched_at",
                  "_gpu_transition", "_gpu_cv_f", "_gpu_cost_memo", "_gpu_loss_memo", "_gpu_pref",
                  "_gpu_prev_pref", "_gpu_false_alarms", "_gpu_left_urgently",
-                 "_gpu_wq_obs", "_gpu_wq_f", "_gpu_pred_wq")
+                 "_gpu_wq_obs", "_gpu_wq_f", "_gpu_pred_wq", "_gpu_drained_at")
 
     @staticmethod
     def check_options(restore_horizon: float, gpu_instances: str, regime_window: float) -> None:
@@ -166,6 +166,7 @@ class GpuSizing:
         self._gpu_wq_obs: dict[int, tuple[float, float]] = {}  # width -> decayed (measured, predicted) waits
         self._gpu_wq_f: dict[int, float] = {}  # width -> measured / predicted wait, with the prior
         self._gpu_pred_wq = 0.0  # the model's wait at the width in force, at the last market
+        self._gpu_drained_at = -math.inf  # when the last call queued before the last switch was granted
         self._gpu_false_alarms: dict[int, int] = {}
         self._gpu_left_urgently = 0
         self._gpu_tent: dict[str, list[tuple[int, ...]]] = {}
@@ -399,9 +400,15 @@ class GpuSizing:
     def observe_wait(self, submitted: float, now: float) -> None:
         """A call of an elastic GPU kind submitted at ``submitted`` is granted ``now``: its wait,
         beside the one the model predicted for the width in force, calibrates that width for
-        growing into it again (calls submitted within _CAL_SETTLE s of a switch, or before it, wait
-        for the switch's restores, not for the model)."""
-        if submitted - self._gpu_switched_at < _CAL_SETTLE:
+        growing into it again. Calls submitted during a switch's transition (the old width's
+        copies still serving beside the new ones) or _CAL_SETTLE s after it, or before the last call
+        queued ahead of the switch was granted, wait for the switch's restores, the mixed widths and
+        the old width's backlog, not for the model, and are not counted."""
+        if submitted < self._gpu_switched_at:  # queued before the switch: its backlog drains still
+            self._gpu_drained_at = now
+            return
+        if (submitted - self._gpu_switched_at < self._gpu_transition + _CAL_SETTLE
+                or submitted < self._gpu_drained_at):
             return
         m = self._gpu_regime
         o, p = self._gpu_wq_obs.get(m, (0.0, 0.0))
