@@ -83,6 +83,7 @@ _SWITCH_MU = 2.0  # a switch's restores cost their GPU-seconds at this many time
                   # (the cells they stop, the mixed widths meanwhile, and the likely way back;
                   # 2-5 decide alike in the heavy MOPD cells, 1 does not)
 _FALSE_ALARM = 2.0  # each urgent narrowing the smoothed rates undid multiplies _P_URGENT by this
+_P_URGENT_MAX = 0.95  # ... up to this chance to wait: an overload at the latest rates still narrows
 _CAL_SETTLE = 10.0  # calls submitted this soon after a switch (after its transition) wait for its restores
 _CAL_DECAY = 0.998  # per observed call: measured waits are remembered over ~500 calls
 _CAL_PRIOR = 20.0  # calls' worth of execution seconds on both sides: few samples keep the model
@@ -293,8 +294,8 @@ class GpuSizing:
         urgent = False
         if cur is not None and m_cur > widths[0]:
             pw_fast = self._regime_predict(fast, m_cur, G, cv_f)[2]
-        if cur is None or (m_cur > widths[0] and max(cur[1], pw_fast) > _P_WAIT + _P_URGENT * (
-                _FALSE_ALARM ** self._gpu_false_alarms.get(m_cur, 0))):
+        if cur is None or (m_cur > widths[0] and max(cur[1], pw_fast) > min(_P_URGENT_MAX, _P_WAIT + _P_URGENT * (
+                _FALSE_ALARM ** self._gpu_false_alarms.get(m_cur, 0)))):
             # narrowing is urgent (an overload queues in seconds), judged at the latest rates
             nar = [m for m in widths if m < m_cur and (m == widths[0] or self._regime_predict(
                 fast, m, G, cv_f)[2] <= _P_WAIT)]
