@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import os
 import shutil
 import signal
@@ -29,6 +30,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 from docker_fixtures import HOST_CPUS, IMAGE, _unavailable  # noqa: E402
+from waits import until  # noqa: E402
 
 from tangram_sdk import ActionSpec, Pool, Quota, Tangram  # noqa: E402
 from tangram_sdk.errors import DockerError, TangramError  # noqa: E402
@@ -262,12 +264,7 @@ class _GrantLog:
         return None
 
 
-async def _until(cond: Any, what: str, limit: float = 60.0) -> None:
-    """Poll ``cond()`` every 50 ms; fail naming ``what`` after ``limit`` s (a bound, not a timing)."""
-    end = time.monotonic() + limit
-    while not cond():
-        assert time.monotonic() < end, f"{what} did not happen within {limit:g} s"
-        await asyncio.sleep(0.05)
+_until = functools.partial(until, limit=60.0, every=0.05)
 
 
 async def test_daemon_stopped_and_restarted_mid_run(daemon: PrivateDaemon, manager: DockerCpuManager) -> None:

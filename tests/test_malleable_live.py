@@ -9,6 +9,7 @@ test asks for, moving the ledger and the grant record the way the core does."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import sys
 import tempfile
@@ -18,6 +19,7 @@ from typing import Any
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
+import waits
 from docker_fixtures import HOST_CPUS, docker_engine, make_lease, manager_factory, sandboxes, started_manager
 from tangram_sdk import ActionSpec, Pool, Tangram
 from tangram_sdk._cpuset import format_cpuset
@@ -71,12 +73,7 @@ def resize(t: Tangram, aid: int, cpus: tuple[int, ...]) -> None:
     t.post(Tick())
 
 
-async def until(cond: Any, what: str, limit: float = 10.0) -> None:
-    loop = asyncio.get_running_loop()
-    end = loop.time() + limit
-    while not cond():
-        assert loop.time() < end, f"timed out waiting for {what}"
-        await asyncio.sleep(0.005)
+until = functools.partial(waits.until, every=0.005)
 
 
 async def straggler(t: Tangram) -> Lease:

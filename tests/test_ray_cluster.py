@@ -27,11 +27,13 @@ if os.environ.get("CI") == "true":
 else:
     ray = pytest.importorskip("ray", reason="the ray extra is not installed (pip install 'tangram-sdk[ray]')")
 
+import functools
 import itertools
 import pickle
 
 from tangram_sdk import ActionSpec, Amdahl, Elasticity, Pool, Quota, SpecError
 from tangram_sdk.ray import NodeLostError, RemoteTangram, deploy
+from waits import until
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(120)]
 
@@ -516,12 +518,7 @@ STRAGGLER = ActionSpec(kind="straggler", cpus=1, duration=0.2,
 BLOCKER = ActionSpec(kind="blocker", cpus=3)
 
 
-async def _until(cond: Any, what: str, limit: float = 15.0) -> None:
-    loop = asyncio.get_running_loop()
-    end = loop.time() + limit
-    while not cond():
-        assert loop.time() < end, f"timed out waiting for {what}"
-        await asyncio.sleep(0.01)
+_until = functools.partial(until, limit=15.0)
 
 
 async def _straggler(tg: RemoteTangram) -> Any:
