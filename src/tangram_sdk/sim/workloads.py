@@ -8,7 +8,7 @@ where there are some, stated assumptions otherwise). Random draws use one
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import attrs
@@ -240,13 +240,15 @@ def shared_prewarm(wl: Workload, policy: Any) -> list[tuple[int, str, tuple[int,
 
 
 def run_policy(wl: Workload, name: str, *, progress: Any = None, iso_gpus: int | None = None,
-               warm_start: bool = True, measured: bool = False, **sched_opts: Any) -> Any:
+               warm_start: bool = True, measured: bool = False, observers: Sequence[Any] = (),
+               **sched_opts: Any) -> Any:
     """Simulate ``wl`` under policy ``name`` (a fresh scheduler) and return the Result.
 
     ``warm_start``: a shared GPU pool starts with one copy of every service resident, as the
     isolated slices start with theirs (a rollout step follows the previous one, whose copies are
     still cached; without it a one-step simulation charges every policy but isolated a cold start).
     ``measured``: released actions report the parallelism their work got (see :func:`.simulate`).
+    ``observers``: passed to :func:`.simulate` (each sees every event batch and its decisions).
     """
     from .baselines import make_policy
     from .engine import simulate
@@ -274,4 +276,4 @@ def run_policy(wl: Workload, name: str, *, progress: Any = None, iso_gpus: int |
     else:
         prewarm = []
     return simulate(wl.trajectories, pol, workload=wl.name, restore_s=wl.restore_s, gpu_slots=wl.gpu_slots,
-                    prewarm=prewarm, progress=progress, measured=measured)
+                    prewarm=prewarm, progress=progress, measured=measured, observers=observers)
