@@ -207,3 +207,34 @@ def test_an_urgent_narrowing_the_smoothed_rates_undo_raises_the_bar_for_the_next
     n_old, act_old = run()
     assert n_old >= 3 and n_new < n_old, (n_old, n_new)
     assert act_new < act_old, (act_new, act_old)
+
+
+def test_one_cell_spills_the_coldest_service_beside_it() -> None:
+    """6 GPUs at TP-4 are one 4-GPU cell (8 TP-4 copies at 2 models a GPU) and two GPUs no TP-4
+    cell covers. With 9 teachers fifo4 thrashes the ninth through the cell (~340 restores), and
+    TP-2, where all nine fit, runs every call slower: Tangram kept TP-2 and lost 6-8 % to fifo4.
+    Now eight teachers run at TP-4 in the cell and the coldest at TP-2 on GPUs 4-5: no thrash,
+    and clearly better than either fixed width."""
+    wl = mopd(512, gpus=6, seed=0)
+    spec_of: dict[int, ActionSpec] = {}
+    placed: list[tuple[str | None, tuple[int, ...], float]] = []
+
+    def watch(events: Any, now: float, decisions: Any) -> None:
+        for ev in events:
+            if isinstance(ev, Submitted):
+                spec_of[ev.action_id] = ev.spec
+        for d in decisions:
+            if isinstance(d, Grant) and d.gpus:
+                placed.append((spec_of[d.action_id].service, d.gpus, now))
+
+    t = summarise(run_policy(wl, "tangram", observers=[watch]))
+    best = min(summarise(run_policy(wl, p))["act_mean_s"] for p in ("fifo2", "fifo4"))
+    assert t["act_mean_s"] <= 0.9 * best, (t["act_mean_s"], best)
+    assert t["restores"] < 40
+    # once the plan holds (after the opening), the TP-2 grants are one service's, on GPUs 4-5,
+    # and every TP-4 grant is in the cell
+    late = [(svc, g) for svc, g, now in placed if now > 1000.0]
+    two = {svc for svc, g in late if len(g) == 2}
+    assert len(two) == 1 and all(set(g) == {4, 5} for svc, g in late if len(g) == 2)
+    assert all(set(g) == {0, 1, 2, 3} for svc, g in late if len(g) == 4)
+    assert sum(len(g) == 4 for _s, g in late) > 10 * sum(len(g) == 2 for _s, g in late)

@@ -8,7 +8,10 @@ ACT wins, among widths whose calls would wait less than half the time (Erlang C 
 wide cells the pooled model misses residency and fragmentation, and a wrong guess there queues
 without bound), and at which every service called now keeps a resident copy (``G // m`` aligned
 cells of ``gpu_slots x m`` TP-m copies: the model sees no residency, and 9 teachers on 5 GPUs at
-TP-2 thrashed a restore per call of the ninth). The first width, before any load is measured, is
+TP-2 thrashed a restore per call of the ninth), or, for a width of one aligned cell, at which the
+GPUs beside that cell hold the coldest services at a narrower width (a *spill*: 9 teachers on 6
+GPUs run 8 at TP-4 in the one cell and the ninth at TP-2 on GPUs 4-5; each service then keeps
+its one width and region). The first width, before any load is measured, is
 the widest leaving two cells that holds the services already resident. A new width must predict
 3 % better, also at the latest rates, the last switch be ``gpu_regime_window`` seconds old, and the
 saving over ``restore_horizon`` pay for restoring the copies at the new width (their restore
@@ -87,6 +90,9 @@ _P_URGENT_MAX = 0.95  # ... up to this chance to wait: an overload at the latest
 _CAL_SETTLE = 10.0  # calls submitted this soon after a switch (after its transition) wait for its restores
 _CAL_DECAY = 0.998  # per observed call: measured waits are remembered over ~500 calls
 _CAL_PRIOR = 20.0  # calls' worth of execution seconds on both sides: few samples keep the model
+_SPILL_P_WAIT = 0.3  # a spilling width's one cell must wait less often than this (latest rates)
+_SPILL_P_KEEP = 0.45  # ... once in force, until it waits this often
+_SPILL_SWAP = 1.5  # a service spilled swaps with one kept only when this many times busier
 _OVERLOAD = 100.0  # wait, in service times per unit of excess load, of a service with too few copies
 
 
@@ -94,7 +100,7 @@ class _Svc:
     """One GPU service as the market sees it: learned call rate, duration model, the instance
     size the price prefers for it, and how many such copies it should keep (``target``)."""
 
-    __slots__ = ("lam", "spec", "d0", "stats", "load", "pref", "target")
+    __slots__ = ("lam", "spec", "d0", "stats", "load", "pref", "target", "calls")
 
     def __init__(self, lam: float, spec: ActionSpec, d0: float, stats: Any) -> None:
         self.lam = lam
@@ -104,6 +110,7 @@ class _Svc:
         self.load = 0.0  # GPU-seconds per second at the market's sizes
         self.pref = spec.gpus
         self.target = 0
+        self.calls = 0  # arrivals ever, over its kinds: a popularity rank that noise does not flip
 
     def t(self, k: int) -> float:
         spec = self.spec
@@ -138,7 +145,8 @@ class GpuSizing:
                  "_gpu_tent", "_gpu_tent_end", "_gpu_cells", "_gpu_rates", "_gpu_regime", "_gpu_switched_at",
                  "_gpu_transition", "_gpu_cv_f", "_gpu_cost_memo", "_gpu_loss_memo", "_gpu_pref",
                  "_gpu_prev_pref", "_gpu_false_alarms", "_gpu_left_urgently",
-                 "_gpu_wq_obs", "_gpu_wq_f", "_gpu_pred_wq", "_gpu_drained_at")
+                 "_gpu_wq_obs", "_gpu_wq_f", "_gpu_pred_wq", "_gpu_drained_at", "_gpu_spill_plan",
+                 "_gpu_spill", "_gpu_spill_mask")
 
     @staticmethod
     def check_options(restore_horizon: float, gpu_instances: str, regime_window: float) -> None:
@@ -182,6 +190,11 @@ class GpuSizing:
         self._gpu_loss_memo: dict[Any, float] = {}
         self._gpu_pref: dict[ActionSpec, int] = {}
         self._gpu_prev_pref: dict[ActionSpec, int] = {}
+        # width -> (narrower width, services served at it on the GPUs no aligned cell of the width
+        # covers): a width whose cells cannot hold every service called now spills the coldest
+        self._gpu_spill_plan: dict[int, tuple[int, frozenset[str]]] = {}
+        self._gpu_spill: tuple[int, frozenset[str]] | None = None  # the plan of the width in force
+        self._gpu_spill_mask = 0  # ... its GPUs
 
     def begin_round(self) -> None:
         """A round's admission starts: forget the cells earlier rounds took tentatively."""
@@ -245,6 +258,7 @@ class GpuSizing:
                     if lam > info.lam:  # the busiest kind speaks for the service's durations
                         info.spec, info.d0, info.stats = spec, d0, st
                     info.lam += lam
+                info.calls += st.arrivals
             sizes = self._gpu_sizes(spec)
             ts = {m: d0 * (st.rel(spec, m) if spec.elastic_resource == "gpu" else 1.0) for m in sizes}
             kinds.append((lam, spec, ts, info))
@@ -254,12 +268,16 @@ class GpuSizing:
         # a width is a candidate only if every service called now keeps a resident copy at it
         # (the queueing model below sees no residency): without this 5 GPUs and 9 teachers went
         # TP-2, where 8 copies fit, and the ninth restored on every call (2.2 s mean ACT vs TP-1's
-        # 0.63). Light loads could afford that thrash (6 GPUs at batch 512: fifo4 is 6 % better)
+        # 0.63). A width of one cell may instead spill the coldest services onto the GPUs beside
+        # it (:meth:`_spill_plans`: 6 GPUs at batch 512, where fifo4's thrash beat TP-2 by 6 %)
         if self.gpu_slots is not None:
             active = sum(1 for info in svcs.values() if info.lam > 0)
             if m_cur == 1 << 30:  # the first look: the services already resident count too
                 active = max(active, len(self._resident.by_service))
             fit = [m for m in widths if self._copies_fit(m, G) >= active]
+            # ... or, with one cell, if the GPUs left beside it hold the rest at a narrower width
+            self._gpu_spill_plan = plans = self._spill_plans(widths, fit, svcs, active, G, fast)
+            fit = sorted(set(fit) | set(plans))
             if not fit:  # no width holds them all (thrash at any width): the widths keeping the
                 # most copies, where the model's faster restores and calls decide (6 GPUs holding
                 # one model each for 9 teachers: TP-2 keeps as many copies as TP-1, restores in R/2)
@@ -281,7 +299,7 @@ class GpuSizing:
         # and there a wrong guess queues without bound: 8 GPUs at TP-4 measured 13-30x its wait)
         scores = {}
         for m in widths:
-            ex, wq, pw = self._regime_predict(kinds, m, G, cv_f)
+            ex, wq, pw = self._predict(kinds, m, G, cv_f)
             scores[m] = (ex + wq, pw)
         if m_cur == 1 << 30:  # the first look: the widest width leaving _START_CELLS cells
             two = [m for m in widths if G // m >= _START_CELLS]
@@ -293,39 +311,39 @@ class GpuSizing:
         pick = m_cur
         urgent = False
         if cur is not None and m_cur > widths[0]:
-            pw_fast = self._regime_predict(fast, m_cur, G, cv_f)[2]
+            pw_fast = self._predict(fast, m_cur, G, cv_f)[2]
         if cur is None or (m_cur > widths[0] and max(cur[1], pw_fast) > min(_P_URGENT_MAX, _P_WAIT + _P_URGENT * (
                 _FALSE_ALARM ** self._gpu_false_alarms.get(m_cur, 0)))):
             # narrowing is urgent (an overload queues in seconds), judged at the latest rates
-            nar = [m for m in widths if m < m_cur and (m == widths[0] or self._regime_predict(
+            nar = [m for m in widths if m < m_cur and (m == widths[0] or self._predict(
                 fast, m, G, cv_f)[2] <= _P_WAIT)]
             # to the narrower width the latest rates score best (not merely the next one down:
             # a second urgent step would restore every copy twice)
             pick = best_m if cur is None else min(nar, default=widths[0], key=lambda m: (
-                sum(self._regime_predict(fast, m, G, cv_f)[:2]), -m))
+                sum(self._predict(fast, m, G, cv_f)[:2]), -m))
             urgent = cur is not None
         elif (best_m != m_cur and now - self._gpu_switched_at >= self.regime_window
               and scores[best_m][0] < cur[0] * (1.0 - _SWITCH)):
             # at the latest rates too (a rising load must not be met by growing wider)
-            ex_f, wq_f, pw_f = self._regime_predict(fast, best_m, G, cv_f)
+            ex_f, wq_f, pw_f = self._predict(fast, best_m, G, cv_f)
             if best_m > m_cur and self._gpu_wq_f:
                 # growing must also win with each width's waits as measured in its past stints
                 # (the pooled model misses the residency of few wide cells: 2 TP-4 cells of 8
                 # GPUs waited ~3x its prediction at batch 4096, TP-2 ~2x; growing on the model
                 # alone traded TP-2 and TP-4 every minute there, 1.15x fifo2's mean ACT)
                 f = self._gpu_wq_f
-                eb, wb, _p = self._regime_predict(kinds, best_m, G, cv_f)
-                ec, wc, _p = self._regime_predict(kinds, m_cur, G, cv_f)
+                eb, wb, _p = self._predict(kinds, best_m, G, cv_f)
+                ec, wc, _p = self._predict(kinds, m_cur, G, cv_f)
                 if eb + wb * f.get(best_m, 1.0) >= (ec + wc * f.get(m_cur, 1.0)) * (1.0 - _SWITCH):
                     pw_f = math.inf  # not grown into
             if best_m < m_cur or (pw_f <= _P_WAIT and ex_f + wq_f < sum(
-                    self._regime_predict(fast, m_cur, G, cv_f)[:2]) * (1.0 - _SWITCH)):
+                    self._predict(fast, m_cur, G, cv_f)[:2]) * (1.0 - _SWITCH)):
                 pick = best_m
         if pick != m_cur and cur is not None and not urgent:
             # a switch restores copies at the new width (the calls that meet them cold wait for
             # them): worth it only if the predicted saving over restore_horizon pays for that
-            fast_new = sum(self._regime_predict(fast, pick, G, cv_f)[:2])
-            fast_cur = sum(self._regime_predict(fast, m_cur, G, cv_f)[:2])
+            fast_new = sum(self._predict(fast, pick, G, cv_f)[:2])
+            fast_cur = sum(self._predict(fast, m_cur, G, cv_f)[:2])
             gain = (min(cur[0], fast_cur) if math.isfinite(fast_cur) else fast_cur) - min(scores[pick][0], fast_new)
             cost = 0.0
             mu_prev = memo[2][3] if memo is not None else 0.0  # the price at the width in force
@@ -350,14 +368,17 @@ class GpuSizing:
             self._gpu_prev_pref = dict(self._gpu_pref)
         if not math.isfinite(self._gpu_switched_at):
             self._gpu_switched_at = now
-        self._gpu_pred_wq = self._regime_predict(kinds, pick, G, cv_f)[1]
+        self._gpu_pred_wq = self._predict(kinds, pick, G, cv_f)[1]
         for mm, (o, p) in self._gpu_wq_obs.items():
-            prior = _CAL_PRIOR * (self._regime_predict(kinds, mm, G, cv_f)[0] or 1.0)
+            prior = _CAL_PRIOR * (self._predict(kinds, mm, G, cv_f)[0] or 1.0)
             self._gpu_wq_f[mm] = (o + prior) / (p + prior)
         total = W = 0.0
         pref: dict[ActionSpec, int] = {}
+        plan = self._gpu_spill = self._gpu_spill_plan.get(pick)
+        self._gpu_spill_mask = 0 if plan is None else ((1 << G) - 1) & ~((1 << pick) - 1)  # beside the cell
         for lam, spec, ts, info in kinds:
-            m = max((x for x in ts if x <= pick), default=min(ts))
+            top = plan[0] if plan is not None and spec.service in plan[1] else pick
+            m = max((x for x in ts if x <= top), default=min(ts))
             pref[spec] = m
             x = lam * m * ts[m]
             total += x
@@ -380,6 +401,72 @@ class GpuSizing:
         self._gpu_pref = pref
         self._gpu_targets(svcs, mu, mu_work, total)
         return out
+
+    def _spill_plans(self, widths: list[int], fit: list[int], svcs: dict[str, _Svc], active: int,
+                     G: int, fast: list[Any]) -> dict[int, tuple[int, frozenset[str]]]:
+        """Width -> (narrower width, the services spilled to it) for each width of one aligned cell
+        that cannot hold a copy of every service called now, where the GPUs beside that cell can
+        hold the rest at the narrower width. 9 teachers on 6 GPUs: the one TP-4 cell holds 8
+        copies; fifo4 thrashes the ninth through it (a restore every ~18 calls) and TP-2, where all
+        9 fit, runs every call slower. Spilling the coldest to TP-2 on GPUs 4-5 keeps TP-4's speed
+        for the rest with no thrash.
+
+        * One cell only: there every service kept has its copy in the one cell, the single queue
+          the model scores. Two TP-2 cells of 5 GPUs, one copy a teacher, are two queues: scored
+          as one, the spill lost 4-8 % to TP-1.
+        * Only while that cell waits less than ``_SPILL_P_WAIT`` of the time at the latest rates
+          (``_SPILL_P_KEEP`` once in force). A single cell under a rising load is the first to
+          queue, and without the plan the width is not a candidate any more, which narrows it
+          with the old copies serving. Seed 2 of 6 GPUs at batch 2048 otherwise rode TP-4 into
+          the peak and narrowed urgently: 1.034x fifo2.
+        * The coldest by calls ever (a rank that noise does not flip) are spilled, and the set is
+          sticky. A 30 s rate reshuffled the four coldest teachers and restored them ~30 times
+          each."""
+        out: dict[int, tuple[int, frozenset[str]]] = {}
+        ranked = sorted((info.calls, name) for name, info in svcs.items()
+                        if info.lam > 0 and info.spec.elastic_resource == "gpu")
+        for m in widths:
+            left = G - m
+            if m in fit or G // m != 1 or left <= 0:
+                continue
+            n_spill = active - int(self._copies_fit(m, G) + 1e-9)
+            if n_spill <= 0 or n_spill > len(ranked):
+                continue
+            m2 = max((x for x in widths if x < m and x <= left and self._copies_fit(x, left) >= n_spill),
+                     default=0)
+            if not m2:
+                continue
+            cold = [name for _c, name in ranked[:n_spill]]
+            prev = self._gpu_spill_plan.get(m)
+            if prev is not None and len(prev[1]) == n_spill and all(
+                    n in svcs and svcs[n].lam > 0 for n in prev[1]):
+                kept = [svcs[name].calls for _c, name in ranked if name not in prev[1]]
+                if not kept or max(svcs[n].calls for n in prev[1]) <= _SPILL_SWAP * min(kept):
+                    cold = sorted(prev[1])
+            gate = _SPILL_P_KEEP if m == self._gpu_regime and self._gpu_spill is not None else _SPILL_P_WAIT
+            if self._regime_predict([k for k in fast if k[1].service not in cold], m, m, 1.0)[2] > gate:
+                continue
+            out[m] = (m2, frozenset(cold))
+        return out
+
+    def _predict(self, kinds: list[Any], m: int, G: int, cv_f: float) -> tuple[float, float, float]:
+        """:meth:`_regime_predict` at width ``m``, split as its spill plan says: the main cells
+        and the leftover GPUs are two pools, each with its own services."""
+        plan = self._gpu_spill_plan.get(m)
+        if plan is None:
+            return self._regime_predict(kinds, m, G, cv_f)
+        m2, cold = plan
+        main = m  # one cell
+        k1 = [k for k in kinds if k[1].service not in cold]
+        k2 = [k for k in kinds if k[1].service in cold]
+        e1, w1, p1 = self._regime_predict(k1, m, main, cv_f)
+        e2, w2, p2 = self._regime_predict(k2, m2, G - main, cv_f)
+        l1 = sum(k[0] for k in k1)
+        l2 = sum(k[0] for k in k2)
+        if l1 + l2 <= 0:
+            return 0.0, 0.0, 0.0
+        f1, f2 = l1 / (l1 + l2), l2 / (l1 + l2)
+        return e1 * f1 + e2 * f2, w1 * f1 + w2 * f2, max(p1, p2)
 
     def _regime_predict(self, kinds: list[Any], m: int, G: int, cv_f: float) -> tuple[float, float, float]:
         """Mean execution, mean wait and the chance to wait if every kind ran at width ``m`` (its widest
@@ -620,6 +707,13 @@ class GpuSizing:
         warm: set[tuple[int, ...]] = set()
         for k in use_sizes:
             warm |= res.warm_cells(svc, k)
+        plan = self._gpu_spill
+        if plan is not None and elastic:
+            # a spilled service runs on the leftover GPUs only, the others only off them
+            lm = self._gpu_spill_mask
+            region = lm if svc in plan[1] else ~lm
+            gfree &= region
+            warm = {pos for pos in warm if all((region >> q) & 1 for q in pos)}
         tent = self._gpu_tent.get(svc, ()) if svc is not None else ()
         have = [len(p) for p in warm] + [len(p) for p in tent]
         have = [x for x in have if x in sizes]  # copies of other sizes are of no use to it
