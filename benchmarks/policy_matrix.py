@@ -106,17 +106,18 @@ def cells(quick: bool, seeds: int) -> list[Cell]:
                         ("tangram",) + _fifos(16)))
     # (batch, GPUs): 6 GPUs at batch 2048 is the contended GPU cell of the calibrated MOPD
     # (~1.15 GPUs of TP-1 load: isolated-36 ~3 % busy, 10 GPUs ~12 %, 6 ~19 %); there the best fixed TP is 2 and TP-4 queues
-    # 10x. The full matrix also keeps a light 6-GPU cell (batch 512), the one GPU cell Tangram
-    # loses (fifo4's thrash on 8 copies for 9 teachers is cheap at that load: docs/evaluation.md)
-    # and heavy 8- and 10-GPU cells (batch 4096): Tangram loses there too (TP-4 <-> TP-2 switches
-    # on a model that underestimates TP-4's waits in two cells, each switch restoring the teachers)
-    gpu_cells = (((2048, 6), (512, 10), (512, 16)) if quick else
+    # 10x. A light 6-GPU cell (batch 512, in the quick matrix too): fifo4 is the best fixed policy
+    # there despite thrashing 9 teachers through 8 copies in its one TP-4 cell; Tangram spills the
+    # coldest teacher beside the cell (docs/evaluation.md). The full matrix also keeps heavy 8- and
+    # 10-GPU cells (batch 4096): Tangram loses on 8 (an urgent TP-4 -> TP-2 narrowing at the
+    # step's peak restores every teacher under a queue)
+    gpu_cells = (((512, 6), (2048, 6), (512, 10), (512, 16)) if quick else
                  ((512, 6),) + tuple((2048, g) for g in (6, 10, 16, 24, 32, 40)) + ((4096, 8), (4096, 10)))
     for seed in range(1 if quick else seeds):
         for mb, g in gpu_cells:
             for tp in (4, 1):
                 pols = ("tangram", "isolated") + (("fifo1", "fifo2", "fifo4") if tp > 1 else ("fifo1",))
-                light = (" light" if mb < 2048 else " heavy" if mb > 2048 else "") if not quick else ""
+                light = (" light" if mb < 2048 else " heavy" if mb > 2048 else "") if not quick or g == 6 else ""
                 out.append(Cell(f"mopd{light} {g}gpu tp{tp} s{seed}", "mopd",
                                 dict(batch=mb, gpus=g, seed=seed, teacher_max_gpus=tp), pols))
     db = 512 if quick else 2048
