@@ -181,46 +181,72 @@ def test_quota_pool_ticks_are_processed() -> None:
     assert sorted(round(g, 6) for g in r.grant) == [0.0, 0.5, 1.0, 1.5, 2.0]
 
 
-def _gpu_trace(seed: int, n_traj: int = 8, n_act: int = 6) -> list[Trajectory]:
+def _gpu_trace(seed: int, n_traj: int = 8, n_act: int = 6, n_svc: int = 3) -> list[Trajectory]:
     rng = np.random.default_rng(seed)
     specs = [ActionSpec(kind=f"t{i}", gpus=1, service=f"t{i}", elastic=Elasticity("gpu", 4, Amdahl(0.8)))
-             for i in range(3)]
+             for i in range(n_svc)]
     out = []
     for _ in range(n_traj):
-        acts = tuple(Act(specs[int(rng.integers(0, 3))], round(float(rng.uniform(0.2, 2.0)), 6),
+        acts = tuple(Act(specs[int(rng.integers(0, n_svc))], round(float(rng.uniform(0.2, 2.0)), 6),
                          round(float(rng.uniform(0.05, 1.5)), 6)) for _ in range(n_act))
         out.append(Trajectory(acts, 0.0, round(float(rng.uniform(0.1, 1.0)), 6)))
     return out
 
 
+class _Memory:
+    """Device memory as the simulator models it (LRU per GPU, ``slots`` models a GPU, a TP-k copy
+    1/k of one on each of its GPUs), played by the live harness: no GPU manager runs here, and a
+    core's own residency guess may differ from what an eviction really left."""
+
+    def __init__(self, slots: float) -> None:
+        self.slots = slots
+        self.resident: dict[tuple[str, tuple[int, ...]], float] = {}
+
+    def cold(self, svc: str, gpus: tuple[int, ...], now: float) -> bool:
+        key = (svc, gpus)
+        if key in self.resident:
+            self.resident[key] = now
+            return False
+        while True:
+            use = {g: sum(1.0 / len(gs) for _s, gs in self.resident if g in gs) for g in gpus}
+            if all(u + 1.0 / len(gpus) <= self.slots + 1e-9 for u in use.values()):
+                break
+            _t, victim = min((t, k) for k, t in self.resident.items() if set(gpus) & set(k[1]))
+            del self.resident[victim]
+        self.resident[key] = now
+        return True
+
+
 @pytest.mark.looptime
-async def test_runtime_and_simulator_make_identical_gpu_decisions() -> None:
+@pytest.mark.parametrize("gpus,slots,n_svc,n_act", [(8, 8.0, 3, 6), (6, 1.0, 5, 300)])
+async def test_runtime_and_simulator_make_identical_gpu_decisions(gpus: int, slots: float, n_svc: int,
+                                                                  n_act: int) -> None:
     """The same for the GPU path: elastic TP widths, warm/cold placement and restores priced as
     investments (gpu_sizing) decide identically live and simulated. No GPU manager runs here, so
-    the simulator reports no residency either; a restore costs the cold grant ``R / width``."""
-    pool = Pool(gpus=8)
-    restore = {f"t{i}": 1.0 for i in range(3)}
-    trajs = _gpu_trace(seed=3)
+    the simulator reports no residency either; the live side charges a cold grant ``R / width``
+    by the simulator's memory model (:class:`_Memory`).
+    The second case spills: 6 GPUs of one model each hold four TP-4 copies in the one TP-4 cell,
+    so the fifth service runs at TP-2 on GPUs 4-5 beside it."""
+    pool = Pool(gpus=gpus)
+    restore = {f"t{i}": 1.0 for i in range(n_svc)}
+    trajs = _gpu_trace(seed=3, n_traj=8 if n_act < 10 else 1, n_act=n_act, n_svc=n_svc)
     sim_log: list[tuple[object, ...]] = []
-    pol = make_policy("tangram", pool, gpu_slots=8)
+    pol = make_policy("tangram", pool, gpu_slots=slots)
     pol.report_residency = False
-    simulate(trajs, pol, observers=[_recorder(sim_log)], time_resolution=1e-6, restore_s=restore, gpu_slots=8)
+    simulate(trajs, pol, observers=[_recorder(sim_log)], time_resolution=1e-6, restore_s=restore, gpu_slots=slots)
 
     rt_log: list[tuple[object, ...]] = []
-    cold: dict[int, bool] = {}
-
-    def restores(events, now, decisions):  # type: ignore[no-untyped-def]
-        cold.update((d.action_id, d.restore) for d in decisions if isinstance(d, Grant))
-
+    memory = _Memory(slots)
     loop = asyncio.get_running_loop()
-    async with Tangram(pool, observers=[_recorder(rt_log), restores], batch=False, gpu_slots=8) as tangram:
+    async with Tangram(pool, observers=[_recorder(rt_log)], batch=False, gpu_slots=slots) as tangram:
 
         async def run(tr: Trajectory) -> None:
             for act in tr.acts:
                 await asyncio.sleep(act.think)
                 async with tangram.acquire(act.spec) as lease:
-                    extra = restore[act.spec.service] / len(lease.gpus) if cold[lease.action_id] else 0.0
                     now = loop.time()
+                    cold = memory.cold(str(act.spec.service), lease.gpus, now)
+                    extra = restore[act.spec.service] / len(lease.gpus) if cold else 0.0
                     end = round((now + (act.work * act.spec.relative_duration(lease.units) + extra))
                                 * 1_000_000) / 1_000_000
                     await asyncio.sleep(end - now)
@@ -231,3 +257,6 @@ async def test_runtime_and_simulator_make_identical_gpu_decisions() -> None:
     _same_logs(sim_log, rt_log)
     grants = [d for _e, _t, ds in sim_log for d in ds if isinstance(d, Grant)]
     assert any(g.units > 1 for g in grants) and any(g.restore for g in grants)
+    if gpus == 6:  # the spill ran: TP-4 in the cell, TP-2 beside it
+        assert sum(g.gpus == (0, 1, 2, 3) for g in grants) > 50
+        assert sum(g.gpus == (4, 5) for g in grants) > 50
