@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from tangram_sdk import ActionSpec, Pool, Scheduler
-from tangram_sdk.scheduler.decisions import Grant
+from tangram_sdk.spec import Amdahl, Elasticity
+from tangram_sdk.scheduler.decisions import Grant, Reject
 from tangram_sdk.scheduler.events import Released, ServiceResidency, Submitted
 from tangram_sdk.scheduler.queueing import erlang_c, lq_slope, mmc_lq, mmc_wq
 from tangram_sdk.scheduler.residency import Residency
@@ -238,3 +239,35 @@ def test_one_cell_spills_the_coldest_service_beside_it() -> None:
     assert len(two) == 1 and all(set(g) == {4, 5} for svc, g in late if len(g) == 2)
     assert all(set(g) == {0, 1, 2, 3} for svc, g in late if len(g) == 4)
     assert sum(len(g) == 4 for _s, g in late) > 10 * sum(len(g) == 2 for _s, g in late)
+
+
+def test_a_model_larger_than_a_gpu_is_never_granted_one_gpu() -> None:
+    """``gpu_slots=0.5``: a GPU holds half a model, so a copy needs TP-2 or wider. A fixed 1-GPU
+    service spec can never be served and is refused at once, naming gpu_slots; an elastic one
+    starts at 2 GPUs, never at the 1 its spec allows (the simulator's memory loop crashed on such
+    a grant, and a live manager would fail every restore)."""
+    s = Scheduler(Pool(gpus=4), gpu_slots=0.5)
+    out = s.handle(Submitted(1, ActionSpec(kind="big", gpus=1, service="big")), 0.0)
+    assert len(out) == 1 and isinstance(out[0], Reject) and "gpu_slots" in out[0].reason, out
+    el = ActionSpec(kind="bige", gpus=1, service="bige", elastic=Elasticity("gpu", 4, Amdahl(0.8)))
+    sizes = set()
+    for i in range(2, 40):
+        for d in s.handle(Submitted(i, el), float(i)):
+            assert isinstance(d, Grant), d
+            sizes.add(len(d.gpus))
+            s.handle(Released(d.action_id), float(i) + 0.5)
+    assert sizes and min(sizes) >= 2, sizes
+    # with a copy per GPU (replica) no width fits half a model's room: refused too
+    r = Scheduler(Pool(gpus=4), gpu_slots=0.5, gpu_instances="replica")
+    out = r.handle(Submitted(1, el), 0.0)
+    assert len(out) == 1 and isinstance(out[0], Reject) and "gpu_slots" in out[0].reason, out
+
+
+async def test_tangram_refuses_a_service_copy_larger_than_its_gpus_at_once() -> None:
+    from tangram_sdk import Tangram
+    from tangram_sdk.errors import InfeasibleSpecError
+
+    async with Tangram(Pool(gpus=2), gpu_slots=0.5) as tangram:
+        with pytest.raises(InfeasibleSpecError, match="gpu_slots"):
+            async with tangram.acquire(ActionSpec(kind="big", gpus=1, service="big")):
+                pass

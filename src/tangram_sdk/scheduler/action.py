@@ -93,8 +93,11 @@ def resource_keys(spec: ActionSpec) -> frozenset[str]:
     return frozenset(keys)
 
 
-def shape_of(spec: ActionSpec, pool: Pool, ledger: Ledger, cells: tuple[int, ...]) -> Shape:
-    """What the core derives from ``spec`` once (it memoises the answer per spec)."""
+def shape_of(spec: ActionSpec, pool: Pool, ledger: Ledger, cells: tuple[int, ...],
+             gpu_slots: float | None = None, replica: bool = False) -> Shape:
+    """What the core derives from ``spec`` once (it memoises the answer per spec). ``gpu_slots``
+    (models per GPU; None: not modelled) and ``replica`` (a copy per GPU, not 1/k of one): a
+    service's copy must fit its GPUs, so the smallest grant is the first cell size it fits."""
     el = spec.elastic
     if el is None:
         eres, emin, emax = None, 0, 0
@@ -103,8 +106,32 @@ def shape_of(spec: ActionSpec, pool: Pool, ledger: Ledger, cells: tuple[int, ...
     need = spec.needs
     if spec.memory and "memory" in ledger.counted_free:  # memory= is the built-in counted kind
         need = tuple(sorted((*need, ("memory", spec.memory))))
-    return Shape(feasibility(spec, pool, ledger, cells), resource_keys(spec), spec.cpus, spec.gpus,
-                 eres, emin, emax, spec.speedup(emin) if eres else 1.0, need)
+    reason = feasibility(spec, pool, ledger, cells)
+    gpu_min = spec.gpus
+    if reason is None and spec.service is not None and spec.gpus and gpu_slots is not None:
+        hi = emax if eres == "gpu" else spec.gpus
+        k = copy_min(spec.gpus, hi, cells, gpu_slots, replica)
+        if k is None:
+            per = 1.0 if replica else 1.0 / hi
+            reason = (f"a copy of service {spec.service!r} needs {per:g} of a model's memory on each GPU "
+                      f"at {hi} GPU(s), and a GPU holds {gpu_slots:g} (gpu_slots): "
+                      + ("ask for more GPUs or an elastic GPU width" if not replica else "no width fits"))
+        else:
+            gpu_min = k
+            if eres == "gpu":
+                emin = k
+    return Shape(reason, resource_keys(spec), spec.cpus, gpu_min, eres, emin, emax,
+                 spec.speedup(emin) if eres else 1.0, need)
+
+
+def copy_min(lo: int, hi: int, cells: tuple[int, ...], gpu_slots: float, replica: bool) -> int | None:
+    """The fewest GPUs in ``lo..hi`` (a legal cell size) on which one copy of a service fits, at
+    ``gpu_slots`` models per GPU: a TP-k copy takes 1/k of a model on each GPU, a replica a whole
+    one. A model larger than a GPU (``gpu_slots`` < 1) runs at TP-2 or wider, never on one GPU."""
+    for c in cells:
+        if lo <= c <= hi and (1.0 if replica else 1.0 / c) <= gpu_slots + 1e-9:
+            return c
+    return None
 
 
 def feasibility(spec: ActionSpec, pool: Pool, ledger: Ledger, cells: tuple[int, ...]) -> str | None:

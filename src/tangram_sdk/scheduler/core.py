@@ -278,7 +278,8 @@ class Scheduler:
             pass
         if len(cache) > 4096:
             cache.clear()
-        shape = cache[spec] = shape_of(spec, self.pool, self.ledger, self._cells)
+        shape = cache[spec] = shape_of(spec, self.pool, self.ledger, self._cells, self.gpu_slots,
+                                       self.gpu_instances == "replica")
         return shape
 
     def handle(self, event: Event, now: float) -> list[Decision]:

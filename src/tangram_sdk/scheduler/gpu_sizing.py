@@ -62,7 +62,7 @@ from typing import Any
 from typing import NamedTuple
 
 from ..spec import ActionSpec
-from .action import Action, dur_min, spec_dur_min
+from .action import Action, copy_min, dur_min, spec_dur_min
 from .learn import KindStats
 from .placement import Placement
 from .pricing import PRICE_GRID
@@ -206,6 +206,8 @@ class GpuSizing:
     def _gpu_sizes(self, spec: ActionSpec) -> tuple[int, ...]:
         lo = spec.gpus
         hi = spec.max_units if spec.elastic_resource == "gpu" else lo
+        if spec.service is not None and self.gpu_slots is not None:  # a copy must fit its GPUs
+            lo = copy_min(lo, hi, self._cells, self.gpu_slots, self.gpu_instances == "replica") or lo
         return tuple(c for c in self._cells if lo <= c <= hi) or (lo,)
 
     def initial_gpu_width(self, spec: ActionSpec, services: int = 1) -> int:

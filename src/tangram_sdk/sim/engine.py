@@ -349,6 +349,8 @@ def simulate(
             if all(u + 1.0 / k <= lane.slots + 1e-9 for u in use.values()):
                 break
             victims = [(t, kk) for kk, t in lane.resident.items() if mine & set(kk[1])]
+            if not victims:  # the core refuses such grants (a copy larger than its GPUs' memory)
+                raise ValueError(f"a copy of {svc!r} on GPUs {gpus} does not fit gpu_slots={lane.slots:g}")
             _t, victim = min(victims)
             del lane.resident[victim]
             pending_resid.append((li, ServiceResidency(victim[0], victim[1], False)))
