@@ -3,7 +3,7 @@ every action eventually runs once the running ones finish (FCFS progress)."""
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from tangram_sdk import ActionSpec, Amdahl, Elasticity, Pool, Quota, Scheduler
 from tangram_sdk.scheduler.decisions import Grant, Reject
@@ -156,3 +156,99 @@ def test_round_skipping_changes_no_decision(script):
                 running.append(d.action_id)
             elif isinstance(d, Reject):
                 queued.discard(d.action_id)
+
+
+GPU6 = Pool(gpus=6)  # one TP-4 cell and two GPUs beside it: where a width may spill
+
+
+@st.composite
+def gpu_specs(draw):
+    service = draw(st.sampled_from(["t0", "t1", "t2", "t3", "t4", "t5"]))
+    gpus = draw(st.sampled_from([1, 1, 2, 4]))
+    el = None
+    if draw(st.booleans()):
+        el = Elasticity("gpu", max_units=draw(st.sampled_from([g for g in (1, 2, 4) if g >= gpus])),
+                        efficiency=Amdahl(0.8))
+    return ActionSpec(kind=service + ("e" if el else ""), gpus=gpus, service=service, elastic=el,
+                      duration=draw(st.one_of(st.none(), st.floats(0.05, 3))))
+
+
+class GpuMachine(RuleBasedStateMachine):
+    """GPU services on 6 GPUs at 0.5-2 models a GPU: never over-allocated, aligned cells, a
+    service's copy always fits the GPUs it is granted (1/k of a model each, <= gpu_slots), every
+    action runs once the others finish."""
+
+    def __init__(self):
+        super().__init__()
+        self.s = None
+        self.now = 0.0
+        self.next_id = 1
+        self.queued: set[int] = set()
+        self.running: dict[int, Grant] = {}
+        self.specs: dict[int, ActionSpec] = {}
+
+    @initialize(slots=st.sampled_from([0.5, 1.0, 2.0]))
+    def pool(self, slots):
+        self.slots = slots
+        self.s = Scheduler(GPU6, gpu_slots=slots)
+
+    def _take(self, decisions):
+        for d in decisions:
+            if isinstance(d, Grant):
+                assert d.action_id in self.queued
+                self.queued.discard(d.action_id)
+                self.running[d.action_id] = d
+                k = len(d.gpus)
+                assert k >= self.specs[d.action_id].gpus and d.gpus[0] % k == 0, d
+                assert 1.0 / k <= self.slots + 1e-9, f"a copy of a model does not fit {k} GPU(s): {d}"
+            elif isinstance(d, Reject):
+                assert "gpu_slots" in d.reason and self.specs[d.action_id].gpus < 2, d
+                self.queued.discard(d.action_id)
+
+    @rule(spec=gpu_specs(), dt=st.floats(0, 5))
+    def submit(self, spec, dt):
+        self.now += dt
+        aid = self.next_id
+        self.next_id += 1
+        self.specs[aid] = spec
+        self.queued.add(aid)
+        self._take(self.s.handle(Submitted(aid, spec), self.now))
+
+    @precondition(lambda self: self.running)
+    @rule(data=st.data(), dt=st.floats(0, 5))
+    def release(self, data, dt):
+        self.now += dt
+        aid = data.draw(st.sampled_from(sorted(self.running)))
+        del self.running[aid]
+        self._take(self.s.handle(Released(aid), self.now))
+
+    @rule(dt=st.floats(0, 5))
+    def tick(self, dt):
+        self.now += dt
+        self._take(self.s.handle(Tick(), self.now))
+
+    @invariant()
+    def ledger_consistent(self):
+        if self.s is not None:
+            self.s.check_invariants()
+            assert self.s.queued == len(self.queued) and self.s.running == len(self.running)
+
+    def teardown(self):
+        if self.s is None:
+            return
+        for _ in range(10_000):
+            if not self.queued and not self.running:
+                break
+            self.now += 1.0
+            if self.running:
+                aid = min(self.running)
+                del self.running[aid]
+                self._take(self.s.handle(Released(aid), self.now))
+            else:
+                self._take(self.s.handle(Tick(), self.now))
+        assert not self.queued, f"actions never ran: {sorted(self.queued)}"
+        assert self.s.ledger.free_gpus == 6
+
+
+TestGpuMachine = GpuMachine.TestCase
+TestGpuMachine.settings = settings(max_examples=150, stateful_step_count=60, deadline=None, report_multiple_bugs=False)

@@ -278,7 +278,7 @@ class GpuSizing:
                 active = max(active, len(self._resident.by_service))
             fit = [m for m in widths if self._copies_fit(m, G) >= active]
             # ... or, with one cell, if the GPUs left beside it hold the rest at a narrower width
-            self._gpu_spill_plan = plans = self._spill_plans(widths, fit, svcs, active, G, fast)
+            self._gpu_spill_plan = plans = self._spill_plans(widths, fit, svcs, active, G, kinds, fast)
             fit = sorted(set(fit) | set(plans))
             if not fit:  # no width holds them all (thrash at any width): the widths keeping the
                 # most copies, where the model's faster restores and calls decide (6 GPUs holding
@@ -405,7 +405,7 @@ class GpuSizing:
         return out
 
     def _spill_plans(self, widths: list[int], fit: list[int], svcs: dict[str, _Svc], active: int,
-                     G: int, fast: list[Any]) -> dict[int, tuple[int, frozenset[str]]]:
+                     G: int, kinds: list[Any], fast: list[Any]) -> dict[int, tuple[int, frozenset[str]]]:
         """Width -> (narrower width, the services spilled to it) for each width of one aligned cell
         that cannot hold a copy of every service called now, where the GPUs beside that cell can
         hold the rest at the narrower width. 9 teachers on 6 GPUs: the one TP-4 cell holds 8
@@ -423,8 +423,18 @@ class GpuSizing:
           the peak and narrowed urgently: 1.034x fifo2.
         * The coldest by calls ever (a rank that noise does not flip) are spilled, and the set is
           sticky. A 30 s rate reshuffled the four coldest teachers and restored them ~30 times
-          each."""
+          each.
+        * Only services whose every kind is elastic down to the narrower width: a kind whose
+          smallest size exceeds the GPUs beside the cell would wait there for ever (the
+          property test ``tests/test_scheduler_props.py::GpuMachine`` found one)."""
         out: dict[int, tuple[int, frozenset[str]]] = {}
+        # a service may spill only if every kind of it can run elastic on few GPUs (a kind whose
+        # smallest size exceeds the GPUs beside the cell would wait there for ever)
+        low: dict[str, int] = {}
+        for _lam, spec, ts, _info in kinds:
+            if spec.service is not None:
+                lo = min(ts) if spec.elastic_resource == "gpu" else 1 << 30
+                low[spec.service] = max(low.get(spec.service, 0), lo)
         ranked = sorted((info.calls, name) for name, info in svcs.items()
                         if info.lam > 0 and info.spec.elastic_resource == "gpu")
         for m in widths:
@@ -438,12 +448,16 @@ class GpuSizing:
                      default=0)
             if not m2:
                 continue
-            cold = [name for _c, name in ranked[:n_spill]]
+            able = [(c, name) for c, name in ranked if low.get(name, 1 << 30) <= m2]
+            if n_spill > len(able):
+                continue
+            cold = [name for _c, name in able[:n_spill]]
             prev = self._gpu_spill_plan.get(m)
             if prev is not None and len(prev[1]) == n_spill and all(
                     n in svcs and svcs[n].lam > 0 for n in prev[1]):
-                kept = [svcs[name].calls for _c, name in ranked if name not in prev[1]]
-                if not kept or max(svcs[n].calls for n in prev[1]) <= _SPILL_SWAP * min(kept):
+                kept = [svcs[name].calls for _c, name in able if name not in prev[1]]
+                if all(n in low and low[n] <= m2 for n in prev[1]) and (
+                        not kept or max(svcs[n].calls for n in prev[1]) <= _SPILL_SWAP * min(kept)):
                     cold = sorted(prev[1])
             gate = _SPILL_P_KEEP if m == self._gpu_regime and self._gpu_spill is not None else _SPILL_P_WAIT
             if self._regime_predict([k for k in fast if k[1].service not in cold], m, m, 1.0)[2] > gate:
