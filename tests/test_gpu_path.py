@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -220,7 +221,14 @@ def test_host_memory_is_returned_when_the_manager_is_dropped() -> None:
         await mgr.aclose()
 
     anyio.run(run)
-    gc.collect()
+    # restores ran in anyio worker threads; one that has not yet dropped its last job's frame
+    # still holds the buffer for a moment after the loop closes (seen once in a full CI run)
+    end = time.monotonic() + 5.0
+    while True:
+        gc.collect()
+        if ts.host_memory() == before or time.monotonic() > end:
+            break
+        time.sleep(0.05)
     assert ts.host_memory() == before
 
 
