@@ -32,6 +32,22 @@ def specs(draw):
                       priority=draw(st.sampled_from([0, 0, 0, 1])), service=service)
 
 
+def _drain(m) -> None:
+    """Finish what runs, one action a second (ticking while only tokens are awaited): that must
+    run every waiter."""
+    for _ in range(10_000):
+        if not m.queued and not m.running:
+            break
+        m.now += 1.0
+        if m.running:
+            aid = min(m.running)
+            del m.running[aid]
+            m._take(m.s.handle(Released(aid), m.now))
+        else:
+            m._take(m.s.handle(Tick(), m.now))
+    assert not m.queued, f"actions never ran: {sorted(m.queued)}"
+
+
 class CoreMachine(RuleBasedStateMachine):
     def __init__(self):
         super().__init__()
@@ -105,18 +121,7 @@ class CoreMachine(RuleBasedStateMachine):
         assert self.s.running == len(self.running)
 
     def teardown(self):
-        # drain: finishing everything that runs (and waiting for tokens) must run every waiter
-        for _ in range(10_000):
-            if not self.queued and not self.running:
-                break
-            self.now += 1.0
-            if self.running:
-                aid = min(self.running)
-                del self.running[aid]
-                self._take(self.s.handle(Released(aid), self.now))
-            else:
-                self._take(self.s.handle(Tick(), self.now))
-        assert not self.queued, f"actions never ran: {sorted(self.queued)}"
+        _drain(self)
         self.s.check_invariants()
         assert self.s.ledger.free_cpus == 8 and self.s.ledger.free_gpus == 4
 
@@ -236,17 +241,7 @@ class GpuMachine(RuleBasedStateMachine):
     def teardown(self):
         if self.s is None:
             return
-        for _ in range(10_000):
-            if not self.queued and not self.running:
-                break
-            self.now += 1.0
-            if self.running:
-                aid = min(self.running)
-                del self.running[aid]
-                self._take(self.s.handle(Released(aid), self.now))
-            else:
-                self._take(self.s.handle(Tick(), self.now))
-        assert not self.queued, f"actions never ran: {sorted(self.queued)}"
+        _drain(self)
         assert self.s.ledger.free_gpus == 6
 
 

@@ -428,21 +428,18 @@ class GpuSizing:
           smallest size exceeds the GPUs beside the cell would wait there for ever (the
           property test ``tests/test_scheduler_props.py::GpuMachine`` found one)."""
         out: dict[int, tuple[int, frozenset[str]]] = {}
-        # a service may spill only if every kind of it can run elastic on few GPUs (a kind whose
-        # smallest size exceeds the GPUs beside the cell would wait there for ever)
-        low: dict[str, int] = {}
+        low: dict[str, int] = {}  # service -> the smallest size all its kinds can run at
         for _lam, spec, ts, _info in kinds:
             if spec.service is not None:
                 lo = min(ts) if spec.elastic_resource == "gpu" else 1 << 30
                 low[spec.service] = max(low.get(spec.service, 0), lo)
-        ranked = sorted((info.calls, name) for name, info in svcs.items()
-                        if info.lam > 0 and info.spec.elastic_resource == "gpu")
+        ranked = sorted((info.calls, name) for name, info in svcs.items() if info.lam > 0)
         for m in widths:
             left = G - m
             if m in fit or G // m != 1 or left <= 0:
                 continue
             n_spill = active - int(self._copies_fit(m, G) + 1e-9)
-            if n_spill <= 0 or n_spill > len(ranked):
+            if n_spill <= 0:
                 continue
             m2 = max((x for x in widths if x < m and x <= left and self._copies_fit(x, left) >= n_spill),
                      default=0)
