@@ -32,6 +32,16 @@ def specs(draw):
                       priority=draw(st.sampled_from([0, 0, 0, 1])), service=service)
 
 
+def _submit(m, spec, dt) -> None:
+    """Submit ``spec`` ``dt`` seconds on, as a waiter the machine tracks."""
+    m.now += dt
+    aid = m.next_id
+    m.next_id += 1
+    m.specs[aid] = spec
+    m.queued.add(aid)
+    m._take(m.s.handle(Submitted(aid, spec), m.now))
+
+
 def _drain(m) -> None:
     """Finish what runs, one action a second (ticking while only tokens are awaited): that must
     run every waiter."""
@@ -82,12 +92,7 @@ class CoreMachine(RuleBasedStateMachine):
 
     @rule(spec=specs(), dt=st.floats(0, 0.5))
     def submit(self, spec, dt):
-        self.now += dt
-        aid = self.next_id
-        self.next_id += 1
-        self.specs[aid] = spec
-        self.queued.add(aid)
-        self._take(self.s.handle(Submitted(aid, spec), self.now))
+        _submit(self, spec, dt)
 
     @precondition(lambda self: self.running)
     @rule(data=st.data(), dt=st.floats(0, 0.5), failed=st.booleans())
@@ -212,12 +217,7 @@ class GpuMachine(RuleBasedStateMachine):
 
     @rule(spec=gpu_specs(), dt=st.floats(0, 5))
     def submit(self, spec, dt):
-        self.now += dt
-        aid = self.next_id
-        self.next_id += 1
-        self.specs[aid] = spec
-        self.queued.add(aid)
-        self._take(self.s.handle(Submitted(aid, spec), self.now))
+        _submit(self, spec, dt)
 
     @precondition(lambda self: self.running)
     @rule(data=st.data(), dt=st.floats(0, 5))
