@@ -9,7 +9,8 @@ Record them before a refactor, compare after::
     python benchmarks/decision_hash.py --check /tmp/before.json     # exit 1 on any difference
 
 The workloads cover every decision path: priced CPU sizing with start-or-wait on NUMA nodes, the
-GPU planner with restores and residency, quotas with rate limits, and trace replay.
+GPU planner with restores and residency, its width switches (urgent narrowings, measured waits, a
+spill beside one cell), and quotas with rate limits.
 """
 
 from __future__ import annotations
@@ -37,6 +38,11 @@ def _workloads() -> dict[str, Callable[[], Workload]]:
         "ai-coding malleable": lambda: ai_coding(160, nodes=1, cores=128, seed=7, test_max_cpus=32,
                                                  test_malleable=True),
         "mopd estimate planner": lambda: mopd(96, gpus=8, seed=8),
+        # the GPU width rules: a spill beside one TP-4 cell; urgent narrowings, a false alarm
+        # and measured waits (the judge burst); the heavy step's peak (urgent, calibration)
+        "mopd spill 6 gpus": lambda: mopd(256, gpus=6, seed=9),
+        "deepsearch judge burst": lambda: deepsearch(2048, seed=0),
+        "mopd heavy 8 gpus": lambda: mopd(4096, gpus=8, seed=0),
     }
 
 
