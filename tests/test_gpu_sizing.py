@@ -1,6 +1,7 @@
-"""GPU sizing and placement (scheduler/gpu_sizing.py, queueing.py, residency.py): the queueing
-formulas, restores priced as investments, one width per regime chosen by load, and the two memory
-models (tensor-parallel instances vs the torch manager's per-GPU replicas)."""
+"""GPU sizing and placement (scheduler/gpu_regime.py, gpu_copies.py, gpu_sizing.py, queueing.py,
+residency.py): the queueing formulas, restores priced as investments, one width per regime chosen
+by load, and the two memory models (tensor-parallel instances vs the torch manager's per-GPU
+replicas)."""
 
 from __future__ import annotations
 
@@ -186,25 +187,25 @@ def test_an_urgent_narrowing_the_smoothed_rates_undo_raises_the_bar_for_the_next
     overloaded, the core narrows to TP-2 at once, and the smoothed rates take it back to TP-4 a
     minute later, each way restoring the teachers. Counting each undone narrowing as a false alarm
     (the next needs a higher chance to wait) leaves fewer round trips and a lower mean ACT."""
-    import tangram_sdk.scheduler.gpu_sizing as gs
+    import tangram_sdk.scheduler.gpu_regime as gr
 
-    market = gs.GpuSizing._gpu_market
+    market = gr.GpuRegime.market
 
     def run() -> tuple[int, float]:
         widths: list[int] = []
 
-        def watched(self: gs.GpuSizing, now: float) -> Any:
+        def watched(self: gr.GpuRegime, now: float) -> Any:
             out = market(self, now)
-            if not widths or widths[-1] != self._gpu_regime:
-                widths.append(self._gpu_regime)
+            if not widths or widths[-1] != self.width:
+                widths.append(self.width)
             return out
 
-        monkeypatch.setattr(gs.GpuSizing, "_gpu_market", watched)
+        monkeypatch.setattr(gr.GpuRegime, "market", watched)
         act = summarise(run_policy(mopd(3072, gpus=10, seed=0), "tangram"))["act_mean_s"]
         return sum(1 for a, b in zip(widths, widths[1:]) if a == 4 and b == 2), act
 
     n_new, act_new = run()
-    monkeypatch.setattr(gs, "_FALSE_ALARM", 1.0)  # every alarm believed alike
+    monkeypatch.setattr(gr, "_FALSE_ALARM", 1.0)  # every alarm believed alike
     n_old, act_old = run()
     assert n_old >= 3 and n_new < n_old, (n_old, n_new)
     assert act_new < act_old, (act_new, act_old)

@@ -1,0 +1,479 @@
+"""The GPU width market: which width (TP-1/2/4...) every elastic GPU kind runs at now.
+
+Every kind runs at one width at a time, the same for all its calls: the width a fixed TP-m FIFO
+would use, chosen per pool by load. Each candidate width is scored by an M/G/c model of the pool in
+cells of that width (Allen-Cunneen, with the learned spread of call durations) at the call rates
+learned per kind (smoothed over ~30 s); the cheapest predicted mean ACT wins, among widths whose
+calls would wait less than half the time (Erlang C <= 0.55: with few wide cells the pooled model
+misses residency and fragmentation, and a wrong guess there queues without bound), and at which
+every service called now keeps a resident copy (``G // m`` aligned cells of ``gpu_slots x m`` TP-m
+copies: the model sees no residency, and 9 teachers on 5 GPUs at TP-2 thrashed a restore per call
+of the ninth), or, for a width of one aligned cell, at which the GPUs beside that cell hold the
+coldest services at a narrower width (a *spill*: 9 teachers on 6 GPUs run 8 at TP-4 in the one
+cell and the ninth at TP-2 on GPUs 4-5; each service then keeps its one width and region). The
+first width, before any load is measured, is the widest leaving two cells that holds the services
+already resident.
+
+A new width must predict 3 % better, also at the latest rates, the last switch be
+``gpu_regime_window`` seconds old, and the saving over ``restore_horizon`` pay for restoring the
+copies at the new width (their restore latency, plus the GPU-seconds they hold at twice the pool's
+price of a GPU-second); a wider width must also win with each width's waits as *measured* in its
+earlier stints (the calls' real queue waits against the model's, per width: the pooled model
+misses the residency of few wide cells). Narrowing when the width in force waits too often at the
+latest rates is urgent (an overload queues within seconds) and goes to the narrower width those
+rates score best, and each urgent narrowing that the smoothed rates undo raises the bar for the
+next one from that width. For 60 s after a planned switch the old width's copies still serve
+while the new ones restore.
+
+Mixed widths at the same time were tried and lost: a TP-2 call in a 4-GPU cell keeps a TP-4 call
+out of it (buddy fragmentation), and copies of every width split memory.
+
+Sans-IO and deterministic like the rest of the core: :class:`.GpuSizing` asks :meth:`GpuRegime.market`
+at most once a ``_MARKET_DT``, and reads the width, the preferred size per spec, the transition and
+the spill plan from it when it places a call.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from ..spec import ActionSpec
+from .action import Action, copy_min, spec_dur_min
+from .learn import KindStats
+from .placement import Placement
+from .pricing import PRICE_GRID
+from .queueing import erlang_c, lq_slope, mmc_wq
+from .residency import Residency
+
+__all__ = ["GpuRegime", "Service"]
+
+_MARKET_DT = 1.0  # seconds between market updates (rates are smooth; pricing every event costs)
+_RATE_WINDOW = 30.0  # seconds over which call rates and the GPU queue are smoothed
+_SWITCH = 0.03  # a width must score this much lower mean ACT to replace the one in force
+_P_WAIT = 0.55  # never grow into a width whose calls would wait this often (Erlang C)
+_TRANSITION = 60.0  # seconds after a switch during which the old width's copies still serve
+_TRANSITION_URGENT = 0.0  # ... after an urgent narrowing: none (saturated old cells never free a
+                          # GPU for the new width's copies; deepsearch's judge queued 5.9 s so)
+_P_URGENT = 0.15  # the width in force waits this much more often than that: narrow at once
+_START_CELLS = 2  # the first width: the widest that still leaves this many cells in the pool
+_MU_MAX = PRICE_GRID[-2]  # the largest finite price (an overloaded pool still restores cold services)
+_SWITCH_MU = 2.0  # a switch's restores cost their GPU-seconds at this many times the price mu_work
+                  # (the cells they stop, the mixed widths meanwhile, and the likely way back;
+                  # 2-5 decide alike in the heavy MOPD cells, 1 does not)
+_FALSE_ALARM = 2.0  # each urgent narrowing the smoothed rates undid multiplies _P_URGENT by this
+_P_URGENT_MAX = 0.95  # ... up to this chance to wait: an overload at the latest rates still narrows
+_CAL_SETTLE = 10.0  # calls submitted this soon after a switch (after its transition) wait for its restores
+_CAL_DECAY = 0.998  # per observed call: measured waits are remembered over ~500 calls
+_CAL_PRIOR = 20.0  # calls' worth of execution seconds on both sides: few samples keep the model
+_SPILL_P_WAIT = 0.3  # a spilling width's one cell must wait less often than this (latest rates)
+_SPILL_P_KEEP = 0.45  # ... once in force, until it waits this often
+_SPILL_SWAP = 1.5  # a service spilled swaps with one kept only when this many times busier
+
+
+class Service:
+    """One GPU service as the market sees it: learned call rate, duration model, the instance
+    size the price prefers for it, and how many such copies it should keep (``target``)."""
+
+    __slots__ = ("lam", "spec", "d0", "stats", "load", "pref", "target", "calls")
+
+    def __init__(self, lam: float, spec: ActionSpec, d0: float, stats: Any) -> None:
+        self.lam = lam
+        self.spec = spec
+        self.d0 = d0
+        self.stats = stats
+        self.load = 0.0  # GPU-seconds per second at the market's sizes
+        self.pref = spec.gpus
+        self.target = 0
+        self.calls = 0  # arrivals ever, over its kinds: a popularity rank that noise does not flip
+
+    def t(self, k: int) -> float:
+        spec = self.spec
+        if spec.elastic_resource != "gpu":
+            return self.d0
+        return self.d0 * float(self.stats.rel(spec, k))
+
+class GpuRegime:
+    """The width in force and everything that decides it: learned call rates per kind, the
+    scores of each width, the measured waits per width, false alarms, and the spill plan.
+
+    Read by the placement (:class:`.GpuSizing`): ``width``, ``pref`` (the size each spec takes now)
+    and, during a switch's ``transition``, ``prev_pref``; ``spill`` and ``spill_mask`` (which
+    services run beside the one cell, and on which GPUs); ``cv_f`` (the Allen-Cunneen factor)."""
+
+    __slots__ = ("_kinds", "_resident", "_gpu_holder", "_cells", "_place", "gpu_slots", "default_duration",
+                 "restore_horizon", "gpu_instances", "regime_window", "_mkt", "_rates", "width",
+                 "switched_at", "transition", "cv_f", "pref", "prev_pref", "_false_alarms",
+                 "_left_urgently", "_wq_obs", "_wq_f", "_pred_wq", "_drained_at", "_spill_plan", "spill",
+                 "spill_mask")
+
+    @staticmethod
+    def check_options(restore_horizon: float, gpu_instances: str, regime_window: float) -> None:
+        if gpu_instances not in ("tp", "replica"):
+            raise ValueError(f"gpu_instances must be 'tp' or 'replica', got {gpu_instances!r}")
+        if not (restore_horizon >= 0 and regime_window >= 0):
+            raise ValueError("restore_horizon and gpu_regime_window must be >= 0")
+
+    def __init__(self, kinds: dict[str, KindStats], resident: Residency, gpu_holder: list[Action | None],
+                 cells: tuple[int, ...], place: Placement, *, gpu_slots: float | None, default_duration: float,
+                 restore_horizon: float, gpu_instances: str, regime_window: float) -> None:
+        self.check_options(restore_horizon, gpu_instances, regime_window)
+        self._kinds = kinds
+        self._resident = resident
+        self._gpu_holder = gpu_holder
+        self._cells = cells
+        self._place = place
+        self.gpu_slots = gpu_slots
+        self.default_duration = default_duration
+        self.restore_horizon = restore_horizon
+        self.gpu_instances = gpu_instances
+        self.regime_window = regime_window
+        self._mkt: Any = None
+        self._wq_obs: dict[int, tuple[float, float]] = {}  # width -> decayed (measured, predicted) waits
+        self._wq_f: dict[int, float] = {}  # width -> measured / predicted wait, with the prior
+        self._pred_wq = 0.0  # the model's wait at the width in force, at the last market
+        self._drained_at = -math.inf  # when the last call queued before the last switch was granted
+        self._false_alarms: dict[int, int] = {}
+        self._left_urgently = 0
+        self._rates: dict[str, Any] = {}
+        self.width = 1 << 30  # chosen at the first look (initial_gpu_width)
+        self.switched_at = -math.inf
+        self.transition = _TRANSITION
+        self.cv_f = 1.0
+        self.pref: dict[ActionSpec, int] = {}
+        self.prev_pref: dict[ActionSpec, int] = {}
+        # width -> (narrower width, services served at it on the GPUs no aligned cell of the width
+        # covers): a width whose cells cannot hold every service called now spills the coldest
+        self._spill_plan: dict[int, tuple[int, frozenset[str]]] = {}
+        self.spill: tuple[int, frozenset[str]] | None = None  # the plan of the width in force
+        self.spill_mask = 0  # ... its GPUs
+
+    @property
+    def last(self) -> tuple[float, dict[str, Service], float, float]:
+        """The market in force: what the last :meth:`market` that recomputed returned."""
+        return self._mkt[2]  # type: ignore[no-any-return]
+
+    # -- sizes ----------------------------------------------------------------------------------
+    def sizes(self, spec: ActionSpec) -> tuple[int, ...]:
+        lo = spec.gpus
+        hi = spec.max_units if spec.elastic_resource == "gpu" else lo
+        if spec.service is not None and self.gpu_slots is not None:  # a copy must fit its GPUs
+            lo = copy_min(lo, hi, self._cells, self.gpu_slots, self.gpu_instances == "replica") or lo
+        return tuple(c for c in self._cells if lo <= c <= hi) or (lo,)
+
+    def initial_width(self, spec: ActionSpec, services: int = 1) -> int:
+        """The width the core grants ``spec`` before it has measured any load: the widest legal
+        one leaving ``_START_CELLS`` cells in the pool at which ``services`` copies stay resident
+        (a warm start restores copies at it)."""
+        sizes = self.sizes(spec)
+        if spec.elastic_resource != "gpu":
+            return spec.gpus
+        G = max(1, len(self._gpu_holder))
+        unbounded = self.gpu_slots is None  # no memory model: every width holds every copy
+        return max((m for m in sizes if G // m >= _START_CELLS and (
+            unbounded or self.copies_fit(m, G) >= services)), default=sizes[0])
+
+    # -- the market ---------------------------------------------------------------------------
+    def market(self, now: float) -> tuple[float, dict[str, Service], float, float] | None:
+        """``(mu, services, pool load, mu_work)`` when recomputed, which happens every
+        ``_MARKET_DT`` seconds or when a new kind appears (rates are smooth; a market per event
+        would dominate the round); None while the last one still holds (:attr:`last`)."""
+        memo = self._mkt
+        if memo is not None and now - memo[0] < _MARKET_DT and now >= memo[0] and memo[1] == len(self._kinds):
+            return None
+        G = max(1, len(self._gpu_holder))
+        kinds = []  # (rate, spec, {size: seconds}, service info)
+        fast = []  # the same at the latest rates: a load rising is believed at once
+        svcs: dict[str, Service] = {}
+        rates = self._rates
+        for name, st in self._kinds.items():
+            spec = st.spec
+            if spec is None or not spec.gpus:
+                continue
+            # arrivals per second smoothed over ~_RATE_WINDOW s: a 32-arrival window swings by
+            # a factor of two, and copies and sizes must not follow that
+            r = rates.get(name)
+            if r is None or r[3] is not st:
+                lam = st.window_rate(now)
+            else:
+                t0, n0, lam0, _st = r
+                dt = now - t0
+                lam = lam0 if dt <= 0 else lam0 + (1.0 - math.exp(-dt / _RATE_WINDOW)) * (
+                    (st.arrivals - n0) / dt - lam0)
+            rates[name] = (now, st.arrivals, lam, st)
+            d0 = spec_dur_min(spec, st, self.default_duration)
+            svc = spec.service
+            info = None
+            if svc is not None:
+                info = svcs.get(svc)
+                if info is None:
+                    info = svcs[svc] = Service(lam, spec, d0, st)
+                else:
+                    if lam > info.lam:  # the busiest kind speaks for the service's durations
+                        info.spec, info.d0, info.stats = spec, d0, st
+                    info.lam += lam
+                info.calls += st.arrivals
+            sizes = self.sizes(spec)
+            ts = {m: d0 * (st.rel(spec, m) if spec.elastic_resource == "gpu" else 1.0) for m in sizes}
+            kinds.append((lam, spec, ts, info))
+            fast.append((max(lam, st.window_rate(now)), spec, ts, info))
+        m_cur = self.width
+        widths = sorted({m for _l, _s, ts, _i in kinds for m in ts}) or [1]
+        # a width is a candidate only if every service called now keeps a resident copy at it
+        # (the queueing model below sees no residency): without this 5 GPUs and 9 teachers went
+        # TP-2, where 8 copies fit, and the ninth restored on every call (2.2 s mean ACT vs TP-1's
+        # 0.63). A width of one cell may instead spill the coldest services onto the GPUs beside
+        # it (:meth:`_spill_plans`: 6 GPUs at batch 512, where fifo4's thrash beat TP-2 by 6 %)
+        if self.gpu_slots is not None:
+            active = sum(1 for info in svcs.values() if info.lam > 0)
+            if m_cur == 1 << 30:  # the first look: the services already resident count too
+                active = max(active, len(self._resident.by_service))
+            fit = [m for m in widths if self.copies_fit(m, G) >= active]
+            # ... or, with one cell, if the GPUs left beside it hold the rest at a narrower width
+            self._spill_plan = plans = self._spill_plans(widths, fit, svcs, active, G, kinds, fast)
+            fit = sorted(set(fit) | set(plans))
+            if not fit:  # no width holds them all (thrash at any width): the widths keeping the
+                # most copies, where the model's faster restores and calls decide (6 GPUs holding
+                # one model each for 9 teachers: TP-2 keeps as many copies as TP-1, restores in R/2)
+                most = max(self.copies_fit(m, G) for m in widths)
+                fit = [m for m in widths if self.copies_fit(m, G) >= most]
+            widths = fit
+        # Allen-Cunneen: an M/G/c waits (1 + CV^2)/2 times an M/M/c; the spread of call durations
+        # is learned (log-normal residual variance per kind)
+        lam_sum = sum(k[0] for k in kinds)
+        cv_f = 1.0
+        if lam_sum > 0:
+            cv2 = sum(k[0] * (math.exp(min(k[1] is not None and self._kinds[k[1].kind].log_var or 0.0, 4.0)) - 1.0)
+                      for k in kinds) / lam_sum
+            cv_f = (1.0 + cv2) / 2.0
+        self.cv_f = cv_f
+        # candidates: one width for every kind (as a TP-m FIFO would run it), scored by the
+        # model's mean ACT; a width whose calls would wait more often than _P_WAIT is not grown
+        # into (the pooled model misses the residency and cell fragmentation of few wide cells,
+        # and there a wrong guess queues without bound: 8 GPUs at TP-4 measured 13-30x its wait)
+        scores = {}
+        for m in widths:
+            ex, wq, pw = self._predict(kinds, m, G, cv_f)
+            scores[m] = (ex + wq, pw)
+        if m_cur == 1 << 30:  # the first look: the widest width leaving _START_CELLS cells
+            two = [m for m in widths if G // m >= _START_CELLS]
+            m_cur = self.width = max(two) if two else widths[0]
+            self.switched_at = now
+        cur = scores.get(m_cur)
+        ok = [m for m in widths if scores[m][1] <= _P_WAIT or m == widths[0]]
+        best_m = min(ok, key=lambda m: (scores[m][0], -m))
+        pick = m_cur
+        urgent = False
+        if cur is not None and m_cur > widths[0]:
+            pw_fast = self._predict(fast, m_cur, G, cv_f)[2]
+        if cur is None or (m_cur > widths[0] and max(cur[1], pw_fast) > min(_P_URGENT_MAX, _P_WAIT + _P_URGENT * (
+                _FALSE_ALARM ** self._false_alarms.get(m_cur, 0)))):
+            # narrowing is urgent (an overload queues in seconds), judged at the latest rates
+            nar = [m for m in widths if m < m_cur and (m == widths[0] or self._predict(
+                fast, m, G, cv_f)[2] <= _P_WAIT)]
+            # to the narrower width the latest rates score best (not merely the next one down:
+            # a second urgent step would restore every copy twice)
+            pick = best_m if cur is None else min(nar, default=widths[0], key=lambda m: (
+                sum(self._predict(fast, m, G, cv_f)[:2]), -m))
+            urgent = cur is not None
+        elif (best_m != m_cur and now - self.switched_at >= self.regime_window
+              and scores[best_m][0] < cur[0] * (1.0 - _SWITCH)):
+            # at the latest rates too (a rising load must not be met by growing wider)
+            ex_f, wq_f, pw_f = self._predict(fast, best_m, G, cv_f)
+            if best_m > m_cur and self._wq_f:
+                # growing must also win with each width's waits as measured in its past stints
+                # (the pooled model misses the residency of few wide cells: 2 TP-4 cells of 8
+                # GPUs waited ~3x its prediction at batch 4096, TP-2 ~2x; growing on the model
+                # alone traded TP-2 and TP-4 every minute there, 1.15x fifo2's mean ACT)
+                f = self._wq_f
+                eb, wb, _p = self._predict(kinds, best_m, G, cv_f)
+                ec, wc, _p = self._predict(kinds, m_cur, G, cv_f)
+                if eb + wb * f.get(best_m, 1.0) >= (ec + wc * f.get(m_cur, 1.0)) * (1.0 - _SWITCH):
+                    pw_f = math.inf  # not grown into
+            if best_m < m_cur or (pw_f <= _P_WAIT and ex_f + wq_f < sum(
+                    self._predict(fast, m_cur, G, cv_f)[:2]) * (1.0 - _SWITCH)):
+                pick = best_m
+        if pick != m_cur and cur is not None and not urgent:
+            # a switch restores copies at the new width (the calls that meet them cold wait for
+            # them): worth it only if the predicted saving over restore_horizon pays for that
+            fast_new = sum(self._predict(fast, pick, G, cv_f)[:2])
+            fast_cur = sum(self._predict(fast, m_cur, G, cv_f)[:2])
+            gain = (min(cur[0], fast_cur) if math.isfinite(fast_cur) else fast_cur) - min(scores[pick][0], fast_new)
+            cost = 0.0
+            mu_prev = memo[2][3] if memo is not None else 0.0  # the price at the width in force
+            for name, info in svcs.items():
+                if info.lam > 0:
+                    n = max(1, len(self._resident.warm_cells(name, info.pref)))
+                    r_s = self._place.restore_cost(name)
+                    cost += n * (self.restore_lat(r_s, pick) + _SWITCH_MU * mu_prev * self.restore_gpu_s(r_s, pick))
+            if math.isfinite(gain) and gain * lam_sum * max(self.restore_horizon, self.regime_window, 1.0) < cost:
+                pick = m_cur
+        if pick != m_cur:
+            if (not urgent and pick > m_cur and self._left_urgently == pick
+                    and now - self.switched_at <= 2.0 * max(self.regime_window, 1.0)):
+                # back to a width left urgently, at the smoothed rates: the alarm was false, and
+                # the next one from this width needs a higher chance to wait (10 GPUs at batch
+                # 3072 left TP-4 three times for 60-180 s, restoring every teacher each way)
+                self._false_alarms[pick] = self._false_alarms.get(pick, 0) + 1
+            self._left_urgently = m_cur if urgent else 0
+            self.switched_at = now
+            self.transition = _TRANSITION_URGENT if urgent else _TRANSITION
+            self.width = pick
+            self.prev_pref = dict(self.pref)
+        if not math.isfinite(self.switched_at):
+            self.switched_at = now
+        self._pred_wq = self._predict(kinds, pick, G, cv_f)[1]
+        for mm, (o, p) in self._wq_obs.items():
+            prior = _CAL_PRIOR * (self._predict(kinds, mm, G, cv_f)[0] or 1.0)
+            self._wq_f[mm] = (o + prior) / (p + prior)
+        total = W = 0.0
+        pref: dict[ActionSpec, int] = {}
+        plan = self.spill = self._spill_plan.get(pick)
+        self.spill_mask = 0 if plan is None else ((1 << G) - 1) & ~((1 << pick) - 1)  # beside the cell
+        for lam, spec, ts, info in kinds:
+            top = plan[0] if plan is not None and spec.service in plan[1] else pick
+            m = max((x for x in ts if x <= top), default=min(ts))
+            pref[spec] = m
+            x = lam * m * ts[m]
+            total += x
+            W += lam * ts[m]
+            if info is not None:
+                info.load += x
+                if info.spec is spec:
+                    info.pref = m
+        # what a GPU-second of restoring costs the others: the slope of the model's queue
+        if total > 0:
+            mbar = total / W
+            mu_work = min(_MU_MAX, lq_slope(max(1, int(G / mbar)), total / mbar) / mbar)
+        else:
+            mu_work = 0.0
+        mu = 0.0  # one width per kind: execution is not traded against GPU-seconds here
+        out = (mu, svcs, total, mu_work)
+        self._mkt = (now, len(self._kinds), out)
+        self.pref = pref
+        return out
+
+    def _spill_plans(self, widths: list[int], fit: list[int], svcs: dict[str, Service], active: int,
+                     G: int, kinds: list[Any], fast: list[Any]) -> dict[int, tuple[int, frozenset[str]]]:
+        """Width -> (narrower width, the services spilled to it) for each width of one aligned cell
+        that cannot hold a copy of every service called now, where the GPUs beside that cell can
+        hold the rest at the narrower width. 9 teachers on 6 GPUs: the one TP-4 cell holds 8
+        copies; fifo4 thrashes the ninth through it (a restore every ~18 calls) and TP-2, where all
+        9 fit, runs every call slower. Spilling the coldest to TP-2 on GPUs 4-5 keeps TP-4's speed
+        for the rest with no thrash.
+
+        * One cell only: there every service kept has its copy in the one cell, the single queue
+          the model scores. Two TP-2 cells of 5 GPUs, one copy a teacher, are two queues: scored
+          as one, the spill lost 4-8 % to TP-1.
+        * Only while that cell waits less than ``_SPILL_P_WAIT`` of the time at the latest rates
+          (``_SPILL_P_KEEP`` once in force). A single cell under a rising load is the first to
+          queue, and without the plan the width is not a candidate any more, which narrows it
+          with the old copies serving. Seed 2 of 6 GPUs at batch 2048 otherwise rode TP-4 into
+          the peak and narrowed urgently: 1.034x fifo2.
+        * The coldest by calls ever (a rank that noise does not flip) are spilled, and the set is
+          sticky. A 30 s rate reshuffled the four coldest teachers and restored them ~30 times
+          each.
+        * Only services whose every kind is elastic down to the narrower width: a kind whose
+          smallest size exceeds the GPUs beside the cell would wait there for ever (the
+          property test ``tests/test_scheduler_props.py::GpuMachine`` found one)."""
+        out: dict[int, tuple[int, frozenset[str]]] = {}
+        low: dict[str, int] = {}  # service -> the smallest size all its kinds can run at
+        for _lam, spec, ts, _info in kinds:
+            if spec.service is not None:
+                lo = min(ts) if spec.elastic_resource == "gpu" else 1 << 30
+                low[spec.service] = max(low.get(spec.service, 0), lo)
+        ranked = sorted((info.calls, name) for name, info in svcs.items() if info.lam > 0)
+        for m in widths:
+            left = G - m
+            if m in fit or G // m != 1 or left <= 0:
+                continue
+            n_spill = active - int(self.copies_fit(m, G) + 1e-9)
+            if n_spill <= 0:
+                continue
+            m2 = max((x for x in widths if x < m and x <= left and self.copies_fit(x, left) >= n_spill),
+                     default=0)
+            if not m2:
+                continue
+            able = [(c, name) for c, name in ranked if low.get(name, 1 << 30) <= m2]
+            if n_spill > len(able):
+                continue
+            cold = [name for _c, name in able[:n_spill]]
+            prev = self._spill_plan.get(m)
+            if prev is not None and len(prev[1]) == n_spill and all(
+                    n in svcs and svcs[n].lam > 0 for n in prev[1]):
+                kept = [svcs[name].calls for _c, name in able if name not in prev[1]]
+                if all(n in low and low[n] <= m2 for n in prev[1]) and (
+                        not kept or max(svcs[n].calls for n in prev[1]) <= _SPILL_SWAP * min(kept)):
+                    cold = sorted(prev[1])
+            gate = _SPILL_P_KEEP if m == self.width and self.spill is not None else _SPILL_P_WAIT
+            if self._regime_predict([k for k in fast if k[1].service not in cold], m, m, 1.0)[2] > gate:
+                continue
+            out[m] = (m2, frozenset(cold))
+        return out
+
+    def _predict(self, kinds: list[Any], m: int, G: int, cv_f: float) -> tuple[float, float, float]:
+        """:meth:`_regime_predict` at width ``m``, split as its spill plan says: the main cells
+        and the leftover GPUs are two pools, each with its own services."""
+        plan = self._spill_plan.get(m)
+        if plan is None:
+            return self._regime_predict(kinds, m, G, cv_f)
+        m2, cold = plan
+        main = m  # one cell
+        k1 = [k for k in kinds if k[1].service not in cold]
+        k2 = [k for k in kinds if k[1].service in cold]
+        e1, w1, p1 = self._regime_predict(k1, m, main, cv_f)
+        e2, w2, p2 = self._regime_predict(k2, m2, G - main, cv_f)
+        l1 = sum(k[0] for k in k1)
+        l2 = sum(k[0] for k in k2)
+        if l1 + l2 <= 0:
+            return 0.0, 0.0, 0.0
+        f1, f2 = l1 / (l1 + l2), l2 / (l1 + l2)
+        return e1 * f1 + e2 * f2, w1 * f1 + w2 * f2, max(p1, p2)
+
+    def _regime_predict(self, kinds: list[Any], m: int, G: int, cv_f: float) -> tuple[float, float, float]:
+        """Mean execution, mean wait and the chance to wait if every kind ran at width ``m`` (its widest
+        legal size not above it): an M/G/c model of the pool in cells of the mean width."""
+        A = W = L = 0.0
+        for lam, _spec, ts, _i in kinds:
+            k = max((x for x in ts if x <= m), default=min(ts))
+            t = ts[k]
+            A += lam * k * t
+            W += lam * t
+            L += lam
+        if A <= 0 or L <= 0:
+            return 0.0, 0.0, 0.0
+        mbar = A / W
+        c = max(1, int(G / mbar))
+        a = A / mbar
+        return W / L, cv_f * mmc_wq(c, a, W / L), erlang_c(c, a)
+
+    def observe_wait(self, submitted: float, now: float) -> None:
+        """A call of an elastic GPU kind submitted at ``submitted`` is granted ``now``: its wait,
+        beside the one the model predicted for the width in force, calibrates that width for
+        growing into it again. Calls submitted during a switch's transition (the old width's
+        copies still serving beside the new ones) or _CAL_SETTLE s after it, or before the last call
+        queued ahead of the switch was granted, wait for the switch's restores, the mixed widths and
+        the old width's backlog, not for the model, and are not counted."""
+        if submitted < self.switched_at:  # queued before the switch: its backlog drains still
+            self._drained_at = now
+            return
+        if (submitted - self.switched_at < self.transition + _CAL_SETTLE
+                or submitted < self._drained_at):
+            return
+        m = self.width
+        o, p = self._wq_obs.get(m, (0.0, 0.0))
+        self._wq_obs[m] = (o * _CAL_DECAY + (now - submitted), p * _CAL_DECAY + self._pred_wq)
+
+    def copies_fit(self, m: int, G: int) -> float:
+        """Copies at width ``m`` the pool's memory holds in aligned cells (``gpu_slots`` x m TP-m
+        copies a cell, ``gpu_slots`` under 'replica')."""
+        slots = float(self.gpu_slots or 1.0)
+        return (G // m) * slots * (m if self.gpu_instances == "tp" else 1)
+
+    def restore_lat(self, r: float, k: int) -> float:
+        """Seconds a k-GPU restore takes: TP instances load 1/k per GPU in parallel; replicas a
+        full copy per GPU, also in parallel."""
+        return r / k if self.gpu_instances == "tp" else r
+
+    def restore_gpu_s(self, r: float, k: int) -> float:
+        return r if self.gpu_instances == "tp" else r * k
