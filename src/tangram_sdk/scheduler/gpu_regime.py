@@ -182,8 +182,18 @@ class GpuRegime:
         if memo is not None and now - memo[0] < _MARKET_DT and now >= memo[0] and memo[1] == len(self._kinds):
             return None
         G = max(1, len(self._gpu_holder))
+        kinds, fast, svcs = self._demand(now)
+        widths = self._candidates(kinds, fast, svcs, G)
+        cv_f = self.cv_f = self._cv_factor(kinds)
+        pick = self._choose(now, kinds, fast, svcs, widths, G, cv_f, memo)
+        self._calibrate(kinds, pick, G, cv_f)
+        return self._settle(now, kinds, svcs, pick, G)
+
+    def _demand(self, now: float) -> tuple[list[Any], list[Any], dict[str, Service]]:
+        """Per GPU kind ``(rate, spec, {size: seconds}, service)`` at the smoothed rates and at the
+        latest ones (a load rising is believed at once), and the services they call."""
         kinds = []  # (rate, spec, {size: seconds}, service info)
-        fast = []  # the same at the latest rates: a load rising is believed at once
+        fast = []
         svcs: dict[str, Service] = {}
         rates = self._rates
         for name, st in self._kinds.items():
@@ -217,6 +227,11 @@ class GpuRegime:
             ts = {m: d0 * (st.rel(spec, m) if spec.elastic_resource == "gpu" else 1.0) for m in sizes}
             kinds.append((lam, spec, ts, info))
             fast.append((max(lam, st.window_rate(now)), spec, ts, info))
+        return kinds, fast, svcs
+
+    def _candidates(self, kinds: list[Any], fast: list[Any], svcs: dict[str, Service], G: int) -> list[int]:
+        """The widths that may be in force: every one of the kinds' sizes at which each service
+        called now keeps a resident copy, or that spills the rest beside its one cell."""
         m_cur = self.width
         widths = sorted({m for _l, _s, ts, _i in kinds for m in ts}) or [1]
         # a width is a candidate only if every service called now keeps a resident copy at it
@@ -238,15 +253,26 @@ class GpuRegime:
                 most = max(self.copies_fit(m, G) for m in widths)
                 fit = [m for m in widths if self.copies_fit(m, G) >= most]
             widths = fit
-        # Allen-Cunneen: an M/G/c waits (1 + CV^2)/2 times an M/M/c; the spread of call durations
-        # is learned (log-normal residual variance per kind)
+        return widths
+
+    def _cv_factor(self, kinds: list[Any]) -> float:
+        """Allen-Cunneen: an M/G/c waits (1 + CV^2)/2 times an M/M/c; the spread of call durations
+        is learned (log-normal residual variance per kind)."""
         lam_sum = sum(k[0] for k in kinds)
         cv_f = 1.0
         if lam_sum > 0:
             cv2 = sum(k[0] * (math.exp(min(k[1] is not None and self._kinds[k[1].kind].log_var or 0.0, 4.0)) - 1.0)
                       for k in kinds) / lam_sum
             cv_f = (1.0 + cv2) / 2.0
-        self.cv_f = cv_f
+        return cv_f
+
+    def _choose(self, now: float, kinds: list[Any], fast: list[Any], svcs: dict[str, Service], widths: list[int],
+                G: int, cv_f: float, memo: Any) -> int:
+        """The width in force after this market, switching to it if it changes (the rules of the
+        module docstring: the first look, urgent narrowing, a planned switch and what it must
+        win, false alarms)."""
+        m_cur = self.width
+        lam_sum = sum(k[0] for k in kinds)
         # candidates: one width for every kind (as a TP-m FIFO would run it), scored by the
         # model's mean ACT; a width whose calls would wait more often than _P_WAIT is not grown
         # into (the pooled model misses the residency and cell fragmentation of few wide cells,
@@ -322,10 +348,20 @@ class GpuRegime:
             self.prev_pref = dict(self.pref)
         if not math.isfinite(self.switched_at):
             self.switched_at = now
+        return pick
+
+    def _calibrate(self, kinds: list[Any], pick: int, G: int, cv_f: float) -> None:
+        """The model's wait at the width in force (what the next calls' measured waits are set
+        against), and every measured width's measured / predicted ratio, with the prior."""
         self._pred_wq = self._predict(kinds, pick, G, cv_f)[1]
         for mm, (o, p) in self._wq_obs.items():
             prior = _CAL_PRIOR * (self._predict(kinds, mm, G, cv_f)[0] or 1.0)
             self._wq_f[mm] = (o + prior) / (p + prior)
+
+    def _settle(self, now: float, kinds: list[Any], svcs: dict[str, Service], pick: int,
+                G: int) -> tuple[float, dict[str, Service], float, float]:
+        """The size each spec takes at width ``pick`` (its spill width if spilled), the load per
+        service, and the pool's price of a GPU-second; remembered as the market in force."""
         total = W = 0.0
         pref: dict[ActionSpec, int] = {}
         plan = self.spill = self._spill_plan.get(pick)
