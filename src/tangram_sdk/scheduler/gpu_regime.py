@@ -329,7 +329,8 @@ class GpuRegime:
             mu_prev = memo[2][3] if memo is not None else 0.0  # the price at the width in force
             for name, info in svcs.items():
                 if info.lam > 0:
-                    n = max(1, len(self._resident.warm_cells(name, info.pref)))
+                    # the copies at the width in force (this market's sizes are set after)
+                    n = max(1, len(self._resident.warm_cells(name, self.pref.get(info.spec, info.pref))))
                     r_s = self._place.restore_cost(name)
                     cost += n * (self.restore_lat(r_s, pick) + _SWITCH_MU * mu_prev * self.restore_gpu_s(r_s, pick))
             if math.isfinite(gain) and gain * lam_sum * max(self.restore_horizon, self.regime_window, 1.0) < cost:
