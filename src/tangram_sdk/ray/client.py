@@ -93,7 +93,11 @@ class TangramCluster:
     """A handle on a deployed scheduler actor (sync methods: call them from driver code).
 
     Every call waits at most ``timeout`` seconds for the actor and raises SchedulerBrokenError
-    (naming the actor) when it does not answer or has died."""
+    (naming the actor) when it does not answer or has died. From async code run them in a thread
+    (``await asyncio.to_thread(cl.add_node, ...)``): a call blocks its thread, and a loop blocked
+    longer than ``ttl - heartbeat`` stops the heartbeats of every :class:`RemoteTangram` on it,
+    so the actor drops their links and takes their leases back (``add_node`` starts an agent
+    process: seconds, more on a busy machine)."""
 
     def __init__(self, actor: Any, name: str, namespace: str, *, timeout: float = 30.0) -> None:
         self.actor = actor
