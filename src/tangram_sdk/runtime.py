@@ -358,19 +358,8 @@ class Tangram:
 
     def __repr__(self) -> str:
         core = self._core
-        L = core.ledger
-        parts = []
-        if self.pool.cpus:
-            parts.append(f"cpu {len(self.pool.cpus) - L.free_cpus}/{len(self.pool.cpus)}")
-        if self.pool.gpus:
-            parts.append(f"gpu {len(self.pool.gpus) - L.free_gpus}/{len(self.pool.gpus)}")
-        for n, cap in self.pool.counted.items():
-            parts.append(f"{n} {cap - L.counted_free[n]}/{cap}")
-        for n, used in L.q_used.items():
-            c = L.q_conc[n]
-            parts.append(f"{n} {used}/{c}" if c is not None else f"{n} {used}")
         state = "" if self._state == "open" and self._broken is None else f" [{self.statistics().state}]"
-        return f"<Tangram {' '.join(parts) or 'empty pool'} | {core.running} running, {core.queued} queued{state}>"
+        return f"<Tangram {core.ledger.usage() or 'empty pool'} | {core.running} running, {core.queued} queued{state}>"
 
     # ------------------------------------------------------------------------------ internals
     def _check_spec(self, spec: ActionSpec) -> None:

@@ -398,17 +398,7 @@ class Scheduler:
                                     self.released)
 
     def __repr__(self) -> str:
-        L = self.ledger
-        parts = []
-        if self.pool.cpus:
-            parts.append(f"cpu {len(self.pool.cpus) - L.free_cpus}/{len(self.pool.cpus)}")
-        if self.pool.gpus:
-            parts.append(f"gpu {len(self.pool.gpus) - L.free_gpus}/{len(self.pool.gpus)}")
-        for n, cap in self.pool.counted.items():
-            parts.append(f"{n} {cap - L.counted_free[n]}/{cap}")
-        for n in L.q_used:
-            parts.append(f"{n} {L.q_used[n]}")
-        return f"<Scheduler {' '.join(parts)} | {len(self._running)} running, {self._queue.n} queued>"
+        return f"<Scheduler {self.ledger.usage()} | {len(self._running)} running, {self._queue.n} queued>"
 
     # ------------------------------------------------------------------------------ the round
     def _round(self, now: float) -> list[Decision]:

@@ -48,6 +48,22 @@ class Ledger:
                 self.tokens[key] = float(tb)
         self.refilled_at = now
 
+    def usage(self) -> str:
+        """Units in use over each total (``cpu 3/4 gpu 1/2 slots 2/2 search 3/64``; a quota without
+        a concurrency limit shows its count): what ``repr`` of a Tangram or a Scheduler shows."""
+        parts = []
+        pool = self.pool
+        if pool.cpus:
+            parts.append(f"cpu {len(pool.cpus) - self.free_cpus}/{len(pool.cpus)}")
+        if pool.gpus:
+            parts.append(f"gpu {len(pool.gpus) - self.free_gpus}/{len(pool.gpus)}")
+        for n, cap in pool.counted.items():
+            parts.append(f"{n} {cap - self.counted_free[n]}/{cap}")
+        for n, used in self.q_used.items():
+            c = self.q_conc[n]
+            parts.append(f"{n} {used}/{c}" if c is not None else f"{n} {used}")
+        return " ".join(parts)
+
     # -- time ------------------------------------------------------------------------------------
     def correct_tokens(self, name: str, delta: float) -> None:
         """An action used ``delta`` more tokens of quota ``name`` than it stated (fewer when
