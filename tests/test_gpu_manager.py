@@ -21,22 +21,9 @@ from tangram_sdk.pool import Pool
 from tangram_sdk.scheduler.decisions import Grant
 from tangram_sdk.scheduler.events import ServiceResidency
 from tangram_sdk.spec import ActionSpec, Elasticity
+from torch_models import Scorer  # noqa: E402
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-
-
-class Scorer(torch.nn.Module):
-    def __init__(self, seed: int, d: int = 32) -> None:
-        super().__init__()
-        g = torch.Generator().manual_seed(seed)
-        self.l1 = torch.nn.Linear(d, 64)
-        self.l2 = torch.nn.Linear(64, 1)
-        with torch.no_grad():
-            for p in self.parameters():
-                p.copy_(torch.randn(p.shape, generator=g))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.l2(torch.tanh(self.l1(x))).squeeze(-1)
 
 
 PACKED = 8960  # Scorer(d=32) packed: 8192 + 3 * 256 (each tensor aligned to 256 bytes)
