@@ -190,9 +190,11 @@ class GpuSizing:
             warm |= res.warm_cells(svc, k)
         plan = reg.spill
         if plan is not None and elastic:
-            # a spilled service runs on the leftover GPUs only, the others only off them
+            # a spilled service runs on the leftover GPUs only, the others only off them; a call
+            # of a spilled service too wide for the spill width (a spec of its kind wider than the
+            # one the market sizes) runs in the cell, or it would wait there for ever
             lm = reg.spill_mask
-            region = lm if svc in plan[1] else ~lm
+            region = lm if svc in plan[1] and sizes[0] <= plan[0] else ~lm
             gfree &= region
             warm = {pos for pos in warm if all((region >> q) & 1 for q in pos)}
         tent = self._tent.get(svc, ()) if svc is not None else ()
