@@ -181,12 +181,34 @@ def test_heavy_pools_do_not_trade_widths_on_the_pooled_model() -> None:
     assert t["act_mean_s"] <= 1.02 * f2["act_mean_s"], (t["act_mean_s"], f2["act_mean_s"])
 
 
+def test_an_urgent_narrowing_the_latest_rates_alone_call_for_waits_for_a_backlog(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Heavy MOPD on 8 GPUs (batch 4096): at the step's peak the 32-arrival rate reads clumps of
+    arrivals, and the calls an outage held back coming back together, as overloads. Each urgent
+    narrowing they caused restored every teacher at once and stopped the pool for seconds: 1.059x
+    fifo2. An urgent narrowing that only the latest rates call for (the smoothed ones not, and not
+    a ramp of 1.5x) now waits until the calls queued are as many as its restores would hold up."""
+    import tangram_sdk.scheduler.gpu_regime as gr
+
+    wl = mopd(4096, gpus=8, seed=0)
+    f2 = summarise(run_policy(wl, "fifo2"))["act_mean_s"]
+    gated = summarise(run_policy(wl, "tangram"))["act_mean_s"]
+    monkeypatch.setattr(gr, "_QUEUE_GATE", 0.0)  # every latest-rate alarm believed, as before
+    ungated = summarise(run_policy(wl, "tangram"))["act_mean_s"]
+    assert gated <= 1.02 * f2, (gated, f2)
+    assert ungated > 1.04 * f2, (ungated, f2)
+
+
 def test_an_urgent_narrowing_the_smoothed_rates_undo_raises_the_bar_for_the_next(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """MOPD at batch 3072 on 10 GPUs: peaks of the 32-arrival rate make TP-4 (two cells) look
     overloaded, the core narrows to TP-2 at once, and the smoothed rates take it back to TP-4 a
     minute later, each way restoring the teachers. Counting each undone narrowing as a false alarm
-    (the next needs a higher chance to wait) leaves fewer round trips and a lower mean ACT."""
+    (the next needs a higher chance to wait) leaves fewer round trips and a lower mean ACT.
+
+    Measured with the backlog gate off: those peaks are what the gate now holds back (one round
+    trip with it, checked last), and the false-alarm rule still guards the alarms a backlog or a
+    ramp confirms."""
     import tangram_sdk.scheduler.gpu_regime as gr
 
     market = gr.GpuRegime.market
@@ -204,11 +226,14 @@ def test_an_urgent_narrowing_the_smoothed_rates_undo_raises_the_bar_for_the_next
         act = summarise(run_policy(mopd(3072, gpus=10, seed=0), "tangram"))["act_mean_s"]
         return sum(1 for a, b in zip(widths, widths[1:]) if a == 4 and b == 2), act
 
+    n_gated, _ = run()
+    monkeypatch.setattr(gr, "_QUEUE_GATE", 0.0)  # every latest-rate alarm acted on
     n_new, act_new = run()
     monkeypatch.setattr(gr, "_FALSE_ALARM", 1.0)  # every alarm believed alike
     n_old, act_old = run()
     assert n_old >= 3 and n_new < n_old, (n_old, n_new)
     assert act_new < act_old, (act_new, act_old)
+    assert n_gated <= n_new, (n_gated, n_new)
 
 
 def test_one_cell_spills_the_coldest_service_beside_it() -> None:

@@ -22,7 +22,8 @@ earlier stints (the calls' real queue waits against the model's, per width: the 
 misses the residency of few wide cells). Narrowing when the width in force waits too often at the
 latest rates is urgent (an overload queues within seconds) and goes to the narrower width those
 rates score best, and each urgent narrowing that the smoothed rates undo raises the bar for the
-next one from that width. For 60 s after a planned switch the old width's copies still serve
+next one from that width; one that only the latest rates call for, without a ramp, waits for a
+backlog as large as its own restores would cause (a clump of arrivals is not an overload). For 60 s after a planned switch the old width's copies still serve
 while the new ones restore.
 
 Mixed widths at the same time were tried and lost: a TP-2 call in a 4-GPU cell keeps a TP-4 call
@@ -56,6 +57,9 @@ _TRANSITION = 60.0  # seconds after a switch during which the old width's copies
 _TRANSITION_URGENT = 0.0  # ... after an urgent narrowing: none (saturated old cells never free a
                           # GPU for the new width's copies; deepsearch's judge queued 5.9 s so)
 _P_URGENT = 0.15  # the width in force waits this much more often than that: narrow at once
+_QUEUE_GATE = 1.0  # ... when only the latest rates say so, once this many times the calls the
+                   # switch's restores would hold up are queued (:meth:`GpuRegime._backlog_confirms`)
+_RAMP = 1.5  # ... or at once, when the latest rates exceed the smoothed ones this many times
 _START_CELLS = 2  # the first width: the widest that still leaves this many cells in the pool
 _MU_MAX = PRICE_GRID[-2]  # the largest finite price (an overloaded pool still restores cold services)
 _SWITCH_MU = 2.0  # a switch's restores cost their GPU-seconds at this many times the price mu_work
@@ -105,7 +109,7 @@ class GpuRegime:
                  "restore_horizon", "gpu_instances", "regime_window", "_mkt", "_rates", "width",
                  "switched_at", "transition", "cv_f", "pref", "prev_pref", "_false_alarms",
                  "_left_urgently", "_wq_obs", "_wq_f", "_pred_wq", "_drained_at", "_spill_plan", "spill",
-                 "spill_mask")
+                 "spill_mask", "_svc_queued")
 
     @staticmethod
     def check_options(restore_horizon: float, gpu_instances: str, regime_window: float) -> None:
@@ -115,10 +119,12 @@ class GpuRegime:
             raise ValueError("restore_horizon and gpu_regime_window must be >= 0")
 
     def __init__(self, kinds: dict[str, KindStats], resident: Residency, gpu_holder: list[Action | None],
-                 cells: tuple[int, ...], place: Placement, *, gpu_slots: float | None, default_duration: float,
-                 restore_horizon: float, gpu_instances: str, regime_window: float) -> None:
+                 cells: tuple[int, ...], svc_queued: dict[str, int], place: Placement, *,
+                 gpu_slots: float | None, default_duration: float, restore_horizon: float, gpu_instances: str,
+                 regime_window: float) -> None:
         self.check_options(restore_horizon, gpu_instances, regime_window)
         self._kinds = kinds
+        self._svc_queued = svc_queued
         self._resident = resident
         self._gpu_holder = gpu_holder
         self._cells = cells
@@ -292,8 +298,8 @@ class GpuRegime:
         urgent = False
         if cur is not None and m_cur > widths[0]:
             pw_fast = self._predict(fast, m_cur, G, cv_f)[2]
-        if cur is None or (m_cur > widths[0] and max(cur[1], pw_fast) > min(_P_URGENT_MAX, _P_WAIT + _P_URGENT * (
-                _FALSE_ALARM ** self._false_alarms.get(m_cur, 0)))):
+        thr = min(_P_URGENT_MAX, _P_WAIT + _P_URGENT * (_FALSE_ALARM ** self._false_alarms.get(m_cur, 0)))
+        if cur is None or (m_cur > widths[0] and max(cur[1], pw_fast) > thr):
             # narrowing is urgent (an overload queues in seconds), judged at the latest rates
             nar = [m for m in widths if m < m_cur and (m == widths[0] or self._predict(
                 fast, m, G, cv_f)[2] <= _P_WAIT)]
@@ -302,6 +308,8 @@ class GpuRegime:
             pick = best_m if cur is None else min(nar, default=widths[0], key=lambda m: (
                 sum(self._predict(fast, m, G, cv_f)[:2]), -m))
             urgent = cur is not None
+            if cur is not None and cur[1] <= thr and not self._backlog_confirms(kinds, fast, svcs, pick, G):
+                pick, urgent = m_cur, False  # a clump or an echo, not (yet) an overload
         elif (best_m != m_cur and now - self.switched_at >= self.regime_window
               and scores[best_m][0] < cur[0] * (1.0 - _SWITCH)):
             # at the latest rates too (a rising load must not be met by growing wider)
@@ -350,6 +358,29 @@ class GpuRegime:
         if not math.isfinite(self.switched_at):
             self.switched_at = now
         return pick
+
+    def _backlog_confirms(self, kinds: list[Any], fast: list[Any], svcs: dict[str, Service], m: int,
+                          G: int) -> bool:
+        """Whether an urgent narrowing to width ``m`` that only the latest rates call for goes ahead:
+        at once when they exceed the smoothed rates ``_RAMP`` times (a load really ramping: the
+        judge burst of deepsearch), else once the calls queued now are ``_QUEUE_GATE`` times those
+        the switch's own restores would hold up (the smoothed rate times the outage: every service
+        called now restores a copy at ``m``, in parallel over the ``G // m`` cells).
+
+        A clump of arrivals, or the calls an earlier outage held back coming back together a think
+        time later, reads as an overload at the 32-arrival rate but queues a handful of calls. On
+        heavy 8-GPU MOPD the narrowings they caused stopped the pool for 4-5 s at ~10 calls/s
+        each, twice at the step's peak: 1.06-1.11x fifo2; with the gate 1.006 / 0.989 / 1.032."""
+        lam = sum(k[0] for k in kinds)
+        if sum(k[0] for k in fast) >= _RAMP * lam:
+            return True
+        called = [n for n, info in svcs.items() if info.lam > 0]
+        if not called:
+            return True
+        outage = math.ceil(len(called) / max(1, G // m)) * max(
+            self.restore_lat(self._place.restore_cost(n), m) for n in called)
+        queued: int = sum(self._svc_queued.values())
+        return bool(queued >= _QUEUE_GATE * lam * outage)
 
     def _calibrate(self, kinds: list[Any], pick: int, G: int, cv_f: float) -> None:
         """The model's wait at the width in force (what the next calls' measured waits are set

@@ -75,7 +75,7 @@ class GpuSizing:
                  cells: tuple[int, ...], svc_queued: dict[str, int], place: Placement, *,
                  gpu_slots: float | None, default_duration: float, restore_horizon: float, gpu_instances: str,
                  regime_window: float) -> None:
-        self.regime = GpuRegime(kinds, resident, gpu_holder, cells, place, gpu_slots=gpu_slots,
+        self.regime = GpuRegime(kinds, resident, gpu_holder, cells, svc_queued, place, gpu_slots=gpu_slots,
                                 default_duration=default_duration, restore_horizon=restore_horizon,
                                 gpu_instances=gpu_instances, regime_window=regime_window)
         self._copies = CopyValue(self.regime, resident, gpu_holder, svc_queued, place)
