@@ -20,7 +20,7 @@ from tangram_sdk.scheduler.residency import Residency
 from tangram_sdk.sim.baselines import make_policy
 from tangram_sdk.sim.engine import Act, Trajectory, simulate
 from tangram_sdk.sim.metrics import summarise
-from tangram_sdk.sim.workloads import mopd, run_policy
+from tangram_sdk.sim.workloads import deepsearch, mopd, run_policy
 
 
 def test_erlang_c_matches_the_closed_forms() -> None:
@@ -197,6 +197,21 @@ def test_an_urgent_narrowing_the_latest_rates_alone_call_for_waits_for_a_backlog
     ungated = summarise(run_policy(wl, "tangram"))["act_mean_s"]
     assert gated <= 1.02 * f2, (gated, f2)
     assert ungated > 1.04 * f2, (ungated, f2)
+
+
+def test_no_second_urgent_narrowing_while_the_first_restores(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Deepsearch seed 7: the judge burst narrowed TP-4 -> TP-2, and 2.2 s later, before any TP-2
+    copy served, TP-2 -> TP-1 on the latest rates: two restore storms, 1.05x fifo2. Within 10 s of
+    an urgent narrowing another one needs the smoothed rates too."""
+    import tangram_sdk.scheduler.gpu_regime as gr
+
+    wl = deepsearch(2048, seed=7)
+    f2 = summarise(run_policy(wl, "fifo2"))["act_mean_s"]
+    held = summarise(run_policy(wl, "tangram"))["act_mean_s"]
+    monkeypatch.setattr(gr, "_URGENT_HOLD", 0.0)
+    unheld = summarise(run_policy(wl, "tangram"))["act_mean_s"]
+    assert held <= 1.03 * f2, (held, f2)
+    assert unheld > 1.04 * f2, (unheld, f2)
 
 
 def test_an_urgent_narrowing_the_smoothed_rates_undo_raises_the_bar_for_the_next(

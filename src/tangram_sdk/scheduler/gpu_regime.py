@@ -23,7 +23,8 @@ misses the residency of few wide cells). Narrowing when the width in force waits
 latest rates is urgent (an overload queues within seconds) and goes to the narrower width those
 rates score best, and each urgent narrowing that the smoothed rates undo raises the bar for the
 next one from that width; one that only the latest rates call for, without a ramp, waits for a
-backlog as large as its own restores would cause (a clump of arrivals is not an overload). For 60 s after a planned switch the old width's copies still serve
+backlog as large as its own restores would cause (a clump of arrivals is not an overload), and is
+not heeded within 10 s of the last urgent narrowing (its copies are still restoring). For 60 s after a planned switch the old width's copies still serve
 while the new ones restore.
 
 Mixed widths at the same time were tried and lost: a TP-2 call in a 4-GPU cell keeps a TP-4 call
@@ -60,6 +61,7 @@ _P_URGENT = 0.15  # the width in force waits this much more often than that: nar
 _QUEUE_GATE = 1.0  # ... when only the latest rates say so, once this many times the calls the
                    # switch's restores would hold up are queued (:meth:`GpuRegime._backlog_confirms`)
 _RAMP = 1.5  # ... or at once, when the latest rates exceed the smoothed ones this many times
+_URGENT_HOLD = 10.0  # ... but not within this many seconds of the last urgent narrowing
 _START_CELLS = 2  # the first width: the widest that still leaves this many cells in the pool
 _MU_MAX = PRICE_GRID[-2]  # the largest finite price (an overloaded pool still restores cold services)
 _SWITCH_MU = 2.0  # a switch's restores cost their GPU-seconds at this many times the price mu_work
@@ -308,8 +310,9 @@ class GpuRegime:
             pick = best_m if cur is None else min(nar, default=widths[0], key=lambda m: (
                 sum(self._predict(fast, m, G, cv_f)[:2]), -m))
             urgent = cur is not None
-            if cur is not None and cur[1] <= thr and not self._backlog_confirms(kinds, fast, svcs, pick, G):
-                pick, urgent = m_cur, False  # a clump or an echo, not (yet) an overload
+            if cur is not None and cur[1] <= thr and (
+                    self._just_narrowed(now) or not self._backlog_confirms(kinds, fast, svcs, pick, G)):
+                pick, urgent = m_cur, False  # a clump, an echo or a restore transient, not (yet) an overload
         elif (best_m != m_cur and now - self.switched_at >= self.regime_window
               and scores[best_m][0] < cur[0] * (1.0 - _SWITCH)):
             # at the latest rates too (a rising load must not be met by growing wider)
@@ -358,6 +361,13 @@ class GpuRegime:
         if not math.isfinite(self.switched_at):
             self.switched_at = now
         return pick
+
+    def _just_narrowed(self, now: float) -> bool:
+        """Within ``_URGENT_HOLD`` s of an urgent narrowing: the width in force is still restoring
+        its copies, and its queue is the switch's, not its own. Deepsearch seed 7 narrowed
+        TP-4 -> TP-2 -> TP-1 2.2 s apart, before any TP-2 copy served (1.051x fifo2; 1.025 with the
+        hold)."""
+        return self.transition == _TRANSITION_URGENT and now - self.switched_at < _URGENT_HOLD
 
     def _backlog_confirms(self, kinds: list[Any], fast: list[Any], svcs: dict[str, Service], m: int,
                           G: int) -> bool:
