@@ -24,8 +24,8 @@ latest rates is urgent (an overload queues within seconds) and goes to the narro
 rates score best, and each urgent narrowing that the smoothed rates undo raises the bar for the
 next one from that width; one that only the latest rates call for, without a ramp, waits for a
 backlog as large as its own restores would cause (a clump of arrivals is not an overload), and is
-not heeded within 10 s of the last urgent narrowing (its copies are still restoring). For 60 s after a planned switch the old width's copies still serve
-while the new ones restore.
+not heeded within 10 s of the last urgent narrowing (its copies are still restoring). For 60 s
+after a planned switch the old width's copies still serve while the new ones restore.
 
 Mixed widths at the same time were tried and lost: a TP-2 call in a 4-GPU cell keeps a TP-4 call
 out of it (buddy fragmentation), and copies of every width split memory.
