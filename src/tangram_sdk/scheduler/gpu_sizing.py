@@ -171,9 +171,16 @@ class GpuSizing:
             sizes = (pk,)
         use_sizes = sizes
         prev = reg.prev_pref.get(spec) if a.eres == "gpu" else None
-        if prev is not None and prev != pk and now - reg.switched_at < reg.transition:
-            # just after a switch the old width's copies still serve, while the new ones restore
-            use_sizes = sizes + (prev,)
+        legacy = 0
+        if prev is not None and prev != pk:
+            if reg.legacy:
+                # an urgent narrowing, handed over cell by cell: the old width serves on the
+                # cells not yet handed over, the new one restores on the others
+                legacy = reg.legacy
+                use_sizes = sizes + (prev,)
+            elif not reg.urgent and now - reg.switched_at < reg.transition:
+                # just after a switch the old width's copies still serve, while the new ones restore
+                use_sizes = sizes + (prev,)
         info = svcs.get(svc) if svc is not None else None
         if info is None:
             info = Service(0.0, spec, dur_min(a), a.stats)
@@ -197,6 +204,8 @@ class GpuSizing:
             region = lm if svc in plan[1] and sizes[0] <= plan[0] else ~lm
             gfree &= region
             warm = {pos for pos in warm if all((region >> q) & 1 for q in pos)}
+        if legacy:
+            warm = {pos for pos in warm if (len(pos) == prev) == all((legacy >> q) & 1 for q in pos)}
         tent = self._tent.get(svc, ()) if svc is not None else ()
         have = [len(p) for p in warm] + [len(p) for p in tent]
         have = [x for x in have if x in sizes]  # copies of other sizes are of no use to it
@@ -224,6 +233,8 @@ class GpuSizing:
         choice: tuple[int, int] | None = None
         awaited = 0
         free_warm = False
+        legacy_wait = math.inf  # the best wait for a busy copy of the old width (see below)
+        legacy_awaited = 0
         for pos in warm:
             k = len(pos)
             if k not in use_sizes:
@@ -236,10 +247,14 @@ class GpuSizing:
                 free_warm = True
                 if c < best - 1e-12 or (c <= best + 1e-12 and (choice is None or o < choice[1])):
                     best, choice = c, (k, o)  # a tie goes to the lowest cell: deterministic
-            else:
+            elif not (legacy and k == prev):  # a busy old copy is not waited for: restore instead
                 c += self._avail(pos, now)
                 if c < best - 1e-12:
                     best, choice, awaited = c, None, full
+            else:
+                c += self._avail(pos, now)
+                if c < legacy_wait - 1e-12:
+                    legacy_wait, legacy_awaited = c, full
         r = self._place.restore_cost(svc)
         slots = reg.gpu_slots
         warm_off: dict[int, set[int]] = {}
@@ -247,6 +262,7 @@ class GpuSizing:
             warm_off.setdefault(len(pos), set()).add(pos[0])
         # new instances only at the size the price prefers for this kind (what the fixed TP-m*
         # policy would hold): mixed sizes fragment memory into copies nobody uses
+        gfree_new = gfree & ~legacy
         for m in sizes:
             full = (1 << m) - 1
             t = t_of(m)
@@ -260,7 +276,7 @@ class GpuSizing:
             cells = []
             roomy = -1
             for o, room in self._cells_by_use(m, need):
-                if (gfree >> o) & full != full or (m in warm_off and o in warm_off[m]):
+                if (gfree_new >> o) & full != full or (m in warm_off and o in warm_off[m]):
                     continue
                 if room or svc is None:
                     roomy = o
@@ -299,6 +315,10 @@ class GpuSizing:
                 cell_best += _SWAP_MARGIN * fixed
             if cell_o >= 0 and fixed + cell_best < best - 1e-12:
                 best, choice = fixed + cell_best, (m, cell_o)
+        if choice is None and legacy_wait < best:
+            # handed over cell by cell, nothing free: a restore on a handed-over cell
+            # had first call (it stops no one); else wait for the old width
+            best, awaited = legacy_wait, legacy_awaited
         # waiting: the awaited instance's GPUs are kept from everyone behind (FCFS: a TP-4 waiter
         # is not starved by TP-1 grants taking its cell one GPU at a time)
         if choice is None and awaited:
