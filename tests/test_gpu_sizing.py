@@ -350,3 +350,44 @@ async def test_tangram_refuses_a_service_copy_larger_than_its_gpus_at_once() -> 
         with pytest.raises(InfeasibleSpecError, match="gpu_slots"):
             async with tangram.acquire(ActionSpec(kind="big", gpus=1, service="big")):
                 pass
+
+
+def test_a_spilled_service_called_wider_than_the_spill_width_runs_in_the_cell(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The market sizes a kind by one spec. With the coldest teacher spilled to TP-2 beside the
+    one TP-4 cell of 6 GPUs, a call of that teacher's kind that needs 4 GPUs cannot run beside
+    the cell (2 GPUs): it was kept there, and ran only once the spill plan changed (never, in the
+    property test's machine). It must run in the cell, at once when the cell is free. A 4-GPU call
+    of every teacher is added once the plan holds, so whichever is spilled is covered."""
+    import attrs
+    import tangram_sdk.scheduler.gpu_sizing as gs
+
+    wl = mopd(512, gpus=6, seed=0)
+    wide = {n: ActionSpec(kind=n, gpus=4, service=n, elastic=Elasticity("gpu", 4, Amdahl(0.8)))
+            for n in wl.services}
+    extra = tuple(Trajectory((Act(spec, 0.5),), start=1500.0 + 20.0 * i)
+                  for i, spec in enumerate(wide.values()))
+    wl = attrs.evolve(wl, trajectories=wl.trajectories + extra)
+    choice = gs.GpuSizing.choice
+    granted: dict[str, tuple[int, int]] = {}
+    kept_waiting: list[tuple[str, float]] = []  # a wide call told to wait while the cell was free
+    spilled: set[str] = set()
+
+    def watched(self: gs.GpuSizing, a: Any, gfree: int, now: float) -> Any:
+        out = choice(self, a, gfree, now)
+        svc = a.spec.service
+        if a.spec is wide.get(svc):
+            if self.regime.spill is not None and svc in self.regime.spill[1]:
+                spilled.add(svc)
+            if out.units:
+                granted[svc] = (out.units, out.cell)
+            elif gfree & 0b1111 == 0b1111:
+                kept_waiting.append((svc, now))
+        return out
+
+    monkeypatch.setattr(gs.GpuSizing, "choice", watched)
+    r = run_policy(wl, "tangram")
+    assert spilled, "no wide call met a spill plan: the test lost its point"
+    assert np.all(np.isfinite(np.asarray(r.end))) and len(granted) == len(wide), granted
+    assert set(granted.values()) == {(4, 0)}, granted
+    assert not kept_waiting, kept_waiting
