@@ -417,11 +417,9 @@ class GpuRegime:
         if len(cells) <= 1:
             return
         per = max(1, _STAGE_CELLS)
-        new_cells = per * (old // new)
-        rounds = math.ceil(len(called) / new_cells)
-        if rounds > math.ceil(len(called) / max(1, G // new)):
+        dt = self._restore_rounds(called, new, per * (old // new))
+        if dt > self._restore_rounds(called, new, G // new):
             return  # a stage would restore its copies in more rounds than the whole pool does
-        dt = rounds * max(self.restore_lat(self._place.restore_cost(n), new) for n in called)
         masks = tuple(((1 << old) - 1) << o for o in cells)
         self._stage = (masks, dt)
         self.transition = dt * math.ceil(len(masks) / per)
@@ -455,10 +453,15 @@ class GpuRegime:
         called = [n for n, info in svcs.items() if info.lam > 0]
         if not called:
             return True
-        outage = math.ceil(len(called) / max(1, G // m)) * max(
-            self.restore_lat(self._place.restore_cost(n), m) for n in called)
+        outage = self._restore_rounds(called, m, G // m)
         queued: int = sum(self._svc_queued.values())
         return bool(queued >= _QUEUE_GATE * lam * outage)
+
+    def _restore_rounds(self, called: list[str], m: int, cells: int) -> float:
+        """Seconds to restore a TP-``m`` copy of every service in ``called`` over ``cells`` cells
+        of width ``m``, in parallel across the cells (rounds of the slowest restore)."""
+        return math.ceil(len(called) / max(1, cells)) * max(
+            self.restore_lat(self._place.restore_cost(n), m) for n in called)
 
     def _calibrate(self, kinds: list[Any], pick: int, G: int, cv_f: float) -> None:
         """The model's wait at the width in force (what the next calls' measured waits are set
