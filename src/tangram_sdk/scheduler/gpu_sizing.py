@@ -247,14 +247,13 @@ class GpuSizing:
                 free_warm = True
                 if c < best - 1e-12 or (c <= best + 1e-12 and (choice is None or o < choice[1])):
                     best, choice = c, (k, o)  # a tie goes to the lowest cell: deterministic
-            elif not (legacy and k == prev):  # a busy old copy is not waited for: restore instead
-                c += self._avail(pos, now)
-                if c < best - 1e-12:
-                    best, choice, awaited = c, None, full
             else:
                 c += self._avail(pos, now)
-                if c < legacy_wait - 1e-12:
-                    legacy_wait, legacy_awaited = c, full
+                if legacy and k == prev:  # a busy old copy: waited for only if nothing else is
+                    if c < legacy_wait - 1e-12:
+                        legacy_wait, legacy_awaited = c, full
+                elif c < best - 1e-12:
+                    best, choice, awaited = c, None, full
         r = self._place.restore_cost(svc)
         slots = reg.gpu_slots
         warm_off: dict[int, set[int]] = {}
@@ -316,8 +315,8 @@ class GpuSizing:
             if cell_o >= 0 and fixed + cell_best < best - 1e-12:
                 best, choice = fixed + cell_best, (m, cell_o)
         if choice is None and legacy_wait < best:
-            # handed over cell by cell, nothing free: a restore on a handed-over cell
-            # had first call (it stops no one); else wait for the old width
+            # handed over cell by cell: a restore on a handed-over cell comes first (it stops no
+            # one); with none possible, wait for the old width's copy
             best, awaited = legacy_wait, legacy_awaited
         # waiting: the awaited instance's GPUs are kept from everyone behind (FCFS: a TP-4 waiter
         # is not starved by TP-1 grants taking its cell one GPU at a time)
