@@ -515,7 +515,9 @@ async def test_grant_update_a_frozen_daemon_carries_out_later_keeps_the_core_out
     m = DockerCpuManager(backend="api", docker_url=daemon.url, api_timeout=2)
     try:
         async with Tangram(Pool(cpus=[core]), managers=[m]) as t:
+            m.client.api_timeout = 30.0  # the setup: a container start on a busy CI machine took > 2 s
             async with await SandboxPool.create(m, image=IMAGE, count=2) as boxes:
+                m.client.api_timeout = 2.0  # the frozen daemon's calls time out quickly again
                 a, b = boxes[0].id, boxes[1].id
                 assert daemon.proc is not None
                 daemon.proc.send_signal(signal.SIGSTOP)
