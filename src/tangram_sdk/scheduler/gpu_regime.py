@@ -164,9 +164,9 @@ class GpuRegime:
         self.urgent = False  # the last switch was an urgent narrowing
         # during an urgent narrowing, the GPUs on which the old width's copies still serve (the
         # new width's may not), handed over cell by cell: (the old cells' masks in the order
-        # they are handed over, seconds a stage)
+        # they are handed over, seconds a stage, cells a stage)
         self.legacy = 0
-        self._stage: tuple[tuple[int, ...], float] = ((), 0.0)
+        self._stage: tuple[tuple[int, ...], float, int] = ((), 0.0, 1)
 
     @property
     def last(self) -> tuple[float, dict[str, Service], float, float]:
@@ -421,14 +421,13 @@ class GpuRegime:
         if dt > self._restore_rounds(called, new, G // new):
             return  # a stage would restore its copies in more rounds than the whole pool does
         masks = tuple(((1 << old) - 1) << o for o in cells)
-        self._stage = (masks, dt)
+        self._stage = (masks, dt, per)
         self.transition = dt * math.ceil(len(masks) / per)
         self._hand_over(now)
 
     def _hand_over(self, now: float) -> None:
         """The old width's GPUs that still serve, ``_STAGE_CELLS`` cells handed over a stage."""
-        masks, dt = self._stage
-        per = max(1, _STAGE_CELLS)
+        masks, dt, per = self._stage
         done = per * (1 + int((now - self.switched_at) / dt)) if dt > 0 else len(masks)
         legacy = 0
         for m in masks[done:]:
