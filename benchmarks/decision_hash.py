@@ -8,7 +8,8 @@ Record them before a refactor, compare after::
     ... refactor ...
     python benchmarks/decision_hash.py --check /tmp/before.json     # exit 1 on any difference
 
-The workloads cover every decision path: priced CPU sizing with start-or-wait on NUMA nodes, the
+The workloads cover every decision path: priced CPU sizing with start-or-wait on NUMA nodes,
+malleable resizes and restarts of restartable stragglers, the
 GPU planner with restores and residency, its width switches (urgent narrowings, measured waits, a
 spill beside one cell), and quotas with rate limits.
 """
@@ -37,6 +38,9 @@ def _workloads() -> dict[str, Callable[[], Workload]]:
         "deepsearch": lambda: deepsearch(128, seed=6, judge_work_mean=0.5),
         "ai-coding malleable": lambda: ai_coding(160, nodes=1, cores=128, seed=7, test_max_cpus=32,
                                                  test_malleable=True),
+        # restartable stragglers: 4 restarts on this trace
+        "ai-coding restartable": lambda: ai_coding(160, nodes=1, cores=128, seed=7, test_max_cpus=32,
+                                                   test_restartable=True),
         "mopd estimate planner": lambda: mopd(96, gpus=8, seed=8),
         # the GPU width rules: a spill beside one TP-4 cell; urgent narrowings, a false alarm
         # and measured waits (the judge burst); the heavy step's peak (urgent, calibration)

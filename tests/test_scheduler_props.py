@@ -6,7 +6,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from tangram_sdk import ActionSpec, Amdahl, Elasticity, Pool, Quota, Scheduler
-from tangram_sdk.scheduler.decisions import Grant, Reject
+from tangram_sdk.scheduler.decisions import Grant, Reject, Resize
 from tangram_sdk.scheduler.events import Cancelled, Released, ServiceResidency, Submitted, Tick
 
 POOL = Pool(cpus="0-7", numa=[[0, 1, 2, 3], [4, 5, 6, 7]], gpus=4, memory=1000,
@@ -21,7 +21,9 @@ def specs(draw):
     kind = draw(st.sampled_from(["a", "b", "c"]))
     r = draw(st.sampled_from([None, "cpu", "gpu"]))
     if r == "cpu" and cpus:
-        el = Elasticity("cpu", max_units=cpus + draw(st.integers(0, 6)), efficiency=Amdahl(draw(st.floats(0, 1))))
+        mode = draw(st.sampled_from(["moldable", "moldable", "malleable", "restartable"]))
+        el = Elasticity("cpu", max_units=cpus + draw(st.integers(0, 6)), efficiency=Amdahl(draw(st.floats(0, 1))),
+                        malleable=mode == "malleable", restartable=mode == "restartable")
     elif r == "gpu" and gpus:
         el = Elasticity("gpu", max_units=draw(st.sampled_from([g for g in (1, 2, 4, 8) if g >= gpus])),
                         efficiency={1: 1.0, 2: 0.9, 4: 0.8, 8: 0.7})
@@ -59,6 +61,8 @@ def _drain(m) -> None:
 
 
 class CoreMachine(RuleBasedStateMachine):
+    node = 4  # cores per NUMA node of the pool
+
     def __init__(self):
         super().__init__()
         self.s = Scheduler(POOL, window=4, depth=8)
@@ -67,13 +71,31 @@ class CoreMachine(RuleBasedStateMachine):
         self.queued: set[int] = set()
         self.running: dict[int, Grant] = {}
         self.specs: dict[int, ActionSpec] = {}
+        self.admitted: dict[int, tuple[int, ...]] = {}  # cores each running action was granted
+        self.restarted: set[int] = set()
 
     def _take(self, decisions):
         for d in decisions:
-            if isinstance(d, Grant):
+            if isinstance(d, Resize):
+                # only a running malleable (grown / shrunk back) or restartable (grown, once) action
+                assert d.action_id in self.running, "resize of an action that is not running"
+                el = self.specs[d.action_id].elastic
+                assert el is not None and (el.malleable or el.restartable)
+                old, base = set(self.running[d.action_id].cpus), set(self.admitted[d.action_id])
+                new = set(d.cpus)
+                assert len(new) == d.units and el.max_units >= d.units >= self.specs[d.action_id].cpus
+                assert len({c // self.node for c in new}) == 1, "a resize across NUMA nodes"
+                if el.restartable:
+                    assert new > old and d.action_id not in self.restarted, "a restart shrank or repeated"
+                    self.restarted.add(d.action_id)
+                else:
+                    assert new > old or new == base, "a malleable resize that is neither a grow nor a shrink back"
+                self.running[d.action_id] = self.running[d.action_id]._replace(cpus=d.cpus, units=d.units)
+            elif isinstance(d, Grant):
                 assert d.action_id in self.queued, "grant for an action that is not waiting"
                 self.queued.discard(d.action_id)
                 self.running[d.action_id] = d
+                self.admitted[d.action_id] = d.cpus
                 spec = self.specs[d.action_id]
                 assert len(d.cpus) >= spec.cpus and len(d.gpus) >= spec.gpus
                 if spec.elastic is not None:
@@ -84,8 +106,8 @@ class CoreMachine(RuleBasedStateMachine):
                     idx = [POOL.gpus.index(g) for g in d.gpus]
                     k = len(idx)
                     assert idx == list(range(idx[0], idx[0] + k)) and idx[0] % k == 0, "unaligned cell"
-                if len(d.cpus) <= 4:
-                    nodes = {c // 4 for c in d.cpus}
+                if len(d.cpus) <= self.node:
+                    nodes = {c // self.node for c in d.cpus}
                     assert len(nodes) <= 1, f"NUMA-spanning grant {d.cpus} that fits a node"
             elif isinstance(d, Reject):
                 self.queued.discard(d.action_id)
@@ -112,6 +134,13 @@ class CoreMachine(RuleBasedStateMachine):
 
     @rule(dt=st.floats(0, 1))
     def tick(self, dt):
+        self.now += dt
+        self._take(self.s.handle(Tick(), self.now))
+
+    @rule(dt=st.floats(2, 60))
+    def wait_long(self, dt):
+        """Time passes with nothing new: running actions outrun their estimates (malleable ones
+        may grow into idle cores, restartable ones be restarted there)."""
         self.now += dt
         self._take(self.s.handle(Tick(), self.now))
 
@@ -166,6 +195,53 @@ def test_round_skipping_changes_no_decision(script):
                 running.append(d.action_id)
             elif isinstance(d, Reject):
                 queued.discard(d.action_id)
+
+
+CPU8 = Pool(cpus=8)  # one node: a fixed action of 7 leaves a resizable one a single core
+_RESIZABLE = [ActionSpec(kind=k, cpus=1, elastic=Elasticity("cpu", 8, Amdahl(p), malleable=k == "m",
+                                                           restartable=k == "r"))
+              for k, p in (("m", 0.9), ("r", 0.95), ("r", 1.0))] + [ActionSpec(kind="f", cpus=c) for c in (2, 7)]
+
+
+class CpuResizeMachine(CoreMachine):
+    """The CPU core where resizes happen: malleable and restartable actions of learned, spread-out
+    lengths on one 8-core node, next to fixed ones; time jumps make them outrun their kinds while
+    cores go idle. Every Resize is checked by ``_take`` (running, a grow or a shrink back, on one
+    node, a restart never shrinking or repeating), the ledger by the invariant."""
+
+    node = 8
+
+    def __init__(self):
+        super().__init__()
+        self.s = Scheduler(CPU8)
+
+    @initialize(seed=st.integers(0, 2**16))
+    def teach(self, seed):
+        """32 completions of each resizable kind, one at a time, lognormal lengths (sigma 1): the
+        kinds know their spread before the machine starts (a restart needs it)."""
+        import random
+
+        rng = random.Random(seed)
+        for spec in _RESIZABLE[:3]:
+            for _ in range(32):
+                _submit(self, spec, 0.0)
+                (aid,) = self.running
+                self.now += rng.lognormvariate(-0.5, 1.0)
+                del self.running[aid]
+                self._take(self.s.handle(Released(aid), self.now))
+
+    @rule(i=st.integers(0, len(_RESIZABLE) - 1), dt=st.floats(0, 0.5))
+    def submit_resizable(self, i, dt):
+        _submit(self, _RESIZABLE[i], dt)
+
+    def teardown(self):
+        _drain(self)
+        self.s.check_invariants()
+        assert self.s.ledger.free_cpus == 8
+
+
+TestCpuResizeMachine = CpuResizeMachine.TestCase
+TestCpuResizeMachine.settings = settings(max_examples=100, stateful_step_count=60, deadline=None)
 
 
 GPU6 = Pool(gpus=6)  # one TP-4 cell and two GPUs beside it: where a width may spill

@@ -78,6 +78,7 @@ class SchedulerOptions:
     max_price: float | None = _opt("float")
     objective: str | None = _opt("str")
     start_or_wait: bool | None = _opt("bool")
+    restart_gain: float | None = _opt("float")
     restore_horizon: float | None = _opt("float")
     gpu_instances: str | None = _opt("str")
     gpu_regime_window: float | None = _opt("float")
@@ -127,6 +128,7 @@ class SchedulerKeywords(TypedDict, total=False):
     max_price: float | None
     objective: str
     start_or_wait: bool
+    restart_gain: float
     restore_horizon: float
     gpu_instances: str
     gpu_regime_window: float

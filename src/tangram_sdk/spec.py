@@ -140,9 +140,17 @@ class Elasticity:
     cpuset, a thread pool that follows ``os.sched_getaffinity``. The scheduler then grows a long
     running action into idle cores and shrinks it back when others wait (``Resize``); a
     fixed-worker runner (``pytest -n 16``) is not malleable. CPU only."""
+    restartable: bool = attrs.field(default=False, kw_only=True)
+    """The work may be killed and run again from the start (it is idempotent: a test suite, a
+    build, a linter). The scheduler then restarts an action that has run far past its kind's
+    expected length on more cores, once, when cores sit idle (``Resize``): ``lease.run`` and
+    ``lease.exec`` kill the command and run it again on the new cores. For fixed-worker runners
+    that malleability cannot serve (``pytest -n {units}``). CPU only; not with ``malleable``."""
 
-    def __repr__(self) -> str:  # malleable shown only when set: decision logs of other specs unchanged
+    def __repr__(self) -> str:  # the flags shown only when set: decision logs of other specs unchanged
         tail = ", malleable=True" if self.malleable else ""
+        if self.restartable:
+            tail += ", restartable=True"
         return (f"Elasticity(resource={self.resource!r}, max_units={self.max_units!r}, "
                 f"efficiency={self.efficiency!r}{tail})")
 
@@ -151,6 +159,13 @@ class Elasticity:
             raise SpecError(f"malleable must be True or False, got {show(self.malleable)}")
         if self.malleable and self.resource != "cpu":
             raise SpecError("malleable elasticity is for CPU cores only (a GPU instance's width is fixed)")
+        if not isinstance(self.restartable, bool):
+            raise SpecError(f"restartable must be True or False, got {show(self.restartable)}")
+        if self.restartable and self.resource != "cpu":
+            raise SpecError("restartable elasticity is for CPU cores only (a GPU call is not restarted)")
+        if self.restartable and self.malleable:
+            raise SpecError("malleable and restartable exclude each other: malleable work grows in place, "
+                            "restartable work is run again on more cores; choose one")
         if self.resource not in ("cpu", "gpu"):
             raise SpecError(f"elastic resource must be 'cpu' or 'gpu', got {show(self.resource)}")
         if isinstance(self.max_units, bool) or not isinstance(self.max_units, int) or self.max_units < 1:

@@ -65,8 +65,10 @@ from .placement import Placement
 from .deadlines import Deadlines
 from .gpu_sizing import GpuSizing
 from .moldable import CpuSizing
+from .pricing import PRICE_GRID
 from .planning import Planner
 from .residency import Residency
+from .restart import Restarts
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -89,9 +91,10 @@ class SchedulerStats(Snapshot):
     ``quotas``: per quota ``used``, ``concurrency``, ``tokens`` and ``token_level`` (the request
     and token buckets, None without one). ``counted``: per counted kind the pool accounts (memory
     when counted, and its declared ``resources``) ``total``, ``free``, ``used`` and ``unit``.
-    ``resizes``: Resize decisions so far (malleable actions grown or shrunk); ``grown``: running
-    ones holding more than they were admitted with now. Means are None until there is something
-    to average."""
+    ``resizes``: Resize decisions so far (malleable actions grown or shrunk, restartable ones
+    restarted); ``grown``: running malleable ones holding more than they were admitted with now;
+    ``restarts``: restartable actions restarted on more cores. Means are None until there is
+    something to average."""
 
     cpus_total: int
     cpus_free: int
@@ -114,6 +117,7 @@ class SchedulerStats(Snapshot):
     evictions: int
     resizes: int
     grown: int
+    restarts: int
     mean_act_s: float | None
     mean_queue_s: float | None
     mean_exec_s: float | None
@@ -164,6 +168,7 @@ class Scheduler:
         max_price: float | None = None,
         objective: str = "balanced",
         start_or_wait: bool = True,
+        restart_gain: float = 0.5,
         restore_horizon: float = 300.0,
         gpu_instances: str = "tp",
         gpu_regime_window: float = 60.0,
@@ -200,6 +205,8 @@ class Scheduler:
             max_price = _OBJECTIVES[objective]
         if not (load_target > 0 and price_horizon >= 0 and max_price >= 0):
             raise ValueError("load_target must be > 0, price_horizon and max_price >= 0")
+        if not 0.0 <= restart_gain <= 1.0:
+            raise ValueError(f"restart_gain must be in [0, 1] (0: never restart), got {restart_gain!r}")
         self.objective = objective
         self.planner = planner
         self.load_target = load_target
@@ -210,6 +217,7 @@ class Scheduler:
         self.ledger = Ledger(pool)
         self._queue = WaitQueue()
         self._mall = Malleables(self.ledger)  # running malleable actions and the cores they borrowed
+        self._rst = Restarts(self.ledger, restart_gain)  # running restartable actions, which were restarted
         self._running: dict[int, Action] = {}
         self._live: dict[int, Action] = {}  # queued or running, by id
         self._kinds: dict[str, KindStats] = {}
@@ -384,7 +392,8 @@ class Scheduler:
             submitted=self.submitted, granted=self.granted, released=self.released,
             cancelled=self.cancelled, rejected=self.rejected, failed=self.failed,
             completed=self.completed, rounds=self.rounds, evictions=self.evictions,
-            resizes=self._mall.resizes, grown=len(self._mall.grown),
+            resizes=self._mall.resizes + self._rst.count, grown=len(self._mall.grown),
+            restarts=self._rst.count,
             mean_act_s=(self._sum_act / self.completed) if self.completed else None,
             mean_queue_s=(self._sum_queue / self.granted) if self.granted else None,
             mean_exec_s=(self._sum_exec / self.completed) if self.completed else None,
@@ -403,9 +412,11 @@ class Scheduler:
     # ------------------------------------------------------------------------------ the round
     def _round(self, now: float) -> list[Decision]:
         """One round at ``now``: malleable actions shrunk first and grown after when any run,
-        queued deadlines expired and armed when any are kept, admission, plan and grants."""
+        restartable ones restarted after it, queued deadlines expired and armed when any are
+        kept, admission, plan and grants."""
         mall = self._mall
-        if mall.running:  # malleable actions running: shrink before admission, grow after
+        rst = self._rst
+        if mall.running or rst.running:  # shrink before admission; grow and restart after
             pre: list[Decision] = []
             if mall.grown and self._cpu_waiting() and mall.shrink_all(pre, now):
                 self._need_round = True
@@ -413,7 +424,12 @@ class Scheduler:
             pre.extend(self._round_plain(now))
             if not self._cpu_waiting() and self.ledger.free_cpus:
                 n = len(pre)
-                wake = mall.grow_idle(pre, now, self._cpu.dops_of)
+                wake = mall.grow_idle(pre, now, self._cpu.dops_of) if mall.running else None
+                if rst.running and self.ledger.free_cpus:
+                    w = rst.restart_idle(pre, now, lambda a: self._restart_size(a, now),
+                                         lambda spec: self._cpu.dops_of(spec)[0])
+                    if w is not None and (wake is None or w < wake):
+                        wake = w
                 if len(pre) > n:
                     self._cpu.forget_releases()
                 if wake is not None and (self.next_wakeup is None or wake < self.next_wakeup):
@@ -438,6 +454,11 @@ class Scheduler:
             out.append(r)
             return
         self._arm_deadlines()
+
+    def _restart_size(self, a: Action, now: float) -> tuple[int, float]:
+        """The size ``a``'s kind would be granted now, and the price per core-second then."""
+        gi = self._cpu.price_now(a, now)
+        return self._cpu.dops_of(a.spec)[gi], PRICE_GRID[gi]
 
     def _cpu_waiting(self) -> bool:
         return any(n and spec.cpus for spec, n in self._queue.spec_queued.items())
@@ -596,6 +617,7 @@ class Scheduler:
         self._running[a.id] = a
         if a.eres == "cpu":
             self._mall.admitted(a)
+            self._rst.admitted(a)
         self.granted += 1
         self._sum_queue += now - a.submitted
         return g
@@ -681,6 +703,7 @@ class Scheduler:
         g = a.grant
         assert g is not None
         msp = self._mall.released(a, now) if self._mall.running else None
+        rerun = self._rst.released(a, now) if self._rst.running else None
         self.ledger.give(g)
         for gid in g.gpus:
             self._gpu_holder[self.ledger.gpu_pos[gid]] = None
@@ -699,6 +722,8 @@ class Scheduler:
             # the hold included the restore the grant asked for: learn the call, not the copy
             exec_s = max(0.1 * exec_s, exec_s - self._gpu.restore_lat(self._place.restore_cost(a.spec.service),
                                                                       len(g.gpus)))
+        if rerun is not None:  # restarted: the kind learns from the run that completed
+            exec_s = rerun[0]
         if a.spec.duration is None:
             sp = (a.spec.speedup(g.units) if msp is None else msp) if a.eres else 1.0
             a.stats.observe_exec(exec_s, sp, self.duration_alpha,

@@ -55,7 +55,7 @@ class CpuSizing:
     __slots__ = ("ledger", "_running", "_kinds", "_spec_queued", "default_duration", "lookahead",
                  "load_target", "price_horizon", "price_smoothing", "objective", "start_or_wait",
                  "_price_cap", "_cap_overload", "_price_ewma", "_dops", "_node_rel_all", "_node_rel_round",
-                 "_price_memo", "_market_memo")
+                 "_price_memo", "_market_memo", "_probe")
 
     def __init__(self, ledger: Ledger, running: dict[int, Action], kinds: dict[str, KindStats],
                  spec_queued: dict[ActionSpec, int], *, default_duration: float, lookahead: bool,
@@ -83,11 +83,20 @@ class CpuSizing:
         self._node_rel_round = -1
         self._price_memo: dict[tuple[int, ActionSpec], int] = {}
         self._market_memo: dict[tuple[int, ActionSpec], Any] = {}
+        self._probe = 0  # round keys below zero: prices asked between rounds (price_now)
 
     def forget_releases(self) -> None:
         """Running actions' cores changed within the round (a malleable resize): rebuild the
         release line at its next use."""
         self._node_rel_all = None
+
+    def price_now(self, a: Action, now: float) -> int:
+        """Index in PRICE_GRID of the clearing price for ``a``'s cores at ``now``, unsmoothed and
+        not memoised: asked outside admission (a restart check), so no round's memo may answer
+        it and it must not move the per-spec smoothing that admission uses."""
+        self._probe -= 1
+        self._node_rel_all = None
+        return self._market(a, now, self._probe)(self._supply_by(now, a, self._probe))
 
     def _rel_fn(self, spec: ActionSpec) -> Callable[[int], float]:
         """``m -> T(m)/T(min)`` for ``spec`` as its kind has learned it."""

@@ -257,14 +257,16 @@ def simulate(
 
     def on_resize(d: Resize, now: float) -> None:
         """A running malleable action's cores change: its remaining work runs at the new size
-        from ``now`` plus one resize (the per-grant CPU cost); its completion is re-timed."""
+        from ``now`` plus one resize (the per-grant CPU cost); its completion is re-timed. A
+        restartable one is killed and starts its work over on the new cores after that cost."""
         aid = d.action_id
         g = grant_of[aid]
         r = rec_of[aid]
         act = act_of[r]
         t0, f0, rate = prog.get(aid) or (res.grant[r] + res.overhead[r], 0.0, 1.0 / max(res.exec_s[r], 1e-12))
         t_eff = max(now + cpu_cost, t0)
-        f = min(1.0, f0 + (t_eff - t0) * rate)
+        el = act.spec.elastic
+        f = 0.0 if el is not None and el.restartable else min(1.0, f0 + (t_eff - t0) * rate)
         new_rate = 1.0 / max(act.work * act.relative_duration(d.units), 1e-12)
         end = q(t_eff + (1.0 - f) / new_rate)
         prog[aid] = (t_eff, f, new_rate)
@@ -275,7 +277,8 @@ def simulate(
         res.exec_s[r] = end - res.grant[r] - res.overhead[r]
         res.units[r] = d.units
         if aid in par_of:  # measured: the cores' worth over the whole run, resizes included
-            par_of[aid] = act.cpu_seconds() / max(end - res.grant[r], 1e-12)
+            par_of[aid] = (act.parallelism(d.units) if f == 0.0  # restarted: what the new run gets
+                           else act.cpu_seconds() / max(end - res.grant[r], 1e-12))
         push(end, _DONE, aid, gen)
 
     def on_grant(li: int, g: Grant, now: float) -> None:

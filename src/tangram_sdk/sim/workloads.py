@@ -56,6 +56,7 @@ CODING = dict(
     test_work_mean=4.0, test_sigma=1.0,      # seconds at 1 core, lognormal (heavy tail)
     test_parallel=0.9, test_max_cpus=16,     # Amdahl p of test runs (pytest -n / make -j), cap
     test_malleable=False,                    # tests can use cores added mid-run (make -j over a cpuset)
+    test_restartable=False,                  # tests may be killed and run again on more cores (idempotent)
     shell_work_mean=0.5, shell_sigma=0.8,    # edits, grep, cat: serial, 1 core
     busy_frac=0.47,                          # paper: sandbox busy ~47% of a trajectory's life
     think_sigma=0.6,                         # decode pause spread (lognormal)
@@ -73,7 +74,8 @@ def ai_coding(batch: int = 1280, *, nodes: int = 15, cores: int = 256, seed: int
     rng = np.random.default_rng(seed)
     test = ActionSpec(kind="test", cpus=1, elastic=Elasticity("cpu", p["test_max_cpus"],
                                                              Amdahl(p["test_parallel"]),
-                                                             malleable=bool(p["test_malleable"])))
+                                                             malleable=bool(p["test_malleable"]),
+                                                             restartable=bool(p["test_restartable"])))
     shell = ActionSpec(kind="shell", cpus=1)
     # mean action seconds in a 3-core sandbox; think is set so the sandbox is busy busy_frac of the time
     sb = p["sandbox_cpus"]
