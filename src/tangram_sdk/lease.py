@@ -3,17 +3,23 @@ whatever handles the managers attached (a container to exec in, a restored GPU s
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import os
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any, Union
 
 from .errors import ManagerError
 from .process import ExecResult, MemoryScope, PinnedGroups, run_pinned
 from .spec import ActionSpec
 
-__all__ = ["THREAD_ENV_VARS", "ExecResult", "Lease", "thread_env"]
+__all__ = ["THREAD_ENV_VARS", "Command", "ExecResult", "Lease", "thread_env"]
+
+Command = Union[Sequence[str], Callable[["Lease"], Sequence[str]]]
+"""What ``lease.run``/``lease.exec`` take: an argv list, or a function of the lease returning one,
+called at each start (a restartable lease runs it again with ``lease.units`` of the new grant:
+``lambda lease: ["pytest", "-n", str(lease.units)]``)."""
 
 log = logging.getLogger("tangram_sdk")
 
@@ -54,10 +60,15 @@ class Lease:
     A *malleable* lease (``Elasticity(..., malleable=True)``) may be resized while it runs:
     ``cpus``/``units`` always say what it holds now, ``resizes`` counts the resizes applied,
     :meth:`on_resize` callbacks run after each, and :meth:`run` commands follow the new cores.
+    A *restartable* lease (``Elasticity(..., restartable=True)``) may be restarted once on more
+    cores: the :meth:`run`/:meth:`exec` command in progress is killed and run again on the new
+    ``cpus`` (a command given as a function of the lease is rebuilt for the new ``units``);
+    ``restarts`` counts them, and :meth:`on_resize` callbacks run after each.
     """
 
     __slots__ = ("action_id", "spec", "cpus", "gpus", "units", "memory", "quotas", "counted", "queued_s",
-                 "granted_at", "resizes", "_attached", "_memscope", "_cpu_s", "_run_s", "_groups", "_on_resize")
+                 "granted_at", "resizes", "restarts", "_attached", "_memscope", "_cpu_s", "_run_s", "_groups",
+                 "_on_resize", "_runs")
 
     def __init__(
         self,
@@ -87,7 +98,9 @@ class Lease:
         self._memscope: MemoryScope | None = None  # shared by this lease's runs
         self._cpu_s = 0.0  # CPU and wall seconds of this lease's measured runs (parallelism)
         self._run_s = 0.0
-        self.resizes = 0  # resizes applied (malleable leases only)
+        self.resizes = 0  # resizes applied (malleable and restartable leases only)
+        self.restarts = 0  # restarts applied (restartable leases only)
+        self._runs: set[asyncio.Future[ExecResult]] = set()  # commands in progress (restartable leases)
         self._groups: PinnedGroups | None = None  # live lease.run commands, re-pinned on resize
         self._on_resize: list[Callable[[Lease], None]] = []
 
@@ -97,6 +110,13 @@ class Lease:
         """The scheduler may resize this lease while it runs (its spec says ``malleable=True``)."""
         e = self.spec.elastic
         return e is not None and e.malleable
+
+    @property
+    def restartable(self) -> bool:
+        """The scheduler may restart this lease's command on more cores (its spec says
+        ``restartable=True``)."""
+        e = self.spec.elastic
+        return e is not None and e.restartable
 
     def on_resize(self, fn: Callable[[Lease], None]) -> Callable[[Lease], None]:
         """Call ``fn(lease)`` (sync, on the event loop) after each resize of this lease is applied,
@@ -115,8 +135,13 @@ class Lease:
             self._groups.target = cpus  # a command spawning from now on starts on these
 
     def _resized(self) -> None:
-        """After the managers applied a resize: move running commands, then tell the callbacks."""
+        """After the managers applied a resize: move running commands (kill them, on a
+        restartable lease: :meth:`_attempts` runs them again), then tell the callbacks."""
         self.resizes += 1
+        if self.restartable:
+            self.restarts += 1
+            for task in list(self._runs):
+                task.cancel()
         if self._groups is not None:
             try:
                 self._groups.repin(self.cpus)
@@ -164,39 +189,44 @@ class Lease:
         return thread_env(len(self.cpus))
 
     async def exec(
-        self, cmd: Sequence[str], *, timeout: float | None = None, max_output: int = 1 << 20,
+        self, cmd: Command, *, timeout: float | None = None, max_output: int = 1 << 20,
         env: Mapping[str, str] | None = None, thread_caps: bool = True, **kw: Any
     ) -> ExecResult:
-        """Run ``cmd`` (an argv list, never a shell string) inside the action's container.
+        """Run ``cmd`` (an argv list, never a shell string, or a function of the lease returning
+        one) inside the action's container.
 
         The command sees :meth:`thread_env` (OMP_NUM_THREADS=<granted cores> and the like) on top
         of the container's environment, and ``env`` on top of that (your values win);
-        ``thread_caps=False`` adds none. A command killed for memory raises ActionOOMError."""
+        ``thread_caps=False`` adds none. A command killed for memory raises ActionOOMError. On a
+        restartable lease a restart kills it and runs it again (``timeout`` counts per run)."""
         fn = self.attachment("exec")
-        merged = {**(self.thread_env() if thread_caps else {}), **(env or {})}
         if not thread_caps:
             kw["thread_caps"] = False  # a remote lease's agent must not add them back
-        result: ExecResult = await fn(cmd, timeout=timeout, max_output=max_output, env=merged or None, **kw)
+
+        async def once() -> ExecResult:
+            merged = {**(self.thread_env() if thread_caps else {}), **(env or {})}
+            out: ExecResult = await fn(self._argv(cmd), timeout=timeout, max_output=max_output,
+                                       env=merged or None, **kw)
+            return out
+
+        result = await self._attempts(once)
         self._measured(result)
         return result
 
     async def run(
-        self, cmd: Sequence[str], *, timeout: float | None = None, max_output: int = 1 << 20,
+        self, cmd: Command, *, timeout: float | None = None, max_output: int = 1 << 20,
         env: Mapping[str, str] | None = None, thread_caps: bool = True, **kw: Any
     ) -> ExecResult:
-        """Run ``cmd`` as a local subprocess pinned to ``lease.cpus`` (no Docker needed); on a
-        malleable lease it follows resizes (every process of its group and their threads).
+        """Run ``cmd`` (an argv list, or a function of the lease returning one) as a local
+        subprocess pinned to ``lease.cpus`` (no Docker needed); on a malleable lease it follows
+        resizes (every process of its group and their threads), on a restartable one a restart
+        kills it and runs it again on the new cores (``timeout`` counts per run).
 
         Its environment is ``env`` when given, else this process's; :meth:`thread_env` is added
         under it (a variable ``env`` sets wins; one merely inherited is overridden), unless
         ``thread_caps=False``. ``lease.memory`` > 0 holds the command to that many bytes where
         the platform allows (``tangram_sdk.process.memory_enforcement()``); a command
         killed for memory raises ActionOOMError."""
-        caps = self.thread_env() if thread_caps else {}
-        if env is None:
-            full: Mapping[str, str] | None = {**os.environ, **caps} if caps else None
-        else:
-            full = {**caps, **env}
         memory = None
         if self.memory > 0:
             if self._memscope is None:
@@ -207,10 +237,46 @@ class Lease:
             if self._groups is None:
                 self._groups = PinnedGroups(self.cpus)
             groups = self._groups
-        result = await run_pinned(cmd, self.cpus, timeout=timeout, max_output=max_output, env=full,
-                                  memory=memory, groups=groups, **kw)
+
+        async def once() -> ExecResult:
+            caps = self.thread_env() if thread_caps else {}
+            if env is None:
+                full: Mapping[str, str] | None = {**os.environ, **caps} if caps else None
+            else:
+                full = {**caps, **env}
+            return await run_pinned(self._argv(cmd), self.cpus, timeout=timeout, max_output=max_output,
+                                    env=full, memory=memory, groups=groups, **kw)
+
+        result = await self._attempts(once)
         self._measured(result)
         return result
+
+    def _argv(self, cmd: Command) -> Sequence[str]:
+        """``cmd`` as an argv for the lease as it is now (a function of the lease is called)."""
+        return cmd(self) if callable(cmd) else cmd
+
+    async def _attempts(self, once: Callable[[], Awaitable[ExecResult]]) -> ExecResult:
+        """``await once()``; on a restartable lease, again each time a restart killed it (the
+        command's task is cancelled by :meth:`_resized`: ``run_pinned`` and the Docker exec kill
+        the command's processes on cancel). A cancel of the caller always wins: the command is
+        killed and the CancelledError goes on."""
+        if not self.restartable:
+            return await once()
+        while True:
+            before = self.restarts
+            task = asyncio.ensure_future(once())
+            self._runs.add(task)
+            try:
+                await asyncio.wait([task])  # unlike awaiting the task, our own cancel stays ours
+            except BaseException:
+                task.cancel()  # the caller is cancelled: the command dies with it
+                await asyncio.wait([task])
+                raise
+            finally:
+                self._runs.discard(task)
+            if task.cancelled() and self.restarts != before:
+                continue  # killed by a restart: run it again on the new cores
+            return task.result()
 
     def _measured(self, result: ExecResult) -> None:
         # a manager's exec may return its own result type: only an ExecResult's numbers count

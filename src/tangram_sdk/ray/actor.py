@@ -707,7 +707,7 @@ class SchedulerActor:
         self.granted += 1
         nl, ql = held.nlease, held.qlease
         node = held.node
-        if nl is not None and nl.malleable:  # the node runtime may grow/shrink it: tell the client
+        if nl is not None and (nl.malleable or nl.restartable):  # resized or restarted by the node runtime: tell the client
             nl.on_resize(functools.partial(self._resized, conn, key, held))
         fields = {
             "id": held.gid,
