@@ -204,6 +204,13 @@ def test_spec_and_pool_from_mapping() -> None:
     assert spec.kind == "sandbox" and spec.max_units == 8 and spec.quota_map == {"search": 1}
     table = spec_from_mapping({"kind": "t", "cpus": 1, "elastic": {"max_units": 2, "efficiency": {"1": 1, "2": 0.8}}})
     assert table.speedup(2) == pytest.approx(1.6)
+    # a YAML tool spec says its work may be resized or run again (a test suite: restartable)
+    rerun = spec_from_mapping({"kind": "pytest", "cpus": 1, "elastic": {"max_units": 16, "restartable": True}})
+    assert rerun.elastic is not None and rerun.elastic.restartable and not rerun.elastic.malleable
+    grow = spec_from_mapping({"kind": "make", "cpus": 1, "elastic": {"max_units": 16, "malleable": True}})
+    assert grow.elastic is not None and grow.elastic.malleable
+    with pytest.raises(SpecError, match="exclude each other"):
+        spec_from_mapping({"kind": "t", "cpus": 1, "elastic": {"max_units": 2, "malleable": True, "restartable": True}})
     with pytest.raises(SpecError, match="unknown key"):
         spec_from_mapping({"kind": "t", "cpu": 1})
     with pytest.raises(SpecError, match="kind"):

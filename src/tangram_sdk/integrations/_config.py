@@ -37,7 +37,7 @@ SpecFor = Callable[[str, Mapping[str, Any]], ActionSpec]
 
 _SPEC_KEYS = {"kind", "cpus", "gpus", "memory", "needs", "quotas", "elastic", "duration", "priority", "container",
               "service"}
-_ELASTIC_KEYS = {"resource", "max_units", "parallel", "efficiency"}
+_ELASTIC_KEYS = {"resource", "max_units", "parallel", "efficiency", "malleable", "restartable"}
 _FROM_PARAM_KEYS = {"cpus", "gpus", "memory", "duration", "priority", "max_units"}
 
 
@@ -91,12 +91,13 @@ def _elastic(data: Any) -> Elasticity:
             eff = {int(k): float(v) for k, v in table.items()}
         except (TypeError, ValueError) as exc:
             raise SpecError(f"spec.elastic.efficiency: {exc}") from exc
-    return Elasticity(resource=data.get("resource", "cpu"), max_units=data.get("max_units", 1), efficiency=eff)
+    return Elasticity(resource=data.get("resource", "cpu"), max_units=data.get("max_units", 1), efficiency=eff,
+                      malleable=data.get("malleable", False), restartable=data.get("restartable", False))
 
 
 def spec_from_mapping(data: Mapping[str, Any], *, default_kind: str | None = None) -> ActionSpec:
     """Build an ActionSpec from YAML: the ActionSpec fields, with ``elastic`` as
-    ``{resource, max_units, parallel | efficiency}``. Unknown keys are a SpecError (typos would
+    ``{resource, max_units, parallel | efficiency, malleable, restartable}``. Unknown keys are a SpecError (typos would
     otherwise silently give an action no resources)."""
     data = _plain(data)
     if not isinstance(data, Mapping):
