@@ -106,3 +106,50 @@ async def test_client_applies_resize_frames_to_its_lease_even_before_it_is_built
     link._on_frame(pickle.dumps(("rsz", key, (0, 1, 2, 3), 4)))  # after the release: ignored
     link._on_frame(pickle.dumps(("rsz", 999, (0, 1), 2)))  # never granted: ignored
     assert lease.cpus == (2,) and lease.resizes == 2 and seen == [((2,), 1)] and link.early == {}
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "sched_setaffinity")
+                    or len(__import__("os").sched_getaffinity(0)) < 2, reason="needs Linux affinity and 2 cores")
+async def test_a_restart_frame_kills_and_reruns_the_clients_lease_run_command() -> None:
+    """A restartable remote lease hears of its restart as an ``rsz`` frame (the actor sends one
+    for restartable leases as for malleable ones): the client's ``lease.run`` command in progress
+    is killed and run again on the new cores, its argv rebuilt for the new units."""
+    import asyncio
+    import os
+    import pickle
+    import tempfile
+
+    from tangram_sdk import Elasticity
+    from tangram_sdk.ray import RemoteTangram
+    from tangram_sdk.ray.client import _Link
+
+    cores = tuple(sorted(os.sched_getaffinity(0)))[:2]
+    rt = RemoteTangram("t")
+    link = rt._link = _Link(rt)  # no socket: what the client sends goes nowhere, frames are fed in
+    spec = ActionSpec(kind="pytest", cpus=1, elastic=Elasticity("cpu", 2, restartable=True))
+    acm = rt.acquire(spec)
+    entering = asyncio.create_task(acm.enter())
+    while not link.waiters:
+        await asyncio.sleep(0)
+    (key,) = link.waiters
+    fields = {"id": 7, "node": "A", "ray_node_id": "n", "agent": None, "agent_keys": [], "node_aid": 3,
+              "cpus": cores[:1], "gpus": (), "units": 1, "memory": 0, "counted": (), "quotas": (), "queued_s": 0.0}
+    link._on_frame(pickle.dumps(("grant", key, fields)))
+    lease = await entering
+    assert lease.restartable and lease.units == 1
+    probe = ("import os,sys,time\nu=int(sys.argv[1])\nopen(sys.argv[2]+str(u),'w').close()\n"
+             "print(u, sorted(os.sched_getaffinity(0)))\ntime.sleep(60 if u == 1 else 0)")
+    with tempfile.TemporaryDirectory() as d:
+        marker = os.path.join(d, "run")
+        run = asyncio.create_task(lease.run(lambda ls: [sys.executable, "-c", probe, str(ls.units), marker],
+                                            timeout=60))
+        for _ in range(3000):
+            if os.path.exists(marker + "1") or run.done():
+                break
+            await asyncio.sleep(0.01)
+        assert not run.done() and os.path.exists(marker + "1")
+        link._on_frame(pickle.dumps(("rsz", key, cores, 2)))
+        result = await asyncio.wait_for(asyncio.shield(run), 30)  # the first run would sleep 60 s
+    assert result.ok and result.stdout.decode().split(None, 1) == ["2", f"{list(cores)}\n"], result
+    assert lease.restarts == 1 and lease.resizes == 1
+    await acm.exit(failed=False)
