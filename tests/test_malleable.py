@@ -4,12 +4,19 @@ units it held always come back (issue 12's RL-step stragglers)."""
 
 from __future__ import annotations
 
+import random
+import sys
+from pathlib import Path
+
 import pytest
 
 from tangram_sdk import ActionSpec, Amdahl, Elasticity, Pool, Scheduler, SpecError
 from tangram_sdk.scheduler import Cancelled, Grant, Released, Resize, Submitted, Tick
 from tangram_sdk.sim.baselines import make_policy
 from tangram_sdk.sim.engine import Act, Trajectory, simulate
+
+sys.path.insert(0, str(Path(__file__).parent))
+from resize_equivalence import assert_same_decisions
 
 MALL = ActionSpec(kind="m", cpus=1, elastic=Elasticity("cpu", 8, Amdahl(0.9), malleable=True))
 FIXED = ActionSpec(kind="f", cpus=4)
@@ -95,14 +102,7 @@ async def test_runtime_and_simulator_make_identical_decisions_with_resizes() -> 
     """The same-core equivalence (tests/test_sim_engine.py) with malleable actions: the live
     runtime applies each Resize to the held lease, the action re-times its remaining work from
     ``lease.on_resize`` exactly as the simulator does, and both logs match entry by entry."""
-    import asyncio
-
-    from tangram_sdk.runtime import Tangram
-    from tangram_sdk.sim.baselines import CPU_UPDATE_S
-
     spec = ActionSpec(kind="t", cpus=1, elastic=Elasticity("cpu", 8, Amdahl(0.9), malleable=True))
-    import random
-
     rng = random.Random(5)  # times on a 1 us grid from a wide range: no two events coincide
 
     def t(lo: float, hi: float) -> float:
@@ -110,49 +110,4 @@ async def test_runtime_and_simulator_make_identical_decisions_with_resizes() -> 
 
     trajs = [Trajectory(tuple(Act(spec, t(0.2, 2.0), t(0.01, 1.5)) for _ in range(3)), 0.0, t(0.1, 1.0))
              for _ in range(12)] + [Trajectory((Act(spec, 40.0, 0.123457),))]
-    pool = Pool(cpus=8)
-
-    def recorder(log: list[object]):  # type: ignore[no-untyped-def]
-        return lambda events, now, decisions: log.append((tuple(events), round(now, 6), tuple(decisions)))
-
-    sim_log: list[object] = []
-    simulate(trajs, make_policy("tangram", pool), observers=[recorder(sim_log)], time_resolution=1e-6)
-
-    def q(t: float) -> float:
-        return round(t * 1_000_000) / 1_000_000
-
-    rt_log: list[object] = []
-    loop = asyncio.get_running_loop()
-    async with Tangram(pool, observers=[recorder(rt_log)], batch=False) as tangram:
-
-        async def run(tr: Trajectory) -> None:
-            for act in tr.acts:
-                await asyncio.sleep(act.think)
-                async with tangram.acquire(act.spec) as lease:
-                    now = loop.time()
-                    ex = act.work * act.relative_duration(lease.units)
-                    t0, f0, rate = now + CPU_UPDATE_S, 0.0, 1.0 / ex
-                    end = q(now + ex + CPU_UPDATE_S)
-                    changed = asyncio.Event()
-                    lease.on_resize(lambda _l, ev=changed: ev.set())
-                    while loop.time() < end:
-                        waiter = asyncio.ensure_future(changed.wait())
-                        done, _ = await asyncio.wait([waiter], timeout=end - loop.time())
-                        if not done:
-                            waiter.cancel()
-                            break
-                        changed.clear()
-                        t = max(loop.time() + CPU_UPDATE_S, t0)  # as the simulator re-times it
-                        f = min(1.0, f0 + (t - t0) * rate)
-                        rate = 1.0 / (act.work * act.relative_duration(lease.units))
-                        t0, f0 = t, f
-                        end = q(t + (1.0 - f) / rate)
-            await asyncio.sleep(tr.tail)
-
-        await asyncio.gather(*(run(t) for t in trajs))
-
-    resizes = [d for _e, _t, ds in sim_log for d in ds if isinstance(d, Resize)]  # type: ignore[misc]
-    assert resizes, "the trace should make the straggler grow"
-    assert len(sim_log) == len(rt_log)
-    for i, (a, b) in enumerate(zip(sim_log, rt_log)):
-        assert a == b, f"entry {i} differs:\nsim {a}\nrt  {b}"
+    assert await assert_same_decisions(trajs, Pool(cpus=8)), "the trace should make the straggler grow"

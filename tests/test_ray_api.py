@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from typing import Any
 
 import pytest
 
@@ -71,31 +72,45 @@ def test_wire_frames_split_and_join() -> None:
     assert back.elastic.efficiency.efficiency(3) == 1.0
 
 
-async def test_client_applies_resize_frames_to_its_lease_even_before_it_is_built_and_never_after() -> None:
-    """``("rsz", key, cpus, units)`` from the actor: a resize that lands in the same read as its
-    grant (before ``acquire`` has built the lease) is applied once the lease exists; one for a
-    held lease updates it as the in-process runtime does (cores, units, resizes, callbacks); one
-    after the release, or for a key never granted, changes nothing."""
+async def _granted_remote(spec: ActionSpec, cpus: tuple[int, ...],
+                          early: tuple[tuple[int, ...], int] | None = None) -> tuple[Any, Any, int, Any]:
+    """A RemoteTangram acquire of ``spec`` granted ``cpus`` (one unit each) by frames fed to its
+    link (no socket: what the client sends goes nowhere); ``early``: a resize ``(cpus, units)``
+    fed in the same read as the grant, before the acquire resumes. Returns the link, the
+    acquire's context manager, the key and the lease."""
     import asyncio
     import pickle
 
-    from tangram_sdk import Elasticity
     from tangram_sdk.ray import RemoteTangram
     from tangram_sdk.ray.client import _Link
 
     rt = RemoteTangram("t")
-    link = rt._link = _Link(rt)  # no socket: what the client sends goes nowhere, frames are fed in
-    spec = ActionSpec(kind="m", cpus=1, elastic=Elasticity("cpu", 4, malleable=True))
+    link = rt._link = _Link(rt)
     acm = rt.acquire(spec)
     entering = asyncio.create_task(acm.enter())
     while not link.waiters:
         await asyncio.sleep(0)
     (key,) = link.waiters
     fields = {"id": 7, "node": "A", "ray_node_id": "n", "agent": None, "agent_keys": [], "node_aid": 3,
-              "cpus": (2,), "gpus": (), "units": 1, "memory": 0, "counted": (), "quotas": (), "queued_s": 0.0}
+              "cpus": cpus, "gpus": (), "units": len(cpus), "memory": 0, "counted": (), "quotas": (),
+              "queued_s": 0.0}
     link._on_frame(pickle.dumps(("grant", key, fields)))
-    link._on_frame(pickle.dumps(("rsz", key, (0, 1, 2), 3)))  # before the acquire resumed
-    lease = await entering
+    if early is not None:
+        link._on_frame(pickle.dumps(("rsz", key, *early)))
+    return link, acm, key, await entering
+
+
+async def test_client_applies_resize_frames_to_its_lease_even_before_it_is_built_and_never_after() -> None:
+    """``("rsz", key, cpus, units)`` from the actor: a resize that lands in the same read as its
+    grant (before ``acquire`` has built the lease) is applied once the lease exists; one for a
+    held lease updates it as the in-process runtime does (cores, units, resizes, callbacks); one
+    after the release, or for a key never granted, changes nothing."""
+    import pickle
+
+    from tangram_sdk import Elasticity
+
+    spec = ActionSpec(kind="m", cpus=1, elastic=Elasticity("cpu", 4, malleable=True))
+    link, acm, key, lease = await _granted_remote(spec, (2,), early=((0, 1, 2), 3))  # resized before it resumed
     assert lease.cpus == (0, 1, 2) and lease.units == 3 and lease.resizes == 1 and link.early == {}
     seen: list[tuple[tuple[int, ...], int]] = []
     lease.on_resize(lambda ls: seen.append((ls.cpus, ls.units)))
@@ -120,22 +135,10 @@ async def test_a_restart_frame_kills_and_reruns_the_clients_lease_run_command() 
     import tempfile
 
     from tangram_sdk import Elasticity
-    from tangram_sdk.ray import RemoteTangram
-    from tangram_sdk.ray.client import _Link
 
     cores = tuple(sorted(os.sched_getaffinity(0)))[:2]
-    rt = RemoteTangram("t")
-    link = rt._link = _Link(rt)  # no socket: what the client sends goes nowhere, frames are fed in
     spec = ActionSpec(kind="pytest", cpus=1, elastic=Elasticity("cpu", 2, restartable=True))
-    acm = rt.acquire(spec)
-    entering = asyncio.create_task(acm.enter())
-    while not link.waiters:
-        await asyncio.sleep(0)
-    (key,) = link.waiters
-    fields = {"id": 7, "node": "A", "ray_node_id": "n", "agent": None, "agent_keys": [], "node_aid": 3,
-              "cpus": cores[:1], "gpus": (), "units": 1, "memory": 0, "counted": (), "quotas": (), "queued_s": 0.0}
-    link._on_frame(pickle.dumps(("grant", key, fields)))
-    lease = await entering
+    link, acm, key, lease = await _granted_remote(spec, cores[:1])
     assert lease.restartable and lease.units == 1
     probe = ("import os,sys,time\nu=int(sys.argv[1])\nopen(sys.argv[2]+str(u),'w').close()\n"
              "print(u, sorted(os.sched_getaffinity(0)))\ntime.sleep(60 if u == 1 else 0)")

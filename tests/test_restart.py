@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import math
 import random
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,6 +18,9 @@ from tangram_sdk.scheduler import Cancelled, Grant, Released, Resize, Submitted,
 from tangram_sdk.scheduler.restart import expected_length
 from tangram_sdk.sim.baselines import make_policy
 from tangram_sdk.sim.engine import Act, Trajectory, simulate
+
+sys.path.insert(0, str(Path(__file__).parent))
+from resize_equivalence import assert_same_decisions
 
 RST = ActionSpec(kind="t", cpus=1, elastic=Elasticity("cpu", 8, Amdahl(0.95), restartable=True))
 FIXED = ActionSpec(kind="f", cpus=7)
@@ -172,11 +177,6 @@ async def test_runtime_and_simulator_make_identical_decisions_with_restarts() ->
     """The same-core equivalence (tests/test_sim_engine.py) with restartable actions: the live
     runtime applies each restart to the held lease, the action starts its work over from
     ``lease.on_resize`` exactly as the simulator does, and both logs match entry by entry."""
-    import asyncio
-
-    from tangram_sdk.runtime import Tangram
-    from tangram_sdk.sim.baselines import CPU_UPDATE_S
-
     spec = ActionSpec(kind="t", cpus=1, elastic=Elasticity("cpu", 16, Amdahl(0.95), restartable=True))
     rng = random.Random(11)  # times on a 1 us grid from a wide range: no two events coincide
 
@@ -188,45 +188,4 @@ async def test_runtime_and_simulator_make_identical_decisions_with_restarts() ->
 
     trajs = [Trajectory(tuple(Act(spec, work(), t(0.01, 0.4)) for _ in range(8)), 0.0, t(0.1, 1.0))
              for _ in range(24)] + [Trajectory((Act(spec, 40.0, 0.123457),))]
-    pool = Pool(cpus=16)
-
-    def recorder(log: list[object]):  # type: ignore[no-untyped-def]
-        return lambda events, now, decisions: log.append((tuple(events), round(now, 6), tuple(decisions)))
-
-    sim_log: list[object] = []
-    simulate(trajs, make_policy("tangram", pool), observers=[recorder(sim_log)], time_resolution=1e-6)
-    restarts = [d for _e, _t, ds in sim_log for d in ds if isinstance(d, Resize)]  # type: ignore[misc]
-    assert restarts, "the trace should make the straggler restart"
-
-    def q(x: float) -> float:
-        return round(x * 1_000_000) / 1_000_000
-
-    rt_log: list[object] = []
-    loop = asyncio.get_running_loop()
-    async with Tangram(pool, observers=[recorder(rt_log)], batch=False) as tangram:
-
-        async def run(tr: Trajectory) -> None:
-            for act in tr.acts:
-                await asyncio.sleep(act.think)
-                async with tangram.acquire(act.spec) as lease:
-                    now = loop.time()
-                    t0 = now + CPU_UPDATE_S
-                    end = q(t0 + act.work * act.relative_duration(lease.units))
-                    changed = asyncio.Event()
-                    lease.on_resize(lambda _l, ev=changed: ev.set())
-                    while loop.time() < end:
-                        waiter = asyncio.ensure_future(changed.wait())
-                        done, _ = await asyncio.wait([waiter], timeout=end - loop.time())
-                        if not done:
-                            waiter.cancel()
-                            break
-                        changed.clear()  # restarted: the work starts over on the new cores
-                        t0 = max(loop.time() + CPU_UPDATE_S, t0)  # as the simulator re-times it
-                        end = q(t0 + act.work * act.relative_duration(lease.units))
-            await asyncio.sleep(tr.tail)
-
-        await asyncio.gather(*(run(tr) for tr in trajs))
-
-    assert len(sim_log) == len(rt_log)
-    for i, (a, b) in enumerate(zip(sim_log, rt_log)):
-        assert a == b, f"entry {i} differs:\nsim {a}\nrt  {b}"
+    assert await assert_same_decisions(trajs, Pool(cpus=16)), "the trace should make the straggler restart"
