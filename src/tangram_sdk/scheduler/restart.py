@@ -118,8 +118,8 @@ class Restarts:
 
     def restart_idle(self, out: list[Decision], now: float, size_of: Callable[[Action], tuple[int, float]],
                      most: Callable[[ActionSpec], int]) -> float | None:
-        """Restart the actions whose restart now pays (see the module docstring), oldest due
-        first. ``size_of(a)``: the size ``a``'s kind would be granted now and the price per
+        """Restart the actions whose restart now pays (see the module docstring), the oldest of
+        those due first. ``size_of(a)``: the size ``a``'s kind would be granted now and the price per
         core-second then; ``most(spec)``: the size at price zero, a bound on it that is cheap to
         ask. Returns when the next one becomes due (None: none left)."""
         due = self.due
@@ -134,15 +134,15 @@ class Restarts:
             return hit
 
         look = self.look
-        while due:
-            t, aid = due[0]
-            if look.get(aid) != t:
-                heapq.heappop(due)  # stale: released, restarted, or looked at again since
-                continue
-            if t > now:
-                return t
-            heapq.heappop(due)
-            a = running[aid]
+        ready: list[Action] = []
+        while due and due[0][0] <= now:
+            t, aid = heapq.heappop(due)
+            if look.get(aid) == t:  # else stale: released, restarted, or looked at again since
+                ready.append(running[aid])
+        # oldest first: the longest-running is the likeliest straggler, and a restart takes the
+        # idle cores it would need
+        for a in sorted(ready, key=lambda x: x.started):
+            aid = a.id
             g = a.grant
             assert g is not None
             free = L.node_free[L.node_of[g.cpus[0]]] if g.cpus else None
@@ -155,7 +155,9 @@ class Restarts:
                 # not now (no idle core on its node, or not worth it yet): look again a twentieth
                 # of its age from now (the expected remainder only grows with the age)
                 self._schedule(aid, now + max(0.05 * (now - a.started), 1e-3))
-        return None
+        while due and look.get(due[0][1]) != due[0][0]:
+            heapq.heappop(due)
+        return due[0][0] if due else None
 
     def _consider(self, a: Action, g: Grant, free: set[int], out: list[Decision], now: float,
                   size_of: Callable[[Action], tuple[int, float]], most: int) -> bool:
