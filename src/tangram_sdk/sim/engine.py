@@ -266,7 +266,8 @@ def simulate(
         t0, f0, rate = prog.get(aid) or (res.grant[r] + res.overhead[r], 0.0, 1.0 / max(res.exec_s[r], 1e-12))
         t_eff = max(now + cpu_cost, t0)
         el = act.spec.elastic
-        f = 0.0 if el is not None and el.restartable else min(1.0, f0 + (t_eff - t0) * rate)
+        restarted = el is not None and el.restartable
+        f = 0.0 if restarted else min(1.0, f0 + (t_eff - t0) * rate)
         new_rate = 1.0 / max(act.work * act.relative_duration(d.units), 1e-12)
         end = q(t_eff + (1.0 - f) / new_rate)
         prog[aid] = (t_eff, f, new_rate)
@@ -277,7 +278,7 @@ def simulate(
         res.exec_s[r] = end - res.grant[r] - res.overhead[r]
         res.units[r] = d.units
         if aid in par_of:  # measured: the cores' worth over the whole run, resizes included
-            par_of[aid] = (act.parallelism(d.units) if f == 0.0  # restarted: what the new run gets
+            par_of[aid] = (act.parallelism(d.units) if restarted  # what the new run gets
                            else act.cpu_seconds() / max(end - res.grant[r], 1e-12))
         push(end, _DONE, aid, gen)
 
