@@ -46,7 +46,9 @@ CONTENDED_BAR = 0.92  # tangram / best fixed mean ACT, contended cells
 # The one bar not met everywhere, bounded instead: the RL step of contended CPU cells. There one
 # very long test started on few cores during a backlog can end the step alone (a non-clairvoyant
 # moldable scheduler's lottery; docs/evaluation.md, "losing cells"). The quick matrix (seed 0)
-# measures 1.061 / 1.037 there; the full one has cells up to 1.90 (1.16 with restartable tests).
+# measures 1.061 / 1.037 there; the full one has cells up to 1.90 (1.16 with restartable tests),
+# and seeds held out of it up to 1.30. Not a proven bound: the quick matrix's tolerance for them.
+# Malleable, restartable and hinted cells are held to the strict bar.
 STRAGGLER_BOUND = 1.10
 
 
@@ -66,6 +68,9 @@ class Cell:
                 p["test_malleable"] = True  # Tangram may resize running tests; fixed DoPs ignore it
             if os.environ.get("TANGRAM_MATRIX_RESTARTABLE") == "1":
                 p["test_restartable"] = True  # Tangram may run a straggling test again on more cores
+            if os.environ.get("TANGRAM_MATRIX_HINTS"):
+                # each test's caller passes a length hint off by this log-sigma (only Tangram is told)
+                p["test_hint_sigma"] = float(os.environ["TANGRAM_MATRIX_HINTS"])
             return ai_coding(**p)
         if fam == "mopd":
             return mopd(**p)
@@ -105,6 +110,10 @@ def cells(quick: bool, seeds: int) -> list[Cell]:
         out.append(Cell("ai-coding contended cap16 restartable s0", "ai-coding",
                         dict(batch=batch, nodes=nodes, seed=0, test_max_cpus=16, test_restartable=True),
                         ("tangram", "static") + _fifos(16), contended=True))
+        # length hints (acquire(expected_s=), off by a log-sigma of 0.5): the long tests are known
+        out.append(Cell("ai-coding contended cap8 hinted s0", "ai-coding",
+                        dict(batch=batch, nodes=nodes, seed=0, test_max_cpus=8, test_hint_sigma=0.5),
+                        ("tangram", "static") + _fifos(8), contended=True))
     for seed in range(1 if quick else seeds):
         nodes = max(1, round(batch * 1.6 / 256))
         out.append(Cell(f"ai-coding-slow medium cap16 s{seed}", "ai-coding",
@@ -270,7 +279,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--restartable", action="store_true",
                     help="ai-coding tests are restartable (idempotent: pytest -n N run again): Tangram "
                          "restarts a test that has run far past its kind's expected length on idle cores")
+    ap.add_argument("--hints", type=float, default=None, metavar="SIGMA",
+                    help="ai-coding tests carry a length hint (acquire(expected_s=)) off by this log-sigma "
+                         "(0: exact); only Tangram is told")
     args = ap.parse_args(argv)
+    if args.hints is not None:
+        os.environ["TANGRAM_MATRIX_HINTS"] = repr(args.hints)
     if args.restartable:
         os.environ["TANGRAM_MATRIX_RESTARTABLE"] = "1"
     if args.malleable:

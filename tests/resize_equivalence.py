@@ -35,7 +35,7 @@ async def _live(trajs: Sequence[Trajectory], pool: Pool) -> list[Any]:
         async def run(tr: Trajectory) -> None:
             for act in tr.acts:
                 await asyncio.sleep(act.think)
-                async with tangram.acquire(act.spec) as lease:
+                async with tangram.acquire(act.spec, expected_s=act.hint) as lease:
                     el = act.spec.elastic
                     restarts = el is not None and el.restartable
                     t0, f0 = loop.time() + CPU_UPDATE_S, 0.0

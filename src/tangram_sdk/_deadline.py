@@ -135,3 +135,18 @@ def check_deadline(deadline: object) -> float | None:
     if d != d or d in (float("inf"), float("-inf")):
         raise SpecError(f"deadline must be a finite loop.time() value, got {deadline!r}")
     return d
+
+
+def check_expected(value: object) -> float | None:
+    """A length hint (``acquire(expected_s=)``) is a finite number of seconds > 0, or None."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise SpecError(f"expected_s must be None or a number of seconds > 0, got {value!r}")
+    try:
+        s = float(value)
+    except OverflowError:
+        s = float("inf")
+    if not 0.0 < s < float("inf"):
+        raise SpecError(f"expected_s must be a finite number of seconds > 0, got {value!r}")
+    return s

@@ -29,7 +29,7 @@ from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from types import MappingProxyType, TracebackType
 from typing import Any
 
-from ._deadline import check_deadline, check_timeout, settle, wait_future
+from ._deadline import check_deadline, check_expected, check_timeout, settle, wait_future
 from ._validate import check_tokens_used
 from ._shield import finish
 from .errors import (
@@ -233,25 +233,30 @@ class Tangram:
 
     # ------------------------------------------------------------------------------ public API
     def acquire(self, spec: ActionSpec, *, timeout: float | None = None,
-                deadline: float | None = None) -> _Waiter:
+                deadline: float | None = None, expected_s: float | None = None) -> _Waiter:
         """Wait for ``spec``'s resources; an async context manager yielding a :class:`Lease`.
 
         Raises SpecError / InfeasibleSpecError at once for specs this pool can never serve,
         TimeoutError after ``timeout`` seconds of queueing, RuntimeClosedError when closed.
         ``deadline`` (absolute, on the event loop's clock, ``loop.time()``): DeadlineError at once
         when the scheduler estimates the action cannot start by then, or when it is still queued
-        then (the queue drops it; nothing is held).
+        then (the queue drops it; nothing is held). ``expected_s``: your estimate of this action's
+        seconds at its minimum units (a length hint: the size of the suite, the last run of the same
+        task). An elastic CPU action hinted among its kind's longest (one in a thousand of the
+        hints seen) gets more cores and may wait for them, so it does not end the RL step alone.
         """
-        return _Waiter(self, spec, check_timeout(timeout) if timeout is not None else None, check_deadline(deadline))
+        return _Waiter(self, spec, check_timeout(timeout) if timeout is not None else None, check_deadline(deadline),
+                       check_expected(expected_s))
 
     async def acquire_lease(self, spec: ActionSpec, *, timeout: float | None = None,
-                            deadline: float | None = None) -> Lease:
+                            deadline: float | None = None, expected_s: float | None = None) -> Lease:
         """:meth:`acquire` without the ``async with``: wait for the grant, apply it, return the
         :class:`Lease`; give it back with :meth:`release`. For holds that do not fit one block (a
         sandbox bound to a whole trajectory, an adapter that enters and leaves in different
         calls). The same errors as ``acquire``; whatever happens while waiting, nothing is held
         when this raises."""
-        w = _Waiter(self, spec, check_timeout(timeout) if timeout is not None else None, check_deadline(deadline))
+        w = _Waiter(self, spec, check_timeout(timeout) if timeout is not None else None, check_deadline(deadline),
+                    check_expected(expected_s))
         return await w.enter()
 
     async def release(self, lease: Lease, *, failed: bool = False) -> None:
@@ -635,10 +640,10 @@ class Tangram:
         aid = w.aid = next(self._ids)
         self._waiters[aid] = w
         w.inline = True  # decisions for it are stored on the record while we are on the stack
-        if w.deadline is None:
+        if w.deadline is None and w.expected is None:
             self._submitted(aid, spec, now)
         else:
-            self._post(Submitted(aid, spec, w.deadline), now)
+            self._post(Submitted(aid, spec, w.deadline, w.expected), now)
         w.inline = False
         if w.grant is not None:
             return w.grant
@@ -678,14 +683,16 @@ class _Waiter:
     """One acquire, from submit until it leaves (the runtime's only per-action record), and the
     async context manager :meth:`Tangram.acquire` returns."""
 
-    __slots__ = ("aid", "applied", "deadline", "error", "fut", "grant", "inline", "lease", "left", "live",
-                 "resize_queue", "resizer", "retrying", "rt", "spec", "task", "timeout")
+    __slots__ = ("aid", "applied", "deadline", "error", "expected", "fut", "grant", "inline", "lease", "left",
+                 "live", "resize_queue", "resizer", "retrying", "rt", "spec", "task", "timeout")
 
-    def __init__(self, rt: Tangram, spec: ActionSpec, timeout: float | None, deadline: float | None) -> None:
+    def __init__(self, rt: Tangram, spec: ActionSpec, timeout: float | None, deadline: float | None,
+                 expected: float | None = None) -> None:
         self.rt = rt
         self.spec = spec
         self.timeout = timeout
         self.deadline = deadline
+        self.expected = expected
         self.aid = 0
         self.inline = False  # on the stack of submit: a decision is stored here, not on a future
         self.fut: asyncio.Future[Grant] | None = None  # queued: the future a later round resolves

@@ -18,7 +18,8 @@ class Action:
     :data:`Shape`, then placement and timing as it is admitted and granted."""
 
     __slots__ = ("id", "spec", "seq", "submitted", "keys", "cpu_min", "gpu_min", "eres", "emin",
-                 "emax", "sp_min", "need", "node", "cell", "grant", "started", "est_end", "stats", "span")
+                 "emax", "sp_min", "need", "node", "cell", "grant", "started", "est_end", "stats", "span",
+                 "hint", "risk")
 
     def __init__(self, aid: int, spec: ActionSpec, seq: int, now: float, stats: KindStats,
                  shape: Shape) -> None:
@@ -35,10 +36,13 @@ class Action:
         self.started = 0.0
         self.est_end = 0.0
         self.stats = stats
+        self.hint: float | None = None  # the caller's seconds at the minimum units (Submitted.expected)
+        self.risk = False  # a step risk: its hint is in its kind's far tail (moldable.CpuSizing.units)
 
 
 def dur_min(a: Action) -> float:
-    """Seconds ``a`` runs at its minimum units, from its spec or what its kind has learned."""
+    """Seconds ``a`` runs at its minimum units, from its spec or what its kind has learned (a
+    caller's length hint only marks a step risk, see ``moldable.CpuSizing.step_risk``)."""
     spec = a.spec
     if spec.duration is not None:
         return spec.duration

@@ -64,7 +64,7 @@ from .queue import WaitQueue
 from .placement import Placement
 from .deadlines import Deadlines
 from .gpu_sizing import GpuSizing
-from .moldable import CpuSizing
+from .moldable import RISK_Z, CpuSizing
 from .pricing import PRICE_GRID
 from .planning import Planner
 from .residency import Residency
@@ -293,7 +293,8 @@ class Scheduler:
     def handle(self, event: Event, now: float) -> list[Decision]:
         """Apply one event at time ``now`` and run a scheduling round."""
         if type(event) is Submitted:
-            return self.submit(event.action_id, event.spec, now, deadline=event.deadline)
+            return self.submit(event.action_id, event.spec, now, deadline=event.deadline,
+                               expected=event.expected)
         if type(event) is Released:
             return self.release(event.action_id, now, failed=event.failed, parallelism=event.parallelism)
         out: list[Decision] = []
@@ -302,16 +303,22 @@ class Scheduler:
         return out
 
     def submit(self, action_id: int, spec: ActionSpec, now: float, *,
-               deadline: float | None = None) -> list[Decision]:
-        """``handle(Submitted(action_id, spec, deadline), now)`` without building the event (the
-        runtime's hot path when nobody records events). An action arriving at an empty queue is
-        decided on the spot, by the same rules as a round, without entering the queue."""
+               deadline: float | None = None, expected: float | None = None) -> list[Decision]:
+        """``handle(Submitted(action_id, spec, deadline, expected), now)`` without building the
+        event (the runtime's hot path when nobody records events). An action arriving at an empty
+        queue is decided on the spot, by the same rules as a round, without entering the queue.
+
+        ``expected``: the caller's estimate of this action's seconds at its minimum units (a
+        length hint: the size of the test suite, the last run of the same task). An elastic CPU
+        action hinted at its kind's one-in-a-thousand among the hints seen is a *step risk*, sized
+        for its own completion (``moldable.CpuSizing.units``); any other hint changes nothing (it
+        is not taken as a duration), and the kind learns from what runs, as without one."""
         out: list[Decision] = []
         if deadline is not None and deadline <= now:
             self.submitted += 1
             self.rejected += 1
             return [Reject(action_id, f"{spec.kind}: its deadline has already passed", "deadline")]
-        a = self._submit(action_id, spec, now, out, direct=True)
+        a = self._submit(action_id, spec, now, out, direct=True, expected=expected)
         if a is not None and a.grant is not None:
             return out
         r = self._round(now)
@@ -625,7 +632,7 @@ class Scheduler:
     # ------------------------------------------------------------------------------ events
     def _apply(self, ev: Event, now: float, out: list[Decision]) -> None:
         if isinstance(ev, Submitted):
-            self._submit(ev.action_id, ev.spec, now, out, direct=False)
+            self._submit(ev.action_id, ev.spec, now, out, direct=False, expected=ev.expected)
             return
         self._need_round = True
         if isinstance(ev, Released):
@@ -645,12 +652,14 @@ class Scheduler:
             raise TypeError(f"unknown event {ev!r}")
 
     def _submit(self, aid: int, spec: ActionSpec, now: float, out: list[Decision], *,
-                direct: bool) -> Action | None:
+                direct: bool, expected: float | None = None) -> Action | None:
         """Register an arrival and queue it. ``direct``: a fixed-size action meeting an empty queue
         is decided right here (the round would scan only it); in a batch it must queue, so the
         batch's one round sees every event first."""
         if aid in self._live:
             raise ValueError(f"action id {aid} submitted twice")
+        if expected is not None and not (isinstance(expected, (int, float)) and 0.0 < expected < math.inf):
+            raise ValueError(f"expected must be a finite number of seconds > 0, got {expected!r}")
         self.submitted += 1
         shape = self._shape_of(spec)
         reason = shape.reason
@@ -667,6 +676,9 @@ class Scheduler:
         st.spec = spec
         self._seq += 1
         a = self._live[aid] = Action(aid, spec, self._seq, now, st, shape)
+        if expected is not None and a.eres == "cpu":
+            a.hint = float(expected)
+            a.risk = st.observe_hint(a.hint) >= RISK_Z
         keys = a.keys
         wq = self._queue
         if direct and not wq.n and a.eres is None:

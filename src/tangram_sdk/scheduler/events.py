@@ -11,15 +11,22 @@ from ..spec import ActionSpec
 __all__ = ["Cancelled", "Event", "Released", "ServiceResidency", "Submitted", "Tick", "TokensUsed"]
 
 
-@attrs.frozen
+@attrs.frozen(repr=False)
 class Submitted:
     """An action asks for resources. ``action_id`` is unique for the scheduler's lifetime.
     ``deadline`` (same clock as ``now``): refuse it if it cannot start by then, drop it from the
-    queue when it passes."""
+    queue when it passes. ``expected``: the caller's estimate of this one action's seconds at its
+    minimum units (a length hint, see ``Scheduler.submit``), or None."""
 
     action_id: int
     spec: ActionSpec
     deadline: float | None = None
+    expected: float | None = None
+
+    def __repr__(self) -> str:
+        # without a hint, the repr decision logs have always hashed (benchmarks/decision_hash.py)
+        tail = "" if self.expected is None else f", expected={self.expected!r}"
+        return f"Submitted(action_id={self.action_id!r}, spec={self.spec!r}, deadline={self.deadline!r}{tail})"
 
 
 @attrs.frozen

@@ -48,7 +48,7 @@ class KindStats:
     """
 
     __slots__ = ("t1", "t1_samples", "gap", "last_arrival", "arrivals", "spec", "ring", "ring_i",
-                 "log_var", "beta", "buckets", "_rel", "_rel_beta", "_pxx", "_pxy")
+                 "log_var", "beta", "buckets", "_rel", "_rel_beta", "_pxx", "_pxy", "hints")
 
     def __init__(self, prior_t1: float) -> None:
         self.t1 = prior_t1  # seconds at one unit of the elastic resource (or plain duration)
@@ -66,6 +66,26 @@ class KindStats:
         self._rel_beta = 1.0
         self._pxx = 0.0  # measured parallelism: decaying sums of x * x and x * y (see observe_exec)
         self._pxy = 0.0
+        self.hints: list[float] = [0.0, 0.0, 0.0]  # callers' length hints: count, mean and M2 of logs
+
+    def observe_hint(self, seconds: float) -> float:
+        """Record one caller's length hint; return its z-score among the hints seen before it
+        (``-inf`` until 32 were seen). Hints are counted at arrival, so, unlike completed
+        lengths early in a step (the short ones finish first), they are not biased short."""
+        h = self.hints
+        n, mean, m2 = h
+        x = math.log(seconds)
+        z = (x - mean) / math.sqrt(m2 / (n - 1)) if n >= 32 and m2 > 0.0 else -math.inf
+        n += 1.0
+        d = x - mean
+        mean += d / n
+        h[0], h[1], h[2] = n, mean, m2 + d * (x - mean)
+        return z
+
+    def hint_mean(self) -> float:
+        """The mean of the hints seen (lognormal: from the mean and spread of their logs)."""
+        n, mean, m2 = self.hints
+        return math.exp(mean + (0.5 * m2 / (n - 1) if n > 1 else 0.0))
 
     def observe_arrival(self, now: float, alpha: float) -> None:
         if self.last_arrival is not None:

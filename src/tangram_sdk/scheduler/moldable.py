@@ -39,6 +39,9 @@ from .pricing import PRICE_GRID, dop_at_price, dops_over_grid
 __all__ = ["CpuSizing", "ReleaseLine"]
 
 _EXPLORE_EVERY = 16  # every n-th arrival of a kind at price 0 re-checks its declared size
+# a hinted action is a step risk when its hint is its kind's one-in-a-thousand (z of 0.999) among
+# the hints seen (KindStats.observe_hint)
+RISK_Z = 3.09
 
 # expected releases of running actions: sorted end times, cumulative cores, per-node (time, cores)
 ReleaseLine = tuple[list[float], list[int], list[list[tuple[float, int]]]]
@@ -271,9 +274,18 @@ class CpuSizing:
             # again is noticed
             want = max(want, dop_at_price(a.spec.relative_duration,
                                           range(a.spec.min_units, a.spec.max_units + 1), 0.0))
+        risk = a.risk
+        full = dops[0]
+        if risk and a.hint is not None:
+            # a step risk is worth as many of its kind's actions as its hint is long: its cores
+            # cost the (bounded) price divided by that, and below that size it waits whenever
+            # waiting ends it sooner, not counting the queue behind it (its end is the step's)
+            mu = PRICE_GRID[min(gi, self._price_cap)] * st.hint_mean() / a.hint
+            want = full = max(want, dop_at_price(self._rel_fn(a.spec),
+                                                 range(a.spec.min_units, a.spec.max_units + 1), mu))
         free = sum(node_free) if span else node_free[node]
         start = min(want, free)
-        if not self.start_or_wait or span or start >= dops[0]:
+        if not self.start_or_wait or span or start >= full:
             return start, None
         # objective "step": at the bound, no action starts below the size max_price implies while
         # the cores for it are expected back within its own run at that size (one long action
@@ -284,7 +296,7 @@ class CpuSizing:
         _, _, per_node = self.release_line(now, rnd)
         market = self._market(a, now, rnd)
         rel = self._rel_fn(a.spec)
-        d0 = dur_min(a)
+        d0 = a.hint if risk and a.hint is not None else dur_min(a)
         behind = sum(n for spec, n in self._spec_queued.items() if spec.cpus) - 1
         best = d0 * rel(start) if start >= floor else math.inf
         patience = d0 * rel(floor)
@@ -295,16 +307,22 @@ class CpuSizing:
             if w >= best or w > patience:  # nothing that starts later can finish sooner
                 break
             have += k
-            gk = market(self._supply_by(t, a, rnd))
-            m = min(have, dops[gk])
-            if m <= start or m < floor:
-                continue
-            mu = PRICE_GRID[gk]
-            idle = 0.0 if math.isinf(mu) else mu * free * w
-            c = w * (1 + behind) + d0 * rel(m) + idle
+            if risk:
+                m = min(have, want)
+                if m <= start:
+                    continue
+                c = w + d0 * rel(m)
+            else:
+                gk = market(self._supply_by(t, a, rnd))
+                m = min(have, dops[gk])
+                if m <= start or m < floor:
+                    continue
+                mu = PRICE_GRID[gk]
+                idle = 0.0 if math.isinf(mu) else mu * free * w
+                c = w * (1 + behind) + d0 * rel(m) + idle
             if c < best:
                 best, best_m, best_w = c, m, w
-            if have >= dops[0]:
+            if have >= full:
                 break
         if best_m == start:  # includes: no release in sight that would reach the floor
             return start, None

@@ -38,13 +38,16 @@ _DONE, _END, _SUBMIT, _READY, _TICK = 0, 1, 2, 3, 4
 class Act:
     """One action: think ``think`` seconds, then ask for ``spec`` and run ``work`` seconds (at the
     spec's minimum units; scaled by ``spec.relative_duration(units)``, or by ``truth`` when the
-    action really scales differently from what its spec declares) plus ``overhead`` seconds."""
+    action really scales differently from what its spec declares) plus ``overhead`` seconds.
+    ``hint``: what its caller tells Tangram about ``work`` (``Submitted.expected``; only the
+    ``tangram`` policy is told: the fixed policies stand for a user without it)."""
 
     spec: ActionSpec
     work: float
     think: float = 0.0
     overhead: float = 0.0
     truth: Efficiency | None = None  # how it really scales, when not as its spec declares
+    hint: float | None = None  # the caller's estimate of work (a length hint), or None
 
     def relative_duration(self, units: int) -> float:
         """``T(units) / T(min)`` as the action really runs (its declared model unless ``truth``)."""
@@ -165,6 +168,7 @@ def simulate(
     t_wall = _time.perf_counter()
     restore = dict(restore_s or {})
     lanes = [_Lane(s, gpu_slots, restore) for s in policy.lanes]
+    hinted = policy.name == "tangram"  # length hints are what a Tangram user can pass
     res = Result(policy.name, workload, sum(len(s.pool.cpus) for s in policy.lanes),
                  sum(len(s.pool.gpus) for s in policy.lanes) // max(1, policy.batch))
     rr = None if time_resolution is None else round(1.0 / time_resolution)
@@ -429,7 +433,8 @@ def simulate(
                 rec_of[aid] = r
                 li, sspec = policy.route_traj(spec, ti)
                 lane_of[aid] = li
-                feed(li, Submitted(aid, sspec), now)
+                hint = act_of[r].hint if hinted else None
+                feed(li, Submitted(aid, sspec, expected=hint), now)
             flush_resid(now)
         elif cls == _DONE:
             aid = a

@@ -64,6 +64,7 @@ CODING = dict(
     sandbox_rate=None,                       # static: sandbox creations per second (None: unlimited)
     sandbox_startup_per_inflight=0.0,        # static: extra start-up seconds per creation in flight
     true_parallel=None,                      # how tests really scale, if not as declared (Amdahl p)
+    test_hint_sigma=None,                    # tests carry a length hint, off by this log-sigma (None: none)
 )
 
 
@@ -84,6 +85,9 @@ def ai_coding(batch: int = 1280, *, nodes: int = 15, cores: int = 256, seed: int
     think_mean = act_mean * (1 - p["busy_frac"]) / p["busy_frac"]
     p["think_mean"] = round(think_mean, 4)
     truth = Amdahl(p["true_parallel"]) if p.get("true_parallel") is not None else None
+    hs = p.get("test_hint_sigma")
+    # hints from their own stream, so a workload with hints is the same workload without them
+    hrng = np.random.default_rng([seed, 1]) if hs is not None else None
     trajs = []
     for _ in range(batch):
         n = int(rng.integers(p["actions_min"], p["actions_max"] + 1))
@@ -91,7 +95,10 @@ def ai_coding(batch: int = 1280, *, nodes: int = 15, cores: int = 256, seed: int
         tw = _lognormal(rng, p["test_work_mean"], p["test_sigma"], n)
         sw = _lognormal(rng, p["shell_work_mean"], p["shell_sigma"], n)
         th = _lognormal(rng, think_mean, p["think_sigma"], n + 1)
-        acts = tuple(Act(test, float(tw[k]), float(th[k]), truth=truth) if is_test[k]
+        # a hint is right on average: work times a lognormal error of mean 1
+        hint = None if hrng is None else tw * _lognormal(hrng, 1.0, hs, n) if hs else tw
+        acts = tuple(Act(test, float(tw[k]), float(th[k]), truth=truth,
+                         hint=None if hint is None else float(hint[k])) if is_test[k]
                      else Act(shell, float(sw[k]), float(th[k])) for k in range(n))
         trajs.append(Trajectory(acts, 0.0, float(th[n])))
     return Workload("ai-coding", cpu_pool(nodes, cores), tuple(trajs),
