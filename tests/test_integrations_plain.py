@@ -195,6 +195,19 @@ def test_sync_tangram_start_runs_its_own_loop() -> None:
         SyncTangram(sync.tangram)  # no running loop here
 
 
+def test_sync_tangram_passes_length_hints_and_refuses_bad_ones() -> None:
+    seen: list[object] = []
+    with SyncTangram.start(Pool(cpus=2)) as sync:
+        sync.tangram.observers.append(lambda evs, _now, _ds: seen.extend(evs))
+        with sync.acquire(ONE_CPU, expected_s=3.0):
+            pass
+        with pytest.raises(SpecError, match="expected_s"):
+            with sync.acquire(ONE_CPU, expected_s=-1.0):
+                pass
+        assert sync.statistics()["completed"] == 1 and sync.statistics()["submitted"] == 1
+    assert [getattr(e, "expected", None) for e in seen if type(e).__name__ == "Submitted"] == [3.0]
+
+
 # -- config parsing and spec mapping ----------------------------------------------------------------
 def test_spec_and_pool_from_mapping() -> None:
     spec = spec_from_mapping(

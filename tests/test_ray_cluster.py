@@ -453,6 +453,39 @@ async def test_measured_parallelism_reaches_the_actor(cluster_address: str) -> N
     assert units[-4:].count(1) >= 3, units
 
 
+async def test_length_hints_cross_to_the_actor(cluster_address: str) -> None:
+    """``expected_s=`` travels with the acquire and sizes the cores on the node: after 40 hinted
+    tests of a kind, with 12 of 16 cores held, an ordinary hint takes the 4 free at once and a
+    hint far in the kind's tail waits for the 12 and runs on all 16 (docs/scheduler.md, length
+    hints). A bad hint is refused before any IO."""
+    cl = deploy("hints", namespace=NS, pool=Pool(cpus=16))
+    try:
+        tg = await RemoteTangram.connect("hints", namespace=NS)
+        spec = ActionSpec(kind="t", cpus=1, elastic=Elasticity("cpu", 16, Amdahl(0.9)))
+        with pytest.raises(SpecError, match="expected_s"):
+            tg.acquire(spec, expected_s=0)
+        rng = random.Random(3)
+        for _ in range(40):
+            async with tg.acquire(spec, expected_s=rng.lognormvariate(-0.5, 1.0)):
+                pass
+        hold = await tg.acquire_lease(ActionSpec(kind="hold", cpus=12))
+        async with tg.acquire(spec, expected_s=1.0) as lease:
+            assert lease.units == 4
+
+        async def far_tail() -> int:
+            async with tg.acquire(spec, expected_s=100.0) as big:
+                return big.units
+
+        task = asyncio.create_task(far_tail())
+        await asyncio.sleep(0.5)
+        assert not task.done()
+        await tg.release(hold)
+        assert await asyncio.wait_for(task, 30.0) == 16
+        await tg.aclose()
+    finally:
+        cl.shutdown()
+
+
 async def test_link_loss_and_scheduler_death(cluster_address: str) -> None:
     from tangram_sdk import TangramError
     from tangram_sdk.ray import LeaseLostError, TangramCluster

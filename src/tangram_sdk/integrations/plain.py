@@ -24,6 +24,7 @@ from typing import Any
 
 import attrs
 
+from .._deadline import check_expected
 from ..errors import RuntimeClosedError, SpecError
 from ..lease import Lease
 from ..pool import Pool
@@ -198,9 +199,12 @@ class SyncTangram:
             raise RuntimeClosedError("the SyncTangram's event loop is closed")
 
     @contextlib.contextmanager
-    def acquire(self, spec: ActionSpec, *, timeout: float | None = None) -> Iterator[Lease]:
-        """Block until ``spec`` is granted; release when the ``with`` block ends, however it ends."""
+    def acquire(self, spec: ActionSpec, *, timeout: float | None = None,
+                expected_s: float | None = None) -> Iterator[Lease]:
+        """Block until ``spec`` is granted; release when the ``with`` block ends, however it ends.
+        ``expected_s``: a length hint, as :meth:`Tangram.acquire`."""
         self._check_thread()
+        check_expected(expected_s)  # in the caller's thread, before anything is started
         granted: concurrent.futures.Future[Lease] = concurrent.futures.Future()
         leave: list[asyncio.Event] = []
         failed = [False]
@@ -210,7 +214,7 @@ class SyncTangram:
             done = asyncio.Event()
             leave.append(done)
             try:
-                async with tangram.acquire(spec, timeout=timeout) as lease:
+                async with tangram.acquire(spec, timeout=timeout, expected_s=expected_s) as lease:
                     granted.set_result(lease)
                     await done.wait()
                     if failed[0]:

@@ -29,7 +29,7 @@ from typing import Any
 import anyio
 import attrs
 
-from .._deadline import check_timeout, within
+from .._deadline import check_expected, check_timeout, within
 from ..errors import (
     InfeasibleSpecError,
     ManagerError,
@@ -511,7 +511,9 @@ class SchedulerActor:
         if op == "acq":
             _, key, kind, blob, timeout, hint, caller, *rest = msg
             within_s = rest[0] if rest else None  # seconds to the caller's deadline (newer clients)
-            conn.pending[key] = self._spawn(self._acquire(conn, key, kind, blob, timeout, hint, caller, within_s))
+            expected = rest[1] if len(rest) > 1 else None  # the caller's length hint (newer still)
+            conn.pending[key] = self._spawn(self._acquire(conn, key, kind, blob, timeout, hint, caller, within_s,
+                                                          expected))
         elif op == "rel":
             key = msg[1]
             held = conn.held.pop(key, None)
@@ -669,7 +671,8 @@ class SchedulerActor:
         return head
 
     async def _acquire(self, conn: _Conn, key: int, kind: str, blob: bytes, timeout: float | None,
-                       hint: str | None, caller: str | None, within_s: float | None = None) -> None:
+                       hint: str | None, caller: str | None, within_s: float | None = None,
+                       expected: float | None = None) -> None:
         held = _Held(next(self._gids))
         loop = asyncio.get_running_loop()
         t0 = loop.time()
@@ -682,9 +685,10 @@ class SchedulerActor:
                                          or within_s != within_s):
                 raise SpecError(f"deadline must travel as seconds from now (a number), got {within_s!r}")
             deadline = None if within_s is None else t0 + float(within_s)
+            expected = check_expected(expected)
             # never asyncio.wait_for: it can return the phases' grant and drop the cancel that the
             # client's "cancel" delivered in the same iteration (3.10/3.11); `within` lets it win
-            await within(self._phases(held, spec, hint, caller, deadline), limit,
+            await within(self._phases(held, spec, hint, caller, deadline, expected), limit,
                          lambda: self._timed_out(spec, limit or 0.0, held))
         except asyncio.CancelledError:
             conn.pending.pop(key, None)
@@ -736,8 +740,9 @@ class SchedulerActor:
         conn.send(("rsz", key, tuple(lease.cpus), lease.units))
 
     async def _phases(self, held: _Held, spec: ActionSpec, hint: str | None, caller: str | None,
-                      deadline: float | None = None) -> None:
-        """Quota part, then node part; ``deadline`` (this loop's clock) bounds both grants."""
+                      deadline: float | None = None, expected: float | None = None) -> None:
+        """Quota part, then node part; ``deadline`` (this loop's clock) bounds both grants;
+        ``expected`` (a length hint) goes to the node part, where the cores are sized."""
         qspec, nspec = self._split(spec)
         node = self._route(nspec, hint, caller) if nspec is not None else None  # fail fast, before quotas
         held.route = node
@@ -749,7 +754,7 @@ class SchedulerActor:
                 if not node.alive:
                     raise NodeLostError(f"node {node.label!r} left the pool: {node.reason}")
                 try:
-                    lease = await node.rt.acquire_lease(nspec, deadline=deadline)
+                    lease = await node.rt.acquire_lease(nspec, deadline=deadline, expected_s=expected)
                 except (RuntimeClosedError, TangramError, Exception) as exc:
                     if not node.alive:
                         raise NodeLostError(f"node {node.label!r} left the pool: {node.reason}") from exc

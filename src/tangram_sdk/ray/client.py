@@ -17,7 +17,7 @@ from typing import Any
 import attrs
 from typing_extensions import Self
 
-from .._deadline import check_deadline, check_timeout, wait_future, within
+from .._deadline import check_deadline, check_expected, check_timeout, wait_future, within
 from ..errors import RuntimeClosedError, SchedulerBrokenError, SpecError, TangramError
 from .._validate import check_tokens_used
 from ..lease import Lease
@@ -608,7 +608,7 @@ class RemoteTangram:
         return link
 
     def acquire(self, spec: ActionSpec, *, timeout: float | None = None, node: str | None = None,
-                deadline: float | None = None) -> _RemoteAcquire:
+                deadline: float | None = None, expected_s: float | None = None) -> _RemoteAcquire:
         """Wait for ``spec``'s resources anywhere in the job; an async context manager yielding a
         :class:`~tangram_sdk.lease.Lease` (same fields as the in-process runtime's). ``node``
         forces a node label; by default a ``container=`` spec goes to its container's node, others
@@ -616,19 +616,20 @@ class RemoteTangram:
         ``lease.attachment("node")`` says where it landed. ``deadline``: as
         :meth:`Tangram.acquire` (this loop's ``loop.time()``; it travels as seconds from now, so
         the actor's clock need not agree): DeadlineError when the grant cannot or did not come
-        by then."""
+        by then. ``expected_s``: a length hint, as :meth:`Tangram.acquire` (sized on the node)."""
         if not isinstance(spec, ActionSpec):
             raise SpecError(f"acquire() needs an ActionSpec, got {type(spec).__name__}")
         limit = check_timeout(timeout)
         if node is not None and (not isinstance(node, str) or not node):
             raise SpecError(f"node must be None or a node label (a non-empty str), got {node!r}")
-        return _RemoteAcquire(self, spec, limit, node, check_deadline(deadline))
+        return _RemoteAcquire(self, spec, limit, node, check_deadline(deadline), check_expected(expected_s))
 
     async def acquire_lease(self, spec: ActionSpec, *, timeout: float | None = None,
-                            node: str | None = None, deadline: float | None = None) -> Lease:
+                            node: str | None = None, deadline: float | None = None,
+                            expected_s: float | None = None) -> Lease:
         """:meth:`acquire` without the ``async with`` (as :meth:`Tangram.acquire_lease`): the
         lease, held until :meth:`release`."""
-        acm = self.acquire(spec, timeout=timeout, node=node, deadline=deadline)
+        acm = self.acquire(spec, timeout=timeout, node=node, deadline=deadline, expected_s=expected_s)
         lease = await acm.enter()
         self._open[id(lease)] = (lease, acm)  # holds the lease, so its id is not reused meanwhile
         return lease
@@ -691,15 +692,16 @@ class RemoteTangram:
 
 
 class _RemoteAcquire:
-    __slots__ = ("_deadline", "_key", "_lease", "_link", "_node", "_rt", "_spec", "_timeout")
+    __slots__ = ("_deadline", "_expected", "_key", "_lease", "_link", "_node", "_rt", "_spec", "_timeout")
 
     def __init__(self, rt: RemoteTangram, spec: ActionSpec, timeout: float | None, node: str | None,
-                 deadline: float | None = None) -> None:
+                 deadline: float | None = None, expected: float | None = None) -> None:
         self._rt = rt
         self._spec = spec
         self._timeout = timeout
         self._node = node
         self._deadline = deadline
+        self._expected = expected
         self._key = 0
         self._link: _Link | None = None
         self._lease: Lease | None = None
@@ -724,7 +726,10 @@ class _RemoteAcquire:
         link.waiters[key] = fut
         t0 = loop.time()
         within_s = None if self._deadline is None else self._deadline - t0
-        link.send(("acq", key, self._spec.kind, blob, self._timeout, self._node, rt._caller, within_s))
+        frame: tuple[Any, ...] = ("acq", key, self._spec.kind, blob, self._timeout, self._node, rt._caller, within_s)
+        if self._expected is not None:  # older actors take the frame without it
+            frame += (self._expected,)
+        link.send(frame)
         # the actor enforces `timeout`; this side waits a heartbeat longer for its answer, so a
         # frozen actor still yields TimeoutError on time (without a timeout, the link's silence
         # limit, ttl - heartbeat, ends the wait with LeaseLostError)
