@@ -122,31 +122,30 @@ async def settle(task: asyncio.Future[Any]) -> bool:
     return cancelled
 
 
+def _finite(value: object, kind_error: str, range_error: str, positive: bool = False) -> float | None:
+    """``value`` as a finite float (> 0 when ``positive``), or None; SpecError otherwise, with
+    ``kind_error`` for a non-number (bools included) and ``range_error`` for NaN, infinities, a
+    number too large for a float, or (``positive``) one <= 0."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise SpecError(f"{kind_error}, got {value!r}")
+    try:
+        x = float(value)
+    except OverflowError:
+        x = float("inf")
+    if x != x or x in (float("inf"), float("-inf")) or (positive and x <= 0.0):
+        raise SpecError(f"{range_error}, got {value!r}")
+    return x
+
+
 def check_deadline(deadline: object) -> float | None:
     """A deadline is an absolute time on the loop's clock (a finite number), or None."""
-    if deadline is None:
-        return None
-    if isinstance(deadline, bool) or not isinstance(deadline, (int, float)):
-        raise SpecError(f"deadline must be a loop.time() value (a number) or None, got {deadline!r}")
-    try:
-        d = float(deadline)
-    except OverflowError:
-        d = float("inf")
-    if d != d or d in (float("inf"), float("-inf")):
-        raise SpecError(f"deadline must be a finite loop.time() value, got {deadline!r}")
-    return d
+    return _finite(deadline, "deadline must be a loop.time() value (a number) or None",
+                   "deadline must be a finite loop.time() value")
 
 
 def check_expected(value: object) -> float | None:
     """A length hint (``acquire(expected_s=)``) is a finite number of seconds > 0, or None."""
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise SpecError(f"expected_s must be None or a number of seconds > 0, got {value!r}")
-    try:
-        s = float(value)
-    except OverflowError:
-        s = float("inf")
-    if not 0.0 < s < float("inf"):
-        raise SpecError(f"expected_s must be a finite number of seconds > 0, got {value!r}")
-    return s
+    return _finite(value, "expected_s must be None or a number of seconds > 0",
+                   "expected_s must be a finite number of seconds > 0", positive=True)
