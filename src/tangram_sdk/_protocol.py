@@ -36,8 +36,7 @@ class AnyTangram(Protocol):
                 ...
     """
 
-    def acquire(self, spec: ActionSpec, *, timeout: float | None = None,
-                expected_s: float | None = None) -> AbstractAsyncContextManager[Lease]:
+    def acquire(self, spec: ActionSpec, *, timeout: float | None = None) -> AbstractAsyncContextManager[Lease]:
         """Wait for ``spec``'s resources; the context's value is the :class:`Lease`."""
         ...
 

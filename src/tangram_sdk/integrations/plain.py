@@ -214,7 +214,9 @@ class SyncTangram:
             done = asyncio.Event()
             leave.append(done)
             try:
-                async with tangram.acquire(spec, timeout=timeout, expected_s=expected_s) as lease:
+                # a hint only when given: a handle written to the older protocol takes no expected_s
+                hint: dict[str, float] = {} if expected_s is None else {"expected_s": expected_s}
+                async with tangram.acquire(spec, timeout=timeout, **hint) as lease:
                     granted.set_result(lease)
                     await done.wait()
                     if failed[0]:
