@@ -42,7 +42,7 @@ class Action:
 
 def dur_min(a: Action) -> float:
     """Seconds ``a`` runs at its minimum units, from its spec or what its kind has learned (a
-    caller's length hint only marks a step risk, see ``moldable.CpuSizing.step_risk``)."""
+    caller's length hint only marks a step risk, see ``moldable.CpuSizing.units``)."""
     spec = a.spec
     if spec.duration is not None:
         return spec.duration
