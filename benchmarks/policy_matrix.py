@@ -71,6 +71,12 @@ class Cell:
             if os.environ.get("TANGRAM_MATRIX_HINTS"):
                 # each test's caller passes a length hint off by this log-sigma (only Tangram is told)
                 p["test_hint_sigma"] = float(os.environ["TANGRAM_MATRIX_HINTS"])
+            if os.environ.get("TANGRAM_MATRIX_SANDBOXES"):
+                # each trajectory's specs name its sandbox (container=), whose tests share a length
+                # factor of this log-sigma (0: none, independent lengths); only Tangram uses names
+                ts = float(os.environ["TANGRAM_MATRIX_SANDBOXES"])
+                p["sandbox_names"] = True
+                p["test_traj_sigma"] = ts or None
             return ai_coding(**p)
         if fam == "mopd":
             return mopd(**p)
@@ -282,7 +288,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--hints", type=float, default=None, metavar="SIGMA",
                     help="ai-coding tests carry a length hint (acquire(expected_s=)) off by this log-sigma "
                          "(0: exact); only Tangram is told")
+    ap.add_argument("--sandboxes", type=float, default=None, metavar="SIGMA",
+                    help="ai-coding specs name their trajectory's sandbox (ActionSpec.container) and its "
+                         "tests share a length factor of this log-sigma (0: independent lengths); Tangram "
+                         "learns each sandbox's lengths, the fixed policies run the same workload")
     args = ap.parse_args(argv)
+    if args.sandboxes is not None:
+        os.environ["TANGRAM_MATRIX_SANDBOXES"] = repr(args.sandboxes)
     if args.hints is not None:
         os.environ["TANGRAM_MATRIX_HINTS"] = repr(args.hints)
     if args.restartable:

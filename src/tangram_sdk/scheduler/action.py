@@ -19,7 +19,7 @@ class Action:
 
     __slots__ = ("id", "spec", "seq", "submitted", "keys", "cpu_min", "gpu_min", "eres", "emin",
                  "emax", "sp_min", "need", "node", "cell", "grant", "started", "est_end", "stats", "span",
-                 "hint", "risk")
+                 "hint", "risk", "box")
 
     def __init__(self, aid: int, spec: ActionSpec, seq: int, now: float, stats: KindStats,
                  shape: Shape) -> None:
@@ -38,6 +38,7 @@ class Action:
         self.stats = stats
         self.hint: float | None = None  # the caller's seconds at the minimum units (Submitted.expected)
         self.risk = False  # a step risk: its hint is in its kind's far tail (moldable.CpuSizing.units)
+        self.box: str | None = None  # an elastic CPU action's container (lengths.SandboxLengths)
 
 
 def dur_min(a: Action) -> float:

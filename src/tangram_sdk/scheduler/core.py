@@ -64,7 +64,8 @@ from .queue import WaitQueue
 from .placement import Placement
 from .deadlines import Deadlines
 from .gpu_sizing import GpuSizing
-from .moldable import RISK_Z, CpuSizing
+from .lengths import SandboxLengths
+from .moldable import RISK_MIN_RATIO, RISK_Z, CpuSizing
 from .pricing import PRICE_GRID
 from .planning import Planner
 from .residency import Residency
@@ -235,6 +236,7 @@ class Scheduler:
         self._restore_s: dict[str, float] = {}
         self.next_wakeup: float | None = None
         self._shape: dict[ActionSpec, Shape] = {}  # per distinct spec, see Shape
+        self._bare: dict[ActionSpec, ActionSpec] = {}  # spec -> the same spec without its container
         # Placement.pick_cold_cell answers per (size, free mask): valid until residency changes
         self._cell_memo: dict[tuple[int, int], int] = {}
         self._memo = RoundMemo()  # what this round computes once (reset at each round's start)
@@ -661,6 +663,11 @@ class Scheduler:
         if expected is not None and not (isinstance(expected, (int, float)) and 0.0 < expected < math.inf):
             raise ValueError(f"expected must be a finite number of seconds > 0, got {expected!r}")
         self.submitted += 1
+        box = spec.container
+        if box is not None:
+            # the sandbox is where the action runs, not what it needs: sized, priced and queued as
+            # one spec with every other sandbox's (one spec per trajectory would split the market)
+            spec = self._without_container(spec)
         shape = self._shape_of(spec)
         reason = shape.reason
         if reason is not None:
@@ -676,9 +683,15 @@ class Scheduler:
         st.spec = spec
         self._seq += 1
         a = self._live[aid] = Action(aid, spec, self._seq, now, st, shape)
-        if expected is not None and a.eres == "cpu":
-            a.hint = float(expected)
-            a.risk = st.observe_hint(a.hint) >= RISK_Z
+        if a.eres == "cpu":
+            if box is not None:
+                a.box = box
+                if expected is None and st.sandboxes is not None:
+                    expected = st.sandboxes.predict(box)  # learned from the sandbox's earlier runs
+            if expected is not None:
+                a.hint = float(expected)
+                a.risk = (st.observe_hint(a.hint) >= RISK_Z
+                          and a.hint >= RISK_MIN_RATIO * st.hint_mean())
         keys = a.keys
         wq = self._queue
         if direct and not wq.n and a.eres is None:
@@ -696,6 +709,15 @@ class Scheduler:
             self._need_round = True
         wq.add(a, keys)
         return a
+
+    def _without_container(self, spec: ActionSpec) -> ActionSpec:
+        cache = self._bare
+        bare = cache.get(spec)
+        if bare is None:
+            if len(cache) > 4096:
+                cache.clear()
+            bare = cache[spec] = attrs.evolve(spec, container=None)
+        return bare
 
     def _forget_kinds(self) -> None:
         """Bound what is learned per kind: a job naming kinds per task (``f"pytest-{repo}"``) must
@@ -741,6 +763,13 @@ class Scheduler:
             a.stats.observe_exec(exec_s, sp, self.duration_alpha,
                                  learn_beta=self.learn_efficiency and a.eres is not None,
                                  parallelism=parallelism if g.units > 1 else None)
+            if a.box is not None and msp is None:
+                # the sandbox's length at the minimum units, under the efficiency learned so far
+                sb = a.stats.sandboxes
+                if sb is None:
+                    sb = a.stats.sandboxes = SandboxLengths()
+                ran_at = g.units if rerun is None else int(rerun[1])
+                sb.observe(a.box, exec_s / a.stats.rel(a.spec, ran_at))
 
     def _drop_queued(self, aid: int) -> bool:
         a = self._live.get(aid)

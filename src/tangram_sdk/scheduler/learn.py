@@ -10,6 +10,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from .lengths import SandboxLengths
+
 __all__ = ["KindStats"]
 
 RING = 32
@@ -48,7 +50,7 @@ class KindStats:
     """
 
     __slots__ = ("t1", "t1_samples", "gap", "last_arrival", "arrivals", "spec", "ring", "ring_i",
-                 "log_var", "beta", "buckets", "_rel", "_rel_beta", "_pxx", "_pxy", "hints")
+                 "log_var", "beta", "buckets", "_rel", "_rel_beta", "_pxx", "_pxy", "hints", "sandboxes")
 
     def __init__(self, prior_t1: float) -> None:
         self.t1 = prior_t1  # seconds at one unit of the elastic resource (or plain duration)
@@ -67,6 +69,7 @@ class KindStats:
         self._pxx = 0.0  # measured parallelism: decaying sums of x * x and x * y (see observe_exec)
         self._pxy = 0.0
         self.hints: list[float] = [0.0, 0.0, 0.0]  # callers' length hints: count, mean and M2 of logs
+        self.sandboxes: SandboxLengths | None = None  # lengths per container (learned hints), once one is named
 
     def observe_hint(self, seconds: float) -> float:
         """Record one caller's length hint; return its z-score among the hints seen before it

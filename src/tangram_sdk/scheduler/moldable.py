@@ -36,12 +36,15 @@ from .learn import KindStats
 from .ledger import Ledger
 from .pricing import PRICE_GRID, dop_at_price, dops_over_grid
 
-__all__ = ["CpuSizing", "ReleaseLine"]
+__all__ = ["CpuSizing", "ReleaseLine", "RISK_MIN_RATIO", "RISK_Z"]
 
 _EXPLORE_EVERY = 16  # every n-th arrival of a kind at price 0 re-checks its declared size
 # a hinted action is a step risk when its hint is its kind's one-in-a-thousand (z of 0.999) among
 # the hints seen (KindStats.observe_hint)
 RISK_Z = 3.09
+# ... and at least this many times the mean hint: hints learned per sandbox are shrunk towards the
+# kind's mean, so among sandboxes that barely differ the z-score alone would pick out noise
+RISK_MIN_RATIO = 4.0
 
 # expected releases of running actions: sorted end times, cumulative cores, per-node (time, cores)
 ReleaseLine = tuple[list[float], list[int], list[list[tuple[float, int]]]]

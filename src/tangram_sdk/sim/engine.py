@@ -122,6 +122,7 @@ class Result:
         self.overhead: list[float] = []
         self.units: list[int] = []
         self.traj_end: list[float] = []
+        self.traj: list[int] = []  # per action: the index of its trajectory
         self.changes: list[Change] = []
         self.restores = 0
         self.wall_s = 0.0
@@ -197,7 +198,7 @@ def simulate(
     # per action id
     rec_of: dict[int, int] = {}  # aid -> record index (actions only, not holds)
     act_of: list[Act] = []
-    traj_of: list[int] = []
+    traj_of: list[int] = res.traj
     lane_of: dict[int, int] = {}
     grant_of: dict[int, Grant] = {}
     par_of: dict[int, float] = {}  # measured: what each running elastic CPU action's work gets

@@ -65,6 +65,9 @@ CODING = dict(
     sandbox_startup_per_inflight=0.0,        # static: extra start-up seconds per creation in flight
     true_parallel=None,                      # how tests really scale, if not as declared (Amdahl p)
     test_hint_sigma=None,                    # tests carry a length hint, off by this log-sigma (None: none)
+    test_traj_sigma=None,                    # log-sigma of a per-trajectory test-length factor (one repo's
+                                             # suite is long every time); test_sigma stays the total spread
+    sandbox_names=False,                     # specs name their trajectory's sandbox (container="sb<i>")
 )
 
 
@@ -78,6 +81,7 @@ def ai_coding(batch: int = 1280, *, nodes: int = 15, cores: int = 256, seed: int
                                                              malleable=bool(p["test_malleable"]),
                                                              restartable=bool(p["test_restartable"])))
     shell = ActionSpec(kind="shell", cpus=1)
+    test0, shell0 = test, shell
     # mean action seconds in a 3-core sandbox; think is set so the sandbox is busy busy_frac of the time
     sb = p["sandbox_cpus"]
     act_mean = (p["test_frac"] * p["test_work_mean"] * test.relative_duration(min(sb, p["test_max_cpus"]))
@@ -88,11 +92,22 @@ def ai_coding(batch: int = 1280, *, nodes: int = 15, cores: int = 256, seed: int
     hs = p.get("test_hint_sigma")
     # hints from their own stream, so a workload with hints is the same workload without them
     hrng = np.random.default_rng([seed, 1]) if hs is not None else None
+    ts = float(p.get("test_traj_sigma") or 0.0)
+    # the trajectory factor from its own stream too: every other draw is the uncorrelated workload's
+    trng = np.random.default_rng([seed, 2]) if ts else None
+    if ts and not 0.0 < ts < p["test_sigma"]:
+        raise ValueError(f"test_traj_sigma must be in (0, test_sigma), got {ts!r}")
+    a_sigma = math.sqrt(p["test_sigma"] ** 2 - ts * ts)
     trajs = []
-    for _ in range(batch):
+    named = bool(p["sandbox_names"])
+    for i in range(batch):
+        if named:
+            test, shell = attrs.evolve(test0, container=f"sb{i}"), attrs.evolve(shell0, container=f"sb{i}")
         n = int(rng.integers(p["actions_min"], p["actions_max"] + 1))
         is_test = rng.random(n) < p["test_frac"]
-        tw = _lognormal(rng, p["test_work_mean"], p["test_sigma"], n)
+        tw = _lognormal(rng, p["test_work_mean"], a_sigma, n)
+        if trng is not None:
+            tw = tw * _lognormal(trng, 1.0, ts, 1)[0]
         sw = _lognormal(rng, p["shell_work_mean"], p["shell_sigma"], n)
         th = _lognormal(rng, think_mean, p["think_sigma"], n + 1)
         # a hint is right on average: work times a lognormal error of mean 1

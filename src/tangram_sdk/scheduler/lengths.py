@@ -1,0 +1,80 @@
+"""Length hints learned per sandbox: what a caller's ``expected_s`` says, without the caller.
+
+An elastic CPU action that names its ``container`` (the sandbox it runs in: one per trajectory,
+one repository per trajectory in SWE-style RL) is usually like the actions that ran there before:
+a repository's test suite is long every time. The core keeps, per kind and container, the logs of
+the completed actions' lengths at their minimum units, and predicts the next one's by *empirical
+Bayes*: the sandbox's own mean shrunk towards the kind's mean by how much sandboxes really differ
+(between-sandbox variance) against how much one sandbox's runs spread (within-sandbox variance),
+both estimated from the same observations. Where sandboxes do not differ (lengths independent of
+the sandbox) the prediction is the kind's mean for every one, and nothing changes; where they do,
+the prediction is passed to the core as a length hint (``Submitted.expected``), which marks only
+the far tail as a step risk (``moldable.CpuSizing.units``). Statistics are cumulative (no decay)
+and bounded to the most recently seen ``MAX_KEYS`` sandboxes per kind.
+"""
+
+from __future__ import annotations
+
+import math
+
+__all__ = ["SandboxLengths", "MAX_KEYS", "MIN_KEYS"]
+
+MAX_KEYS = 65536  # sandboxes remembered per kind (oldest forgotten first)
+MIN_KEYS = 8  # sandboxes with two runs or more before the within-sandbox spread is trusted
+
+
+class SandboxLengths:
+    """Per-sandbox log lengths of one kind (see the module docstring)."""
+
+    __slots__ = ("_keys", "_n", "_mean", "_m2", "_w_m2", "_w_df", "_w_keys")
+
+    def __init__(self) -> None:
+        self._keys: dict[str, list[float]] = {}  # container -> [count, mean of logs, M2 of logs]
+        self._n = 0.0  # every observation of the kind: count, mean and M2 of logs
+        self._mean = 0.0
+        self._m2 = 0.0
+        self._w_m2 = 0.0  # within sandboxes: summed M2 and degrees of freedom
+        self._w_df = 0.0
+        self._w_keys = 0  # sandboxes with two observations or more
+
+    def observe(self, key: str, seconds: float) -> None:
+        """One completed action of sandbox ``key``: ``seconds`` at its minimum units."""
+        if not (seconds > 0.0 and math.isfinite(seconds)):
+            return
+        x = math.log(seconds)
+        self._n += 1.0
+        d = x - self._mean
+        self._mean += d / self._n
+        self._m2 += d * (x - self._mean)
+        ks = self._keys
+        k = ks.pop(key, None)  # re-inserted last: the dict's order is recency
+        if k is None:
+            if len(ks) >= MAX_KEYS:
+                del ks[next(iter(ks))]
+            k = [0.0, 0.0, 0.0]
+        ks[key] = k
+        n = k[0] + 1.0
+        dk = x - k[1]
+        k[1] += dk / n
+        inc = dk * (x - k[1])
+        k[2] += inc
+        k[0] = n
+        self._w_m2 += inc
+        if n >= 2.0:
+            self._w_df += 1.0
+            if n == 2.0:
+                self._w_keys += 1
+
+    def predict(self, key: str) -> float | None:
+        """Seconds at the minimum units expected of sandbox ``key``'s next action, or None when
+        there is nothing to say: no run of it yet, too few sandboxes to tell apart, or sandboxes
+        that do not differ (no between-sandbox variance)."""
+        k = self._keys.get(key)
+        if k is None or self._w_keys < MIN_KEYS or self._n < 2.0:
+            return None
+        within = self._w_m2 / self._w_df
+        between = self._m2 / (self._n - 1.0) - within
+        if between <= 0.0:
+            return None
+        shrink = between / (between + within / k[0])
+        return math.exp(self._mean + shrink * (k[1] - self._mean))

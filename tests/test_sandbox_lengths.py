@@ -1,0 +1,146 @@
+"""Length hints learned per sandbox (``ActionSpec.container``; ``scheduler/lengths.py``): a sandbox
+whose earlier runs were its kind's far tail has its next run sized as a step risk without any
+``expected_s``; sandboxes that do not differ change nothing; and the sandbox name never splits the
+market (specs that differ only in ``container`` are priced and queued as one)."""
+
+from __future__ import annotations
+
+import math
+import random
+import sys
+from pathlib import Path
+
+import attrs
+import pytest
+
+from tangram_sdk import ActionSpec, Amdahl, Elasticity, Pool, Scheduler
+from tangram_sdk.scheduler import Grant, Released, Submitted
+from tangram_sdk.scheduler.lengths import MIN_KEYS, SandboxLengths
+from tangram_sdk.sim.baselines import make_policy
+from tangram_sdk.sim.engine import Act, Trajectory, simulate
+from tangram_sdk.sim.workloads import ai_coding, run_policy
+
+sys.path.insert(0, str(Path(__file__).parent))
+from resize_equivalence import assert_same_decisions
+
+TEST = ActionSpec(kind="t", cpus=1, elastic=Elasticity("cpu", 16, Amdahl(0.9)))
+FIXED = ActionSpec(kind="f", cpus=12)
+
+
+def boxed(name: str) -> ActionSpec:
+    return attrs.evolve(TEST, container=name)
+
+
+def test_shrinks_each_sandbox_towards_its_kind_by_how_much_sandboxes_differ() -> None:
+    rng = random.Random(1)
+    differ = SandboxLengths()
+    for i in range(40):
+        f = math.exp(rng.gauss(0.0, 1.0))  # sandboxes really differ (between sigma 1)
+        for _ in range(4):
+            differ.observe(f"b{i}", f * math.exp(rng.gauss(0.0, 0.3)))
+    differ.observe("long", 50.0)
+    differ.observe("long", 60.0)
+    p_long, p_one = differ.predict("long"), differ.predict("b0")
+    assert p_long is not None and p_one is not None
+    assert 20.0 < p_long < 60.0  # its own mean, pulled only a little towards the kind's (~1.6)
+    assert differ.predict("never-ran") is None
+
+    alike = SandboxLengths()  # every sandbox the same: nothing to learn per sandbox
+    for i in range(40):
+        for w in (1.0, 2.0, 4.0):
+            alike.observe(f"b{i}", w)
+    assert alike.predict("b3") is None
+
+    few = SandboxLengths()  # too few sandboxes with two runs to tell within from between
+    for i in range(MIN_KEYS - 1):
+        few.observe(f"b{i}", 1.0 + i)
+        few.observe(f"b{i}", 1.5 + i)
+    assert few.predict("b0") is None
+
+
+def _taught() -> tuple[Scheduler, float]:
+    """16 cores; 48 sandboxes (lengths lognormal per sandbox, sigma 0.7, and within, sigma 0.5)
+    run 3 tests each, one at a time on an empty pool, and sandbox "long" runs 3 of ~100 s; then a
+    12-core action holds the pool, 4 cores free. No caller gave a hint."""
+    s = Scheduler(Pool(cpus=16))
+    rng = random.Random(5)
+    t = 0.0
+    aid = 1000
+    boxes = [(f"b{i}", math.exp(rng.gauss(-0.5, 0.7))) for i in range(48)] + [("long", 100.0)]
+    for rnd in range(3):
+        for name, f in boxes:
+            work = f * math.exp(rng.gauss(0.0, 0.5 if name != "long" else 0.1))
+            aid += 1
+            g = s.handle(Submitted(aid, boxed(name)), t)[0]
+            assert isinstance(g, Grant)
+            t += work * TEST.relative_duration(g.units)
+            s.handle(Released(aid), t)
+    assert len(s.handle(Submitted(1, FIXED), t)[0].cpus) == 12
+    return s, t
+
+
+def test_a_sandbox_whose_runs_were_the_far_tail_waits_for_its_width() -> None:
+    """Its earlier runs were ~100 s where its kind's are ~1 s: on 4 cores its next run would take
+    ~32 s; waiting for the 12 cores back ends it sooner, so it waits and gets all 16, with no
+    expected_s from anyone."""
+    s, t = _taught()
+    assert s.handle(Submitted(2, boxed("long")), t) == []
+    ds = s.handle(Released(1), t + 1.0)
+    (g,) = [d for d in ds if isinstance(d, Grant)]
+    assert g.action_id == 2 and g.units == 16
+    s.handle(Released(2), t + 20.0)
+    s.check_invariants()
+    assert s.statistics().cpus_free == 16
+
+
+@pytest.mark.parametrize("name", ["b0", "b7", "unseen", None])
+def test_an_ordinary_or_unknown_sandbox_takes_what_is_free(name: str | None) -> None:
+    s, t = _taught()
+    (g,) = s.handle(Submitted(2, TEST if name is None else boxed(name)), t)
+    assert isinstance(g, Grant) and g.units == 4
+
+
+def test_sandbox_names_change_nothing_where_sandboxes_do_not_differ() -> None:
+    """Independent test lengths (the default workload): naming each trajectory's sandbox gives
+    the same grants, in the same order, as not naming them (one market, no risk from noise)."""
+    kw = dict(batch=64, nodes=1, cores=96, seed=3)
+    plain = run_policy(ai_coding(**kw), "tangram")
+    named = run_policy(ai_coding(**kw, sandbox_names=True), "tangram")
+    assert named.grant == plain.grant and named.units == plain.units and named.end == plain.end
+
+
+def test_simulated_sandbox_lengths_keep_the_workload() -> None:
+    """``test_traj_sigma`` keeps every draw but the tests' split into a per-trajectory factor and
+    the rest (own random stream): thinks and shells are unchanged, tests change, and their
+    spread stays test_sigma."""
+    a = ai_coding(200, seed=2)
+    b = ai_coding(200, seed=2, test_traj_sigma=0.6)
+    assert [x.think for t in a.trajectories for x in t.acts] == [x.think for t in b.trajectories for x in t.acts]
+    logs = [math.log(x.work) for t in b.trajectories for x in t.acts if x.spec.kind == "test"]
+    mean = sum(logs) / len(logs)
+    sd = math.sqrt(sum((v - mean) ** 2 for v in logs) / (len(logs) - 1))
+    assert 0.9 < sd < 1.1
+    with pytest.raises(ValueError, match="test_traj_sigma"):
+        ai_coding(4, test_traj_sigma=1.5)
+
+
+@pytest.mark.looptime
+async def test_runtime_and_simulator_make_identical_decisions_with_sandbox_names() -> None:
+    """The same-core equivalence with named sandboxes, one of them long every time and arriving
+    while the pool is taken: the live runtime and the simulator log the same decisions."""
+    rng = random.Random(7)
+    trajs = []
+    for i in range(24):
+        f = math.exp(rng.gauss(-0.5, 0.7))
+        spec = boxed(f"b{i}")
+        trajs.append(Trajectory(tuple(Act(spec, f * math.exp(rng.gauss(0.0, 0.4)), 0.05 + 0.1 * i)
+                                      for _ in range(4)), 0.0, 0.0))
+    long = boxed("long")
+    trajs.append(Trajectory(tuple(Act(long, 60.0 + k, 0.05) for k in range(2)), 0.0, 0.0))
+    trajs.append(Trajectory((Act(ActionSpec(kind="hold", cpus=14), 2.0, 200.0),), 0.0, 0.0))
+    trajs.append(Trajectory((Act(long, 60.0, 200.5),), 0.0, 0.0))
+    await assert_same_decisions(trajs, Pool(cpus=16))
+    # the case is the one meant: the last "long" run waited for the hold's cores (a learned step
+    # risk) and then took all 16
+    r = simulate(trajs, make_policy("tangram", Pool(cpus=16)), time_resolution=1e-6)
+    assert r.units[-1] == 16 and r.grant[-1] > r.submit[-1] + 1.0
