@@ -56,7 +56,13 @@ def test_a_hint_in_the_kinds_far_tail_waits_for_its_width_and_gets_it() -> None:
     the 12 cores back (expected within ~1 s) ends it sooner. So it waits, blocks nothing it
     should not (the core's usual FCFS), and then runs on all 16; every core comes back."""
     s, t = _taught(hinted=True)
-    assert s.handle(Submitted(2, TEST, expected=100.0), t) == []
+    waits_for_the_hold_then_takes_all(s, t, Submitted(2, TEST, expected=100.0))
+
+
+def waits_for_the_hold_then_takes_all(s: Scheduler, t: float, sub: Submitted) -> None:
+    """``sub`` (id 2) arrives while action 1 holds 12 of 16 cores: it waits (only it is queued),
+    takes all 16 when action 1 releases a second later, and gives every core back."""
+    assert s.handle(sub, t) == []
     assert s.queued == 1
     ds = s.handle(Released(1), t + 1.0)
     (g,) = [d for d in ds if isinstance(d, Grant)]

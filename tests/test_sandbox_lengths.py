@@ -22,6 +22,7 @@ from tangram_sdk.sim.workloads import ai_coding, run_policy
 
 sys.path.insert(0, str(Path(__file__).parent))
 from resize_equivalence import assert_same_decisions
+from test_hints import waits_for_the_hold_then_takes_all
 
 TEST = ActionSpec(kind="t", cpus=1, elastic=Elasticity("cpu", 16, Amdahl(0.9)))
 FIXED = ActionSpec(kind="f", cpus=12)
@@ -67,7 +68,7 @@ def _taught() -> tuple[Scheduler, float]:
     t = 0.0
     aid = 1000
     boxes = [(f"b{i}", math.exp(rng.gauss(-0.5, 0.7))) for i in range(48)] + [("long", 100.0)]
-    for rnd in range(3):
+    for _round in range(3):
         for name, f in boxes:
             work = f * math.exp(rng.gauss(0.0, 0.5 if name != "long" else 0.1))
             aid += 1
@@ -84,13 +85,7 @@ def test_a_sandbox_whose_runs_were_the_far_tail_waits_for_its_width() -> None:
     ~32 s; waiting for the 12 cores back ends it sooner, so it waits and gets all 16, with no
     expected_s from anyone."""
     s, t = _taught()
-    assert s.handle(Submitted(2, boxed("long")), t) == []
-    ds = s.handle(Released(1), t + 1.0)
-    (g,) = [d for d in ds if isinstance(d, Grant)]
-    assert g.action_id == 2 and g.units == 16
-    s.handle(Released(2), t + 20.0)
-    s.check_invariants()
-    assert s.statistics().cpus_free == 16
+    waits_for_the_hold_then_takes_all(s, t, Submitted(2, boxed("long")))
 
 
 @pytest.mark.parametrize("name", ["b0", "b7", "unseen", None])
