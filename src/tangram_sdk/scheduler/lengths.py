@@ -7,9 +7,10 @@ the completed actions' lengths at their minimum units, and predicts the next one
 Bayes*: the sandbox's own mean shrunk towards the kind's mean by how much sandboxes really differ
 (between-sandbox variance) against how much one sandbox's runs spread (within-sandbox variance),
 both estimated from the same observations. Where sandboxes do not differ (lengths independent of
-the sandbox) the prediction is the kind's mean for every one, and nothing changes; where they do,
-the prediction is passed to the core as a length hint (``Submitted.expected``), which marks only
-the far tail as a step risk (``moldable.CpuSizing.units``). Statistics are cumulative (no decay)
+the sandbox) there is no prediction, or one near the kind's mean that marks no step risk
+(``moldable.RISK_MIN_RATIO``); where they do, the prediction is passed on as a length hint
+(``Submitted.expected``: an explicit one wins), which marks only the far tail as a step risk
+(``moldable.CpuSizing.units``). Statistics are cumulative (no decay)
 and bounded to the most recently seen ``MAX_KEYS`` sandboxes per kind.
 """
 
