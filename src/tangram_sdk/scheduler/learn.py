@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from .lengths import SandboxLengths
+from .lengths import SandboxLengths, add_sample
 
 __all__ = ["KindStats"]
 
@@ -75,14 +75,10 @@ class KindStats:
         """Record one caller's length hint; return its z-score among the hints seen before it
         (``-inf`` until 32 were seen). Hints are counted at arrival, so, unlike completed
         lengths early in a step (the short ones finish first), they are not biased short."""
-        h = self.hints
-        n, mean, m2 = h
+        n, mean, m2 = self.hints
         x = math.log(seconds)
         z = (x - mean) / math.sqrt(m2 / (n - 1)) if n >= 32 and m2 > 0.0 else -math.inf
-        n += 1.0
-        d = x - mean
-        mean += d / n
-        h[0], h[1], h[2] = n, mean, m2 + d * (x - mean)
+        add_sample(self.hints, x)
         return z
 
     def hint_mean(self) -> float:

@@ -18,22 +18,30 @@ from __future__ import annotations
 
 import math
 
-__all__ = ["SandboxLengths", "MAX_KEYS", "MIN_KEYS"]
+__all__ = ["SandboxLengths", "MAX_KEYS", "MIN_KEYS", "add_sample"]
 
 MAX_KEYS = 65536  # sandboxes remembered per kind (oldest forgotten first)
 MIN_KEYS = 8  # sandboxes with two runs or more before the within-sandbox spread is trusted
 
 
+def add_sample(acc: list[float], x: float) -> float:
+    """Welford's update of ``acc = [count, mean, M2]`` with ``x``; returns the increase of M2."""
+    n = acc[0] + 1.0
+    d = x - acc[1]
+    acc[1] += d / n
+    inc = d * (x - acc[1])
+    acc[0], acc[2] = n, acc[2] + inc
+    return inc
+
+
 class SandboxLengths:
     """Per-sandbox log lengths of one kind (see the module docstring)."""
 
-    __slots__ = ("_keys", "_n", "_mean", "_m2", "_w_m2", "_w_df", "_w_keys")
+    __slots__ = ("_keys", "_all", "_w_m2", "_w_df", "_w_keys")
 
     def __init__(self) -> None:
         self._keys: dict[str, list[float]] = {}  # container -> [count, mean of logs, M2 of logs]
-        self._n = 0.0  # every observation of the kind: count, mean and M2 of logs
-        self._mean = 0.0
-        self._m2 = 0.0
+        self._all = [0.0, 0.0, 0.0]  # every observation of the kind: count, mean and M2 of logs
         self._w_m2 = 0.0  # within sandboxes: summed M2 and degrees of freedom
         self._w_df = 0.0
         self._w_keys = 0  # sandboxes with two observations or more
@@ -43,10 +51,7 @@ class SandboxLengths:
         if not (seconds > 0.0 and math.isfinite(seconds)):
             return
         x = math.log(seconds)
-        self._n += 1.0
-        d = x - self._mean
-        self._mean += d / self._n
-        self._m2 += d * (x - self._mean)
+        add_sample(self._all, x)
         ks = self._keys
         k = ks.pop(key, None)  # re-inserted last: the dict's order is recency
         if k is None:
@@ -54,13 +59,8 @@ class SandboxLengths:
                 del ks[next(iter(ks))]
             k = [0.0, 0.0, 0.0]
         ks[key] = k
-        n = k[0] + 1.0
-        dk = x - k[1]
-        k[1] += dk / n
-        inc = dk * (x - k[1])
-        k[2] += inc
-        k[0] = n
-        self._w_m2 += inc
+        self._w_m2 += add_sample(k, x)
+        n = k[0]
         if n >= 2.0:
             self._w_df += 1.0
             if n == 2.0:
@@ -71,11 +71,12 @@ class SandboxLengths:
         there is nothing to say: no run of it yet, too few sandboxes to tell apart, or sandboxes
         that do not differ (no between-sandbox variance)."""
         k = self._keys.get(key)
-        if k is None or self._w_keys < MIN_KEYS or self._n < 2.0:
+        n, mean, m2 = self._all
+        if k is None or self._w_keys < MIN_KEYS or n < 2.0:
             return None
         within = self._w_m2 / self._w_df
-        between = self._m2 / (self._n - 1.0) - within
+        between = m2 / (n - 1.0) - within
         if between <= 0.0:
             return None
         shrink = between / (between + within / k[0])
-        return math.exp(self._mean + shrink * (k[1] - self._mean))
+        return math.exp(mean + shrink * (k[1] - mean))
