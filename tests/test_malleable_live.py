@@ -27,7 +27,7 @@ from tangram_sdk.errors import DockerError
 from tangram_sdk.lease import Lease
 from tangram_sdk.managers.cpu import DockerCpuManager, SandboxPool
 from tangram_sdk.scheduler import Decision, Event, Grant, Resize, Scheduler, Tick
-from tangram_sdk.spec import Elasticity
+from tangram_sdk.spec import Elasticity, malleable_workers
 from tangram_sdk.testing import FakeManager
 
 __all__ = ["docker_engine", "manager_factory", "sandboxes", "started_manager"]  # fixtures used here
@@ -346,6 +346,68 @@ async def test_a_running_lease_run_command_follows_a_grow() -> None:
         await t.release(lease)
 
 
+# -- workers: a malleable lease's commands start as many as it may be grown to ------------------
+_WORKERS = """
+import subprocess, sys
+n, iters = int(sys.argv[1]), int(sys.argv[2])
+ps = [subprocess.Popen([sys.executable, "-c", f"for _ in range({iters // n}): pass"]) for _ in range(n)]
+sys.exit(max(p.wait() for p in ps))
+"""
+
+
+async def test_workers_is_the_grant_or_what_a_malleable_lease_may_be_grown_to() -> None:
+    numa = [[0, 1, 2, 3], [4, 5, 6, 7]]
+    fixed = ActionSpec(kind="fixed", cpus=1, elastic=Elasticity("cpu", max_units=16))
+    grows = ActionSpec(kind="grows", cpus=1, elastic=Elasticity("cpu", max_units=16, malleable=True))
+    small = ActionSpec(kind="small", cpus=1, elastic=Elasticity("cpu", max_units=3, malleable=True))
+    seen = {}
+    async with Tangram(Pool(cpus=8, numa=numa)) as t:
+        for blocks, spec in (((4, 3), fixed), ((4, 3), grows), ((4, 2), small)):
+            blockers = [await t.acquire_lease(ActionSpec(kind="blocker", cpus=n)) for n in blocks]
+            lease = await t.acquire_lease(spec)  # takes every core left free (nothing else wants them)
+            seen[spec.kind, len(lease.cpus)] = lease.workers, lease.thread_env()["OMP_NUM_THREADS"]
+            for held in (lease, *blockers):
+                await t.release(held)
+    assert seen == {
+        ("fixed", 1): (1, "1"),  # not malleable: what it holds
+        ("grows", 1): (4, "4"),  # its NUMA node, not max_units: a grow stays on the node
+        ("small", 2): (3, "3"),  # its max_units
+    }, seen
+    assert [malleable_workers(h, 16, 2) for h in (1, 2, 8, 9)] == [2, 4, 16, 16]  # fewer, for a costly start-up
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2,
+                    reason="needs Linux affinity and 2 cores")
+async def test_workers_sized_to_lease_workers_use_the_cores_a_grow_adds() -> None:
+    """A fixed-worker runner (``make -j N``, ``pytest -n N``) is malleable when N is
+    ``lease.workers``: admitted on 1 core, its 2 processes share it, and after the grow both cores
+    work (measured by the command's own CPU time). N = the granted units cannot use the grow."""
+    cores = tuple(sorted(os.sched_getaffinity(0)))[:2]
+    got: dict[str, float | None] = {}
+    argv = [sys.executable, "-c", _WORKERS, "2", "40000000"]
+    async with Tangram(Pool(cpus=list(cores))) as t:
+        async with t.acquire(ActionSpec(kind="both", cpus=2)) as both:  # what two idle cores give
+            assert (await both.run(argv, timeout=120)).ok
+        ideal = both.parallelism or 0.0
+        if ideal < 1.5:
+            pytest.skip(f"the machine is busy: two workers on two cores got {ideal:.2f} cores' worth")
+        for size in ("workers", "units"):
+            spec = ActionSpec(kind=f"suite-{size}", cpus=1, duration=0.05,
+                              elastic=Elasticity("cpu", max_units=4, malleable=True))
+            blocker = await t.acquire_lease(ActionSpec(kind="blocker", cpus=1))
+            lease = await t.acquire_lease(spec)
+            assert len(lease.cpus) == 1 and lease.workers == 2 and lease.units == 1
+            await t.release(blocker)
+            r = await lease.run(lambda lz, s=size: [*argv[:3], str(getattr(lz, s)), argv[4]], timeout=120)
+            assert r.ok, r.stderr.decode()
+            assert lease.resizes >= 1 and len(lease.cpus) == 2  # the core grew it past its estimate
+            got[size] = lease.parallelism
+            await t.release(lease)
+        assert t.free_cpus == 2
+    assert got["workers"] is not None and got["workers"] > 1.0 + 0.6 * (ideal - 1.0), (got, ideal)
+    assert got["units"] is not None and got["units"] < 1.15, got
+
+
 # -- Docker: the container's cpuset follows (both backends) --------------------------------------
 async def _allowed(lease: Any) -> str:
     r = await lease.exec(["sh", "-c", "grep Cpus_allowed_list /proc/self/status | cut -f2"], timeout=60)
@@ -409,6 +471,8 @@ async def test_docker_resize_end_to_end_through_the_runtime(backend: str, docker
         async with t.acquire(spec) as lease:
             await t.release(blocker)
             assert await _allowed(lease) == format_cpuset(lease.cpus) and len(lease.cpus) == 1
+            env = await lease.exec(["sh", "-c", "echo $OMP_NUM_THREADS"], timeout=60)
+            assert lease.workers == 2 and env.stdout.decode().strip() == "2"  # threads for what it may grow to
             resize(t, lease.action_id, cores)
             await until(lambda: lease.resizes == 1, "the resize")
             assert await _allowed(lease) == format_cpuset(cores)

@@ -116,7 +116,8 @@ async def test_client_applies_resize_frames_to_its_lease_even_before_it_is_built
     lease.on_resize(lambda ls: seen.append((ls.cpus, ls.units)))
     link._on_frame(pickle.dumps(("rsz", key, (2,), 1, "a field from a newer actor")))
     assert seen == [((2,), 1)] and lease.cpus == (2,) and lease.units == 1 and lease.resizes == 2
-    assert lease.thread_env()["OMP_NUM_THREADS"] == "1"
+    # threads for what it may be grown to: its max_units, as this actor's frame does not say its node
+    assert lease.workers == 4 and lease.thread_env()["OMP_NUM_THREADS"] == "4"
     await acm.exit(failed=False)
     link._on_frame(pickle.dumps(("rsz", key, (0, 1, 2, 3), 4)))  # after the release: ignored
     link._on_frame(pickle.dumps(("rsz", 999, (0, 1), 2)))  # never granted: ignored

@@ -587,6 +587,8 @@ async def test_a_malleable_remote_action_is_grown_and_shrunk_on_its_agent_and_in
         async with RemoteTangram("malleable", namespace=NS) as tg:
             blocker, lease = await _straggler(tg)
             base = lease.cpus
+            # one core held, commands sized for the four it may be grown to, on both sides
+            assert lease.workers == 4 and json.loads((await lease.exec(["nproc"])).stdout)["omp"] == "4"
             seen: list[tuple[tuple[int, ...], int]] = []
             lease.on_resize(lambda ls: seen.append((ls.cpus, ls.units)))
             await tg.release(blocker)  # three idle cores; past its 0.2 s estimate, it is grown into them

@@ -8,11 +8,14 @@ import logging
 import math
 import os
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any, Union
+from typing import TYPE_CHECKING, Any, Union
 
 from .errors import ManagerError
 from .process import ExecResult, MemoryScope, PinnedGroups, run_pinned
-from .spec import ActionSpec
+from .spec import ActionSpec, malleable_workers
+
+if TYPE_CHECKING:
+    from .pool import Pool
 
 __all__ = ["THREAD_ENV_VARS", "Command", "ExecResult", "Lease", "thread_env"]
 
@@ -49,13 +52,23 @@ def thread_env(cores: int) -> dict[str, str]:
     return {} if cores < 1 else dict.fromkeys(THREAD_ENV_VARS, str(cores))
 
 
+def grow_ceiling(spec: ActionSpec, cpus: tuple[int, ...], pool: Pool | None) -> int | None:
+    """The most cores a malleable lease on ``cpus`` can be grown to (its NUMA node's size), for
+    :attr:`Lease.workers`; None for any other lease or an unknown pool (nothing to compute)."""
+    e = spec.elastic
+    if pool is None or not cpus or e is None or not e.malleable:
+        return None
+    return pool.node_cores(cpus[0])
+
+
 class Lease:
     """The grant an action holds inside ``async with tangram.acquire(spec) as lease``.
 
     ``cpus``/``gpus`` are concrete ids (exclusive while held), ``units`` the elastic units granted
-    (use it as ``-j N``/``-n N``), ``queued_s`` how long the action waited. ``counted``: the units
-    taken from the pool's counted kinds, by name (``lease.counted["sandbox_slots"]``; the spec's
-    ``needs``, plus ``memory`` where the pool counts it), returned with the lease.
+    (use it as ``-j N``/``-n N``; on a malleable lease use :attr:`workers`), ``queued_s`` how long
+    the action waited. ``counted``: the units taken from the pool's counted kinds, by name
+    (``lease.counted["sandbox_slots"]``; the spec's ``needs``, plus ``memory`` where the pool counts
+    it), returned with the lease.
 
     A *malleable* lease (``Elasticity(..., malleable=True)``) may be resized while it runs:
     ``cpus``/``units`` always say what it holds now, ``resizes`` counts the resizes applied,
@@ -68,7 +81,7 @@ class Lease:
 
     __slots__ = ("action_id", "spec", "cpus", "gpus", "units", "memory", "quotas", "counted", "queued_s",
                  "granted_at", "resizes", "restarts", "_attached", "_memscope", "_cpu_s", "_run_s", "_groups",
-                 "_on_resize", "_runs")
+                 "_on_resize", "_runs", "_ceiling")
 
     def __init__(
         self,
@@ -83,6 +96,7 @@ class Lease:
         queued_s: float,
         granted_at: float,
         counted: tuple[tuple[str, int], ...] = (),
+        ceiling: int | None = None,
     ) -> None:
         self.action_id = action_id
         self.spec = spec
@@ -103,6 +117,7 @@ class Lease:
         self._runs: set[asyncio.Future[ExecResult]] = set()  # commands in progress (restartable leases)
         self._groups: PinnedGroups | None = None  # live lease.run commands, re-pinned on resize
         self._on_resize: list[Callable[[Lease], None]] = []
+        self._ceiling = ceiling  # the most cores a grow can give it (its NUMA node), None: unknown
 
     # -- malleability ---------------------------------------------------------------------------
     @property
@@ -183,10 +198,28 @@ class Lease:
         fn = self.attachment("call")
         return await fn(*args, **kwargs)
 
+    @property
+    def workers(self) -> int:
+        """How many workers or threads a command should start (``make -j``, ``pytest -n``, a pool).
+
+        The cores held, except on a malleable lease: there the most cores a grow can give it (its
+        spec's ``max_units``, within its NUMA node). Workers sized to the grant cannot use cores
+        added mid-run; until a grow the others share the cores held, and each pays its start-up
+        then. Free for threads and ``make``; a runner whose workers import for a while may start
+        fewer, e.g. ``malleable_workers(len(lease.cpus), lease.workers, 2)``
+        (:func:`~tangram_sdk.spec.malleable_workers`)."""
+        held = len(self.cpus)
+        e = self.spec.elastic
+        if not held or e is None or not e.malleable or e.resource != "cpu":
+            return held
+        most = e.max_units if self._ceiling is None else min(e.max_units, self._ceiling)
+        return malleable_workers(held, most)
+
     def thread_env(self) -> dict[str, str]:
         """The thread-cap variables ``exec``/``run`` add: each of :data:`THREAD_ENV_VARS` set to
-        the number of granted cores (``len(lease.cpus)``; none when the lease holds no cores)."""
-        return thread_env(len(self.cpus))
+        :attr:`workers` (the granted cores; on a malleable lease the most it may be grown to, so
+        its thread pools can use the cores a grow adds); none when the lease holds no cores."""
+        return thread_env(self.workers)
 
     async def exec(
         self, cmd: Command, *, timeout: float | None = None, max_output: int = 1 << 20,

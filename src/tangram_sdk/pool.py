@@ -235,6 +235,11 @@ class Pool:
             return self.numa
         return (self.cpus,) if self.cpus else ()
 
+    def node_cores(self, core: int) -> int:
+        """How many cores the NUMA node holding ``core`` has (0 if no node holds it): what a
+        malleable action on that core can be grown to at most."""
+        return next((len(n) for n in self.numa_nodes if core in n), 0)
+
     @property
     def quota_map(self) -> dict[str, Quota]:
         return dict(self.quotas)

@@ -40,7 +40,7 @@ from .errors import (
     SpecError,
     TangramError,
 )
-from .lease import Lease
+from .lease import Lease, grow_ceiling
 from .managers.base import Applied, Manager, ManagerContext
 from .options import SchedulerOptions, merge_options
 from .pool import Pool
@@ -733,7 +733,7 @@ class _Waiter:
         self.grant = grant
         lease = Lease(self.aid, self.spec, cpus=grant.cpus, gpus=grant.gpus, units=grant.units,
                       memory=grant.memory, quotas=grant.quotas, queued_s=now - t0, granted_at=now,
-                      counted=grant.counted)
+                      counted=grant.counted, ceiling=grow_ceiling(self.spec, grant.cpus, rt.pool))
         self.lease = lease
         if rt.managers:
             self.task = asyncio.current_task()  # aclose waits for it to leave (see there)

@@ -16,7 +16,20 @@ from ._validate import CONTAINER_RE, NAME_RE, is_finite, show, to_float
 from .errors import SpecError
 from .resources import freeze_needs
 
-__all__ = ["ActionSpec", "Amdahl", "Efficiency", "Elasticity", "Table", "Custom", "ElasticResource"]
+__all__ = ["ActionSpec", "Amdahl", "Efficiency", "Elasticity", "Table", "Custom", "ElasticResource",
+           "malleable_workers"]
+
+def malleable_workers(held: int, most: int, per_core: int | None = None) -> int:
+    """Workers a malleable command starts on ``held`` cores when it may be grown to ``most``:
+    ``most`` (``per_core=None``), or ``per_core`` per core held, up to ``most``.
+
+    Workers sized to the grant cannot use cores a grow adds, so the default is every core a grow
+    may bring. Each worker beyond the cores held pays its start-up before any grow comes
+    (pytest-xdist imports and collects in each): where that is not free, fewer per core cost less
+    and leave a straggler less to grow into (docs/evaluation.md has both, measured)."""
+    if per_core is None:
+        return max(held, most)
+    return max(held, min(most, per_core * held))
 
 ElasticResource = Literal["cpu", "gpu"]
 

@@ -723,6 +723,7 @@ class SchedulerActor:
             "cpus": () if nl is None else nl.cpus,
             "gpus": () if nl is None else nl.gpus,
             "units": 0 if nl is None else nl.units,
+            "workers": 0 if nl is None else nl.workers,
             "memory": 0 if nl is None else nl.memory,
             "counted": () if nl is None else tuple(sorted(nl.counted.items())),
             "quotas": tuple(sorted(ql.quotas.items())) if ql is not None else (),

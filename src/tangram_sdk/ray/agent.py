@@ -19,7 +19,7 @@ from typing import Any
 
 from .._shield import finish
 from ..errors import ManagerError, SpecError, TangramError
-from ..lease import Lease
+from ..lease import Lease, grow_ceiling
 from ..managers.base import Applied, Manager, ManagerContext, offer_of
 from ..pool import Pool
 from ..scheduler.decisions import Grant
@@ -149,7 +149,8 @@ class NodeAgent:
         reverse, before the error goes back to the scheduler."""
         lease = Lease(action_id, spec, cpus=grant.cpus, gpus=grant.gpus, units=grant.units,
                       memory=grant.memory, quotas=grant.quotas, counted=grant.counted, queued_s=0.0,
-                      granted_at=asyncio.get_running_loop().time())
+                      granted_at=asyncio.get_running_loop().time(),
+                      ceiling=grow_ceiling(spec, grant.cpus, self.pool))
         held = _Held(lease, Applied(grant, lease))
         self._leases[action_id] = held
         try:

@@ -753,7 +753,7 @@ class _RemoteAcquire:
         now = loop.time()
         lease = Lease(f["id"], self._spec, cpus=tuple(f["cpus"]), gpus=tuple(f["gpus"]), units=f["units"],
                       memory=f["memory"], quotas=tuple(f["quotas"]), queued_s=now - t0, granted_at=now,
-                      counted=tuple(f.get("counted", ())))
+                      counted=tuple(f.get("counted", ())), ceiling=f.get("workers") or None)
         lease.attach("node", f["node"])
         lease.attach("ray_node_id", f["ray_node_id"])
         agent_name = f["agent"]
