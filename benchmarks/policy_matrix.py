@@ -71,6 +71,12 @@ class Cell:
             if os.environ.get("TANGRAM_MATRIX_HINTS"):
                 # each test's caller passes a length hint off by this log-sigma (only Tangram is told)
                 p["test_hint_sigma"] = float(os.environ["TANGRAM_MATRIX_HINTS"])
+            if os.environ.get("TANGRAM_MATRIX_WORKER_STARTUP"):
+                # every test worker spends this many CPU-seconds starting: a malleable Tangram test
+                # starts lease.workers of them (its cap), everyone else one a core
+                p["test_worker_startup"] = float(os.environ["TANGRAM_MATRIX_WORKER_STARTUP"])
+            if os.environ.get("TANGRAM_MATRIX_WORKERS_PER_CORE"):
+                p["test_workers_per_core"] = int(os.environ["TANGRAM_MATRIX_WORKERS_PER_CORE"])
             if os.environ.get("TANGRAM_MATRIX_SANDBOXES"):
                 # each trajectory's specs name its sandbox (container=), whose tests share a length
                 # factor of this log-sigma (0: none, independent lengths); only Tangram uses names
@@ -112,6 +118,11 @@ def cells(quick: bool, seeds: int) -> list[Cell]:
         nodes = max(1, round(batch * 0.8 / 256))
         out.append(Cell("ai-coding contended cap16 malleable s0", "ai-coding",
                         dict(batch=batch, nodes=nodes, seed=0, test_max_cpus=16, test_malleable=True),
+                        ("tangram", "static") + _fifos(16), contended=True))
+        # a runner whose workers start for 0.02 CPU-s each (pytest-xdist) starts two per core held
+        out.append(Cell("ai-coding contended cap16 malleable xdist s0", "ai-coding",
+                        dict(batch=batch, nodes=nodes, seed=0, test_max_cpus=16, test_malleable=True,
+                             test_worker_startup=0.02, test_workers_per_core=2),
                         ("tangram", "static") + _fifos(16), contended=True))
         out.append(Cell("ai-coding contended cap16 restartable s0", "ai-coding",
                         dict(batch=batch, nodes=nodes, seed=0, test_max_cpus=16, test_restartable=True),
@@ -292,7 +303,17 @@ def main(argv: list[str] | None = None) -> int:
                     help="ai-coding specs name their trajectory's sandbox (ActionSpec.container) and its "
                          "tests share a length factor of this log-sigma (0: independent lengths); Tangram "
                          "learns each sandbox's lengths, the fixed policies run the same workload")
+    ap.add_argument("--worker-startup", type=float, default=None, metavar="S",
+                    help="ai-coding test workers spend S CPU-seconds each starting (pytest-xdist); with "
+                         "--malleable, Tangram's tests start lease.workers (the cap) of them")
+    ap.add_argument("--workers-per-core", type=int, default=None, metavar="K",
+                    help="with --malleable and --worker-startup: Tangram's tests start K workers per core "
+                         "held (up to the cap) instead of the cap")
     args = ap.parse_args(argv)
+    if args.workers_per_core is not None:
+        os.environ["TANGRAM_MATRIX_WORKERS_PER_CORE"] = repr(args.workers_per_core)
+    if args.worker_startup is not None:
+        os.environ["TANGRAM_MATRIX_WORKER_STARTUP"] = repr(args.worker_startup)
     if args.sandboxes is not None:
         os.environ["TANGRAM_MATRIX_SANDBOXES"] = repr(args.sandboxes)
     if args.hints is not None:

@@ -111,3 +111,34 @@ async def test_runtime_and_simulator_make_identical_decisions_with_resizes() -> 
     trajs = [Trajectory(tuple(Act(spec, t(0.2, 2.0), t(0.01, 1.5)) for _ in range(3)), 0.0, t(0.1, 1.0))
              for _ in range(12)] + [Trajectory((Act(spec, 40.0, 0.123457),))]
     assert await assert_same_decisions(trajs, Pool(cpus=8)), "the trace should make the straggler grow"
+
+
+def test_a_worker_start_up_is_paid_once_per_worker_on_the_cores_held() -> None:
+    """The simulator's cost of malleability by ``lease.workers``: a command that starts more
+    workers than it holds cores pays each worker's start-up on the cores it holds."""
+    act = Act(MALL, 8.0, startup=0.5)
+    assert act.exec_s(4) == pytest.approx(8.0 * MALL.relative_duration(4) + 0.5)  # one worker a core
+    assert act.exec_s(1, 8) == pytest.approx(8.0 + 0.5 * 8)  # eight workers sharing one core
+    assert act.exec_s(8, 8) == pytest.approx(8.0 * MALL.relative_duration(8) + 0.5)
+    assert Act(MALL, 8.0).exec_s(1, 8) == 8.0  # no start-up: oversubscribing is free
+
+
+def test_with_a_worker_start_up_malleable_tests_pay_it_and_fixed_policies_do_not_change() -> None:
+    """Only Tangram starts ``lease.workers`` (twice its cores) for a malleable test; the fixed policies
+    run the same tests at one worker a core whether or not the spec says malleable."""
+    from tangram_sdk.sim.metrics import summarise
+    from tangram_sdk.sim.workloads import ai_coding, run_policy
+
+    def mean_act(policy: str, **over: object) -> float:
+        wl = ai_coding(batch=48, nodes=1, cores=32, seed=3, test_max_cpus=16, **over)
+        return float(summarise(run_policy(wl, policy))["act_mean_s"])
+
+    fifo = {m: mean_act("fifo4", test_worker_startup=0.3, test_malleable=m) for m in (False, True)}
+    assert fifo[False] == fifo[True]
+    assert mean_act("fifo4", test_worker_startup=0.3) > mean_act("fifo4")  # the start-up costs
+    cheap = mean_act("tangram", test_malleable=True)
+    costly = mean_act("tangram", test_malleable=True, test_worker_startup=0.3)
+    # twice the workers of its cores, each starting on the cores it holds: more than one a core pays
+    assert costly > cheap + 0.3 and costly > mean_act("tangram", test_worker_startup=0.3)
+    with pytest.raises(ValueError, match="test_worker_startup"):
+        ai_coding(batch=4, test_worker_startup=-1.0)

@@ -24,7 +24,7 @@ from typing import Any, NamedTuple
 import attrs
 
 from ..scheduler import Event, Grant, Observer, Reject, Released, Resize, Scheduler, ServiceResidency, Submitted, Tick
-from ..spec import ActionSpec, Efficiency
+from ..spec import ActionSpec, Efficiency, malleable_workers
 from .baselines import Policy
 
 __all__ = ["Act", "Change", "Trajectory", "Result", "simulate", "Observer"]
@@ -48,6 +48,19 @@ class Act:
     overhead: float = 0.0
     truth: Efficiency | None = None  # how it really scales, when not as its spec declares
     hint: float | None = None  # the caller's estimate of work (a length hint), or None
+    startup: float = 0.0  # CPU seconds each worker of its command spends starting (a test runner's)
+    per_core: int | None = None  # malleable: workers its command starts per core held (None: the most)
+
+    def exec_s(self, units: int, workers: int | None = None) -> float:
+        """Seconds the work takes on ``units`` cores when its command starts ``workers`` workers
+        (default: one per core), each paying :attr:`startup` once: a malleable lease starts
+        ``lease.workers`` (the most it may be grown to), so on fewer cores they share them."""
+        if not units or (workers is None and not self.startup):
+            return self.work * self.relative_duration(units)
+        w = workers or units
+        # w workers run on at most w cores, and each starts once on the cores held
+        ex = self.work * self.relative_duration(min(units, w))
+        return ex + self.startup * w / min(units, w) if self.startup else ex
 
     def relative_duration(self, units: int) -> float:
         """``T(units) / T(min)`` as the action really runs (its declared model unless ``truth``)."""
@@ -169,7 +182,7 @@ def simulate(
     t_wall = _time.perf_counter()
     restore = dict(restore_s or {})
     lanes = [_Lane(s, gpu_slots, restore) for s in policy.lanes]
-    hinted = policy.name == "tangram"  # length hints are what a Tangram user can pass
+    hinted = policy.name == "tangram"  # length hints and malleability are what a Tangram user can use
     res = Result(policy.name, workload, sum(len(s.pool.cpus) for s in policy.lanes),
                  sum(len(s.pool.gpus) for s in policy.lanes) // max(1, policy.batch))
     rr = None if time_resolution is None else round(1.0 / time_resolution)
@@ -204,6 +217,7 @@ def simulate(
     par_of: dict[int, float] = {}  # measured: what each running elastic CPU action's work gets
     prog: dict[int, tuple[float, float, float]] = {}  # resized: (since, fraction done then, fraction/s)
     done_gen: dict[int, int] = {}  # resized: the generation of its live completion event
+    workers_of: dict[int, int] = {}  # malleable, with a worker start-up: the workers its command started
     direct: set[int] = set()
     hold_traj: dict[int, int] = {}
     next_id = 1
@@ -273,7 +287,7 @@ def simulate(
         el = act.spec.elastic
         restarted = el is not None and el.restartable
         f = 0.0 if restarted else min(1.0, f0 + (t_eff - t0) * rate)
-        new_rate = 1.0 / max(act.work * act.relative_duration(d.units), 1e-12)
+        new_rate = 1.0 / max(act.exec_s(d.units, workers_of.get(aid)), 1e-12)
         end = q(t_eff + (1.0 - f) / new_rate)
         prog[aid] = (t_eff, f, new_rate)
         gen = done_gen[aid] = done_gen.get(aid, 0) + 1
@@ -313,7 +327,13 @@ def simulate(
         svc = spec.service
         if svc is not None and ng:
             over += restore_cost(li, svc, g.gpus, now)
-        ex = act.work * act.relative_duration(units)
+        w = None
+        if ((act.startup or act.per_core is not None) and nc and hinted and spec.elastic is not None
+                and spec.elastic.malleable):
+            # its command started more workers than it holds cores, for a grow to use (lease.workers)
+            most = min(spec.elastic.max_units, policy.lanes[li].pool.node_cores(g.cpus[0]))
+            w = workers_of[aid] = malleable_workers(units, most, act.per_core)
+        ex = act.exec_s(units, w)
         if batch > 1 and ng:  # a batching server: the calls sharing a GPU slow each other
             n = 0
             for gid in g.gpus:
@@ -400,7 +420,7 @@ def simulate(
         spec = act.spec
         units = hold_units[ti]
         m = min(units, spec.max_units) if spec.elastic is not None else 0
-        ex = act.work * act.relative_duration(m)
+        ex = act.exec_s(m)
         res.grant[r] = now
         res.exec_s[r] = ex
         res.overhead[r] += act.overhead
@@ -446,6 +466,8 @@ def simulate(
                 prog.pop(aid, None)
             r = rec_of.pop(aid)
             res.end[r] = now
+            if workers_of:
+                workers_of.pop(aid, None)
             if aid in direct:
                 direct.discard(aid)
                 act = act_of[r]

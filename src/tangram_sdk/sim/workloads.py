@@ -57,6 +57,10 @@ CODING = dict(
     test_parallel=0.9, test_max_cpus=16,     # Amdahl p of test runs (pytest -n / make -j), cap
     test_malleable=False,                    # tests can use cores added mid-run (make -j over a cpuset)
     test_restartable=False,                  # tests may be killed and run again on more cores (idempotent)
+    test_worker_startup=0.0,                 # CPU s each test worker spends starting (pytest-xdist's
+                                             # import and collection); a malleable test starts as many
+                                             # workers as it may be grown to (lease.workers) ...
+    test_workers_per_core=None,              # ... or this many per core it holds, up to that
     shell_work_mean=0.5, shell_sigma=0.8,    # edits, grep, cat: serial, 1 core
     busy_frac=0.47,                          # paper: sandbox busy ~47% of a trajectory's life
     think_sigma=0.6,                         # decode pause spread (lognormal)
@@ -98,6 +102,12 @@ def ai_coding(batch: int = 1280, *, nodes: int = 15, cores: int = 256, seed: int
     if ts and not 0.0 < ts < p["test_sigma"]:
         raise ValueError(f"test_traj_sigma must be in (0, test_sigma), got {ts!r}")
     a_sigma = math.sqrt(p["test_sigma"] ** 2 - ts * ts)
+    su = float(p["test_worker_startup"])
+    if not (math.isfinite(su) and su >= 0):
+        raise ValueError(f"test_worker_startup must be seconds >= 0, got {su!r}")
+    pc = p["test_workers_per_core"]
+    if pc is not None and (isinstance(pc, bool) or not isinstance(pc, int) or pc < 1):
+        raise ValueError(f"test_workers_per_core must be None or an int >= 1, got {pc!r}")
     trajs = []
     named = bool(p["sandbox_names"])
     for i in range(batch):
@@ -113,7 +123,7 @@ def ai_coding(batch: int = 1280, *, nodes: int = 15, cores: int = 256, seed: int
         # a hint is right on average: work times a lognormal error of mean 1
         hint = None if hrng is None else tw * _lognormal(hrng, 1.0, hs, n) if hs else tw
         acts = tuple(Act(test, float(tw[k]), float(th[k]), truth=truth,
-                         hint=None if hint is None else float(hint[k])) if is_test[k]
+                         hint=None if hint is None else float(hint[k]), startup=su, per_core=pc) if is_test[k]
                      else Act(shell, float(sw[k]), float(th[k])) for k in range(n))
         trajs.append(Trajectory(acts, 0.0, float(th[n])))
     return Workload("ai-coding", cpu_pool(nodes, cores), tuple(trajs),
