@@ -210,7 +210,7 @@ class Lease:
         (:func:`~tangram_sdk.spec.malleable_workers`)."""
         held = len(self.cpus)
         e = self.spec.elastic
-        if not held or e is None or not e.malleable or e.resource != "cpu":
+        if not held or e is None or not e.malleable:  # malleable is CPU only (Elasticity checks)
             return held
         most = e.max_units if self._ceiling is None else min(e.max_units, self._ceiling)
         return malleable_workers(held, most)

@@ -19,6 +19,7 @@ from .resources import freeze_needs
 __all__ = ["ActionSpec", "Amdahl", "Efficiency", "Elasticity", "Table", "Custom", "ElasticResource",
            "malleable_workers"]
 
+
 def malleable_workers(held: int, most: int, per_core: int | None = None) -> int:
     """Workers a malleable command starts on ``held`` cores when it may be grown to ``most``:
     ``most`` (``per_core=None``), or ``per_core`` per core held, up to ``most``.
@@ -30,6 +31,7 @@ def malleable_workers(held: int, most: int, per_core: int | None = None) -> int:
     if per_core is None:
         return max(held, most)
     return max(held, min(most, per_core * held))
+
 
 ElasticResource = Literal["cpu", "gpu"]
 
