@@ -21,7 +21,7 @@ from tangram_sdk.errors import SpecError
 from tangram_sdk.integrations import IntegrationUnavailable, current_lease
 from tangram_sdk.integrations import openrlhf as torlhf
 from tangram_sdk.runtime import Tangram
-from tangram_sdk.spec import ActionSpec
+from tangram_sdk.spec import ActionSpec, Amdahl, Elasticity
 
 
 def _openrlhf_importable() -> bool:
@@ -115,6 +115,30 @@ async def test_each_step_runs_inside_acquire(tangram: Tangram) -> None:
     assert seen["peak"] == 2
     await asyncio.sleep(0.02)
     assert tangram.statistics()["completed"] == 8
+
+
+@needs_openrlhf
+async def test_steps_name_their_episode_and_carry_the_hint(tangram: Tangram) -> None:
+    """OpenRLHF builds one agent instance per episode: its elastic steps share a ``group``, so
+    the core learns lengths per trajectory, and ``hint_for(states)`` becomes ``expected_s``."""
+    from tangram_sdk.scheduler import Submitted
+
+    seen: list[Submitted] = []
+    tangram.observers.append(lambda evs, now, ds: seen.extend(e for e in evs if isinstance(e, Submitted)))
+    Env, _ = make_instance_cls()
+    spec = ActionSpec(kind="tests", cpus=1, elastic=Elasticity("cpu", max_units=2, efficiency=Amdahl(0.9)))
+    Wrapped = torlhf.with_tangram(Env, spec=spec, hint_for=lambda st: 12.5 if st["action_text"] == "long" else None)
+    await asyncio.gather(run_episode(Wrapped, ["long"]), run_episode(Wrapped, ["short"]))
+    by_group: dict[str | None, list[float | None]] = {}
+    for e in seen:
+        by_group.setdefault(e.spec.group, []).append(e.expected)
+    assert None not in by_group and sorted(by_group.values(), key=str) == [[12.5, 12.5], [None, None]]
+    seen.clear()
+    Off = torlhf.with_tangram(Env, spec=spec, group=False)
+    await run_episode(Off, ["x"])
+    assert [e.spec.group for e in seen] == [None, None]
+    with pytest.raises(SpecError, match="hint_for"):
+        torlhf.with_tangram(Env, spec=spec, hint_for=3.0)  # type: ignore[arg-type]
 
 
 @needs_openrlhf

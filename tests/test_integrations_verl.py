@@ -76,6 +76,15 @@ class EchoTool(BaseTool):
     async def release(self, instance_id: str, **kwargs) -> None:
         PEAK["released"] += 1
 
+HINTS = {"bad": 0}
+
+def suite_hint(tool_name, instance_id, parameters, agent_data):
+    """A length hint from the sample's data, as a user would keep it: the suite's last run."""
+    if parameters.get("text") == "nan":
+        HINTS["bad"] += 1
+        return float("nan")
+    return None if agent_data is None else agent_data.tools_kwargs.get("suite_s")
+
 def code_spec(tool_name, parameters):
     from tangram_sdk.spec import ActionSpec
     return ActionSpec(kind=tool_name, cpus=int(parameters["cpus"]))
@@ -163,6 +172,66 @@ async def test_yaml_wrapped_tool_runs_inside_acquire(tangram: Tangram, tool_modu
     await settle()
     stats = tangram.statistics()
     assert stats["completed"] == 5 and stats["cpus_free"] == 2
+
+
+class Trajectory:
+    """What veRL's ToolAgentLoop passes to ``execute`` as ``agent_data``: one per trajectory."""
+
+    def __init__(self, suite_s: float | None = None) -> None:
+        self.tools_kwargs = {} if suite_s is None else {"suite_s": suite_s}
+
+
+async def call_in(loop: Any, name: str, args: dict[str, Any], traj: Trajectory) -> Any:
+    from verl.experimental.agent_loop.tool_parser import FunctionCall
+
+    return await loop._call_tool(FunctionCall(name=name, arguments=json.dumps(args)), {}, traj)
+
+
+ELASTIC = {"cpus": 1, "elastic": {"resource": "cpu", "max_units": 2, "parallel": 0.9}}
+
+
+@needs_verl
+async def test_calls_name_their_trajectory_and_carry_the_hint(
+    tangram: Tangram, tool_module: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """veRL makes a tool instance per *call*; the adapter groups an elastic call by its
+    trajectory (the ``agent_data`` veRL passes), so the core learns lengths per trajectory (the
+    step-risk sizing of docs/scheduler.md), and passes ``hint_for``'s answer as ``expected_s``. A
+    hint that is not seconds is dropped with one warning; the call still runs."""
+    from tangram_sdk.scheduler import Submitted
+    from verl.tools.tool_registry import initialize_tools_from_config
+
+    seen: list[Submitted] = []
+    tangram.observers.append(lambda evs, now, ds: seen.extend(e for e in evs if isinstance(e, Submitted)))
+    cfg = write_yaml(tmp_path / "tools.yaml", tool_module.__name__,
+                     {"spec": ELASTIC, "hint_for": f"{tool_module.__name__}:suite_hint"})
+    (tool,) = initialize_tools_from_config(str(cfg))
+    tool.name = f"echo_{tmp_path.name}"  # a fresh name for the warn-once set
+    loop = agent_loop([tool])
+    a, b = Trajectory(suite_s=40.0), Trajectory()
+    with caplog.at_level(logging.WARNING, logger="tangram_sdk.integrations"):
+        for traj in (a, b, a, b):
+            resp, _, _ = await call_in(loop, tool.name, {"text": "x"}, traj)
+            assert resp.text.startswith("echo x")
+        for _ in range(2):
+            resp, _, _ = await call_in(loop, tool.name, {"text": "nan"}, b)
+            assert resp.text.startswith("echo nan")  # a bad hint never fails the call
+    groups = [e.spec.group for e in seen]
+    assert groups[0] == groups[2] != groups[1] == groups[3] == groups[4] and None not in groups
+    assert [e.expected for e in seen] == [40.0, None, 40.0, None, None, None]
+    assert tool_module.HINTS["bad"] == 2
+    assert len([r for r in caplog.records if "hint_for returned nan" in r.getMessage()]) == 1
+
+    off = write_yaml(tmp_path / "off.yaml", tool_module.__name__, {"spec": ELASTIC, "group": "none"})
+    (plain,) = initialize_tools_from_config(str(off))
+    seen.clear()
+    await call_in(agent_loop([plain]), "echo", {"text": "y"}, a)
+    assert [e.spec.group for e in seen] == [None]
+    with pytest.raises(SpecError, match="group"):
+        initialize_tools_from_config(str(write_yaml(tmp_path / "bad.yaml", tool_module.__name__,
+                                                    {"spec": ELASTIC, "group": "prompt"})))
+    await settle()
+    assert tangram.statistics()["cpus_free"] == 2
 
 
 @needs_verl

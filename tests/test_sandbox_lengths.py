@@ -14,6 +14,7 @@ import attrs
 import pytest
 
 from tangram_sdk import ActionSpec, Amdahl, Elasticity, Pool, Scheduler
+from tangram_sdk.errors import SpecError
 from tangram_sdk.scheduler import Grant, Released, Submitted
 from tangram_sdk.scheduler.lengths import MIN_KEYS, SandboxLengths
 from tangram_sdk.sim.baselines import make_policy
@@ -28,8 +29,10 @@ TEST = ActionSpec(kind="t", cpus=1, elastic=Elasticity("cpu", 16, Amdahl(0.9)))
 FIXED = ActionSpec(kind="f", cpus=12)
 
 
-def boxed(name: str) -> ActionSpec:
-    return attrs.evolve(TEST, container=name)
+def boxed(name: str, field: str = "container") -> ActionSpec:
+    """TEST in sandbox ``name`` (``container``), or one of group ``name`` (``group``: a
+    trajectory's name that routes nothing; what the veRL/OpenRLHF adapters set)."""
+    return attrs.evolve(TEST, **{field: name})
 
 
 def test_shrinks_each_sandbox_towards_its_kind_by_how_much_sandboxes_differ() -> None:
@@ -59,7 +62,7 @@ def test_shrinks_each_sandbox_towards_its_kind_by_how_much_sandboxes_differ() ->
     assert few.predict("b0") is None
 
 
-def _taught() -> tuple[Scheduler, float]:
+def _taught(field: str = "container") -> tuple[Scheduler, float]:
     """16 cores; 48 sandboxes (lengths lognormal per sandbox, sigma 0.7, and within, sigma 0.5)
     run 3 tests each, one at a time on an empty pool, and sandbox "long" runs 3 of ~100 s; then a
     12-core action holds the pool, 4 cores free. No caller gave a hint."""
@@ -72,7 +75,7 @@ def _taught() -> tuple[Scheduler, float]:
         for name, f in boxes:
             work = f * math.exp(rng.gauss(0.0, 0.5 if name != "long" else 0.1))
             aid += 1
-            g = s.handle(Submitted(aid, boxed(name)), t)[0]
+            g = s.handle(Submitted(aid, boxed(name, field)), t)[0]
             assert isinstance(g, Grant)
             t += work * TEST.relative_duration(g.units)
             s.handle(Released(aid), t)
@@ -80,12 +83,26 @@ def _taught() -> tuple[Scheduler, float]:
     return s, t
 
 
-def test_a_sandbox_whose_runs_were_the_far_tail_waits_for_its_width() -> None:
+@pytest.mark.parametrize("field", ["container", "group"])
+def test_a_sandbox_whose_runs_were_the_far_tail_waits_for_its_width(field: str) -> None:
     """Its earlier runs were ~100 s where its kind's are ~1 s: on 4 cores its next run would take
     ~32 s; waiting for the 12 cores back ends it sooner, so it waits and gets all 16, with no
-    expected_s from anyone."""
-    s, t = _taught()
-    waits_for_the_hold_then_takes_all(s, t, Submitted(2, boxed("long")))
+    expected_s from anyone. A ``group`` name teaches the same as a ``container``."""
+    s, t = _taught(field)
+    waits_for_the_hold_then_takes_all(s, t, Submitted(2, boxed("long", field)))
+
+
+def test_a_group_wins_over_the_container_for_what_is_learned() -> None:
+    """Lengths are learned by ``group`` where a spec names one (the container is where it runs,
+    the group what it is one of); a group must be a name, and a spec without one prints as before
+    groups existed (decision-log hashes)."""
+    s, t = _taught("group")
+    spec = attrs.evolve(boxed("b0", "container"), group="long")  # runs in b0, belongs to "long"
+    waits_for_the_hold_then_takes_all(s, t, Submitted(2, spec))
+    plain = ActionSpec(kind="t", cpus=1, elastic=TEST.elastic)
+    with pytest.raises(SpecError, match="group"):
+        attrs.evolve(plain, group="not a name")
+    assert "group" not in repr(plain) and "group='x'" in repr(attrs.evolve(plain, group="x"))
 
 
 @pytest.mark.parametrize("name", ["b0", "b7", "unseen", None])
@@ -102,6 +119,20 @@ def test_sandbox_names_change_nothing_where_sandboxes_do_not_differ() -> None:
     plain = run_policy(ai_coding(**kw), "tangram")
     named = run_policy(ai_coding(**kw, sandbox_names=True), "tangram")
     assert named.grant == plain.grant and named.units == plain.units and named.end == plain.end
+
+
+def test_group_names_decide_as_container_names_do() -> None:
+    """Trajectory-correlated lengths, simulated: naming each trajectory by ``group`` (what the
+    framework adapters set) gives the same grants as naming its sandbox by ``container``, and
+    both differ from naming nothing (the learning is really used)."""
+    kw = dict(batch=96, nodes=1, cores=96, seed=4, test_traj_sigma=0.8)
+    boxes = run_policy(ai_coding(**kw, sandbox_names=True), "tangram")
+    groups = run_policy(ai_coding(**kw, sandbox_names="group"), "tangram")
+    plain = run_policy(ai_coding(**kw), "tangram")
+    assert groups.grant == boxes.grant and groups.units == boxes.units and groups.end == boxes.end
+    assert plain.units != boxes.units
+    with pytest.raises(ValueError, match="sandbox_names"):
+        ai_coding(4, sandbox_names="yes")
 
 
 def test_simulated_sandbox_lengths_keep_the_workload() -> None:

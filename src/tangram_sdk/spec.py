@@ -243,7 +243,11 @@ class ActionSpec:
     tokens: ``quotas={"judge": 1}, tokens={"judge": 1200}``); spent, not returned, and correctable
     after the call with ``lease.report_tokens``. ``needs``: units of the pool's declared counted
     resources (``{"sandbox_slots": 1}``), held for the lease and returned with it; ``memory`` is
-    the built-in counted kind, kept as its own field.
+    the built-in counted kind, kept as its own field. ``group`` names what this action is one of
+    (a trajectory, a task, a repository): actions of one group are alike in length, so the core
+    learns an elastic CPU action's length per group, as it does per ``container`` (which it
+    replaces for that purpose), without routing anything; specs differing only in ``group`` are
+    one market.
     """
 
     kind: str
@@ -258,13 +262,14 @@ class ActionSpec:
     service: str | None = None
     tokens: tuple[tuple[str, int], ...] = attrs.field(default=(), converter=_freeze_tokens)
     needs: tuple[tuple[str, int], ...] = attrs.field(default=(), converter=freeze_needs)
+    group: str | None = None
 
     def __repr__(self) -> str:
-        """The attrs repr, leaving ``needs`` out while it is empty: decision logs and their hashes
-        (benchmarks/decision_hash.py) are built from the repr of events, which hold specs, so a
-        spec that uses no declared resource prints exactly as before ``needs`` existed."""
+        """The attrs repr, leaving ``needs`` out while it is empty and ``group`` while it is None:
+        decision logs and their hashes (benchmarks/decision_hash.py) are built from the repr of
+        events, which hold specs, so a spec that uses neither prints exactly as before they existed."""
         parts = [f"{f.name}={getattr(self, f.name)!r}" for f in attrs.fields(ActionSpec)
-                 if f.name != "needs" or self.needs]
+                 if (f.name != "needs" or self.needs) and (f.name != "group" or self.group is not None)]
         return f"{type(self).__qualname__}({', '.join(parts)})"
 
     def __attrs_post_init__(self) -> None:
@@ -280,6 +285,8 @@ class ActionSpec:
             not isinstance(self.container, str) or not CONTAINER_RE.fullmatch(self.container)
         ):
             raise SpecError(f"container must be a Docker id or name, got {show(self.container)}")
+        if self.group is not None and (not isinstance(self.group, str) or not NAME_RE.fullmatch(self.group)):
+            raise SpecError(f"group must be a short identifier (a trajectory, task or repository), got {show(self.group)}")
         if self.service is not None:
             if not isinstance(self.service, str) or not NAME_RE.fullmatch(self.service):
                 raise SpecError(f"service must be a short identifier, got {show(self.service)}")

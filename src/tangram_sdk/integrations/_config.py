@@ -8,8 +8,10 @@ call that cannot be mapped is the agent's mistake, reported back to it (see :cla
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import logging
+import math
 import threading
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
@@ -19,12 +21,15 @@ import attrs
 from ..errors import InfeasibleSpecError, SpecError, SpecMappingError
 from ..pool import Pool, Quota
 from ..resources import Counted
+from .._validate import NAME_RE
 from ..spec import ActionSpec, Amdahl, Elasticity
 
 __all__ = [
     "SpecFor",
     "SpecMapper",
     "SpecMappingError",
+    "group_of",
+    "hint_or_none",
     "import_object",
     "pool_from_mapping",
     "spec_from_mapping",
@@ -36,7 +41,7 @@ log = logging.getLogger("tangram_sdk.integrations")
 SpecFor = Callable[[str, Mapping[str, Any]], ActionSpec]
 
 _SPEC_KEYS = {"kind", "cpus", "gpus", "memory", "needs", "quotas", "elastic", "duration", "priority", "container",
-              "service"}
+              "service", "group"}
 _ELASTIC_KEYS = {"resource", "max_units", "parallel", "efficiency", "malleable", "restartable"}
 _FROM_PARAM_KEYS = {"cpus", "gpus", "memory", "duration", "priority", "max_units"}
 
@@ -110,6 +115,34 @@ def spec_from_mapping(data: Mapping[str, Any], *, default_kind: str | None = Non
     if fields.get("elastic") is not None:
         fields["elastic"] = _elastic(fields["elastic"])
     return ActionSpec(**fields)
+
+
+def group_of(identity: object) -> str:
+    """The spec ``group`` for a framework's per-trajectory identity (veRL's tool instance id, an
+    OpenRLHF agent instance's): the id itself when it is a valid name, else a stable digest of it,
+    so any id the framework makes names one group and never fails a call."""
+    text = str(identity)
+    if NAME_RE.fullmatch(text):
+        return text
+    return "g" + hashlib.sha1(text.encode("utf-8", "surrogatepass")).hexdigest()[:20]
+
+
+_bad_hints: set[str] = set()
+
+
+def hint_or_none(label: str, value: object) -> float | None:
+    """A length hint from user code (``hint_for``), or None. A hint is advice: one that is not a
+    finite number of seconds > 0 is dropped (logged at WARNING once per label) rather than
+    failing the call it was meant to speed up."""
+    if value is None:
+        return None
+    if not isinstance(value, bool) and isinstance(value, (int, float)) and 0.0 < value < math.inf:
+        return float(value)
+    if label not in _bad_hints:
+        _bad_hints.add(label)
+        log.warning("%s: hint_for returned %r, not seconds > 0 or None; the hint is ignored "
+                    "(further bad hints of %s are not logged)", label, value, label)
+    return None
 
 
 def pool_from_mapping(data: Mapping[str, Any]) -> Pool:

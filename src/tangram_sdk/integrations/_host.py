@@ -196,12 +196,14 @@ async def shutdown() -> None:
 
 @contextlib.asynccontextmanager
 async def action(
-    spec: ActionSpec, *, timeout: float | None = None, runtime: RuntimeSource | None = None
+    spec: ActionSpec, *, timeout: float | None = None, runtime: RuntimeSource | None = None,
+    expected_s: float | None = None,
 ) -> AsyncIterator[Lease]:
     """``async with action(spec) as lease:`` acquire from the resolved Tangram and make the lease
-    visible to :func:`current_lease` inside the block. The hook for actions that are not tools."""
+    visible to :func:`current_lease` inside the block. The hook for actions that are not tools.
+    ``expected_s``: a length hint, as :meth:`Tangram.acquire`."""
     tangram = await resolve_runtime(runtime)
-    async with tangram.acquire(spec, timeout=timeout) as lease:
+    async with tangram.acquire(spec, timeout=timeout, **_hint(expected_s)) as lease:
         token = _current_lease.set(lease)
         try:
             yield lease
@@ -219,15 +221,17 @@ async def run_holding(
     *,
     runtime: RuntimeSource | None = None,
     timeout: float | None = None,
+    expected_s: float | None = None,
 ) -> T:
     """Run ``body(lease)`` holding ``spec``'s resources, with the lease visible to
     :func:`current_lease`. A spec this pool refuses at acquire (invalid for it, or too big) gives
     ``refused(error)`` instead of raising: an argument-dependent failure becomes the tool's or the
-    step's result and the rollout goes on. Everything else propagates; the lease is always released."""
+    step's result and the rollout goes on. Everything else propagates; the lease is always released.
+    ``expected_s``: a length hint, as :meth:`Tangram.acquire`."""
     tangram = await resolve_runtime(runtime)
     async with contextlib.AsyncExitStack() as stack:  # only a failed *acquire* becomes `refused`, not the body's errors
         try:
-            lease = await stack.enter_async_context(tangram.acquire(spec, timeout=timeout))
+            lease = await stack.enter_async_context(tangram.acquire(spec, timeout=timeout, **_hint(expected_s)))
         except (SpecError, InfeasibleSpecError) as exc:
             return refused(exc)
         token = _set_lease(lease)
@@ -236,6 +240,11 @@ async def run_holding(
         finally:
             _reset_lease(token)
     raise AssertionError("unreachable")  # pragma: no cover - the block always returns or raises
+
+
+def _hint(expected_s: float | None) -> dict[str, float]:
+    """``expected_s=`` only when there is a hint: a Tangram written to an older protocol takes none."""
+    return {} if expected_s is None else {"expected_s": expected_s}
 
 
 def _set_lease(lease: Lease | None) -> Any:

@@ -17,13 +17,16 @@ action, which is what tangram schedules.
 from __future__ import annotations
 
 import inspect
+import uuid
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
+
+import attrs
 
 from ..errors import SpecError, TangramError
 from ..lease import Lease
 from ..spec import ActionSpec
-from ._config import SpecMapper, SpecMappingError
+from ._config import SpecMapper, SpecMappingError, hint_or_none
 from ._host import RuntimeSource, current_lease, run_holding, runtime_source
 from ._lazy import require
 
@@ -36,6 +39,9 @@ T = TypeVar("T")
 #: ``spec_for(states) -> ActionSpec``: the demand of one step, from the step's ``states`` dict
 #: (``observation_text``, ``action_text``, ``label``, ``sampling_params``).
 StepSpecFor = Callable[[Mapping[str, Any]], ActionSpec]
+
+#: ``hint_for(states) -> seconds | None``: one step's length hint (``expected_s``).
+StepHintFor = Callable[[Mapping[str, Any]], "float | None"]
 
 
 def _error_step(states: Mapping[str, Any], exc: BaseException) -> dict[str, Any]:
@@ -60,6 +66,8 @@ def with_tangram(
     runtime: RuntimeSource | None = None,
     timeout: float | None = None,
     pass_lease: bool = True,
+    hint_for: StepHintFor | None = None,
+    group: bool = True,
 ) -> type[T]:
     """Return a subclass of the OpenRLHF agent instance class whose ``step`` holds a lease.
 
@@ -69,6 +77,9 @@ def with_tangram(
     ``done=False`` instead of raising (logged once per agent class). ``pass_lease`` passes
     ``lease=`` to ``step`` when its signature takes it or ``**kwargs`` (OpenRLHF's base does);
     :func:`current_lease` works either way. ``reset`` is not wrapped: it builds the episode state.
+    ``hint_for(states)``: the step's length hint in seconds (``expected_s``), or None. ``group``:
+    an elastic CPU step's spec gets ``group=`` a name of its agent instance (one per prompt: one
+    trajectory), so the core learns lengths per trajectory.
     """
     base = require("openrlhf.utils.agent", framework="openrlhf", install=INSTALL).AgentInstanceBase
     if not (isinstance(instance_cls, type) and issubclass(instance_cls, base)):
@@ -84,12 +95,23 @@ def with_tangram(
         p.name == "lease" or p.kind is inspect.Parameter.VAR_KEYWORD for p in sig_params
     )
 
+    if hint_for is not None and not callable(hint_for):
+        raise SpecError(f"with_tangram() hint_for must be callable, got {hint_for!r}")
+
     async def step(self: Any, states: dict[str, Any], **kwargs: Any) -> Any:
+        st = states if isinstance(states, Mapping) else {}
         try:
-            the_spec = mapper(label, states if isinstance(states, Mapping) else {})
+            the_spec = mapper(label, st)
         except SpecMappingError as exc:
             SpecMapper.report(label, exc)
             return _error_step(states, exc)
+        if group and the_spec.group is None and the_spec.elastic_resource == "cpu":
+            name = self.__dict__.get("_tangram_group")
+            if name is None:  # the instance is the trajectory: named once, on its first step
+                name = self.__dict__["_tangram_group"] = "t" + uuid.uuid4().hex
+            the_spec = attrs.evolve(the_spec, group=name)
+        hint = None if hint_for is None else hint_or_none(label, hint_for(st))
+
         async def body(lease: Lease) -> Any:
             if takes_lease:
                 kwargs.setdefault("lease", lease)
@@ -99,7 +121,7 @@ def with_tangram(
             SpecMapper.report(label, exc)
             return _error_step(states, exc)
 
-        return await run_holding(the_spec, body, refused, runtime=runtime, timeout=timeout)
+        return await run_holding(the_spec, body, refused, runtime=runtime, timeout=timeout, expected_s=hint)
 
     step.__doc__ = original_step.__doc__
     return type(label, (instance_cls,), {"step": step, "__module__": instance_cls.__module__,

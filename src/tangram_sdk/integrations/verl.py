@@ -27,13 +27,17 @@ from __future__ import annotations
 
 import functools
 import inspect
+import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
+
+import attrs
 
 from ..errors import SpecError, TangramError
 from ..lease import Lease
 from ..spec import ActionSpec
-from ._config import SpecFor, SpecMapper, SpecMappingError, import_object, spec_from_mapping
+from ._config import (SpecFor, SpecMapper, SpecMappingError, group_of, hint_or_none, import_object,
+                      spec_from_mapping)
 from .._protocol import is_tangram
 from ._host import RuntimeSource, action, current_lease, run_holding, runtime_source
 from ._lazy import require
@@ -49,9 +53,46 @@ __all__ = [
 
 INSTALL = ("pip install verl cachetools fastapi uvicorn  (veRL's agent-loop modules import the last three, "
            "which `pip install verl` leaves out; the CPU build of torch is enough)")
-_TANGRAM_KEYS = {"spec", "spec_for", "from_parameters", "timeout", "runtime", "pool", "options", "wraps"}
+_TANGRAM_KEYS = {"spec", "spec_for", "from_parameters", "timeout", "runtime", "pool", "options", "wraps", "group",
+                 "hint_for"}
 
 T = TypeVar("T")
+
+#: ``hint_for(tool_name, instance_id, parameters, agent_data) -> seconds | None``: one call's
+#: length hint (``expected_s``: its seconds at the minimum units, e.g. the last run of the same
+#: task's tests); ``agent_data`` is what veRL's ToolAgentLoop passes to ``execute`` (its
+#: ``tools_kwargs`` hold the sample's data), or None.
+HintFor = Callable[[str, str, Mapping[str, Any], Any], "float | None"]
+
+
+def _group_mode(value: Any, where: str) -> str | None:
+    """``group:`` of a tool's tangram config: "trajectory" (the default) or off (null/false/"none")."""
+    if value is None or value is False or value == "none":
+        return None
+    if value == "trajectory":
+        return "trajectory"
+    raise SpecError(f"{where}: `group` must be \"trajectory\" (learn lengths per trajectory) or \"none\", "
+                    f"got {value!r}")
+
+
+def _trajectory_of(instance_id: str, kwargs: Mapping[str, Any]) -> str:
+    """A name of the trajectory a call belongs to. veRL's ToolAgentLoop makes a tool instance per
+    *call* and passes the trajectory's ``agent_data`` to ``execute``, so the trajectory is that
+    object (named once, on first sight: its ``request_id`` is not unique under full determinism);
+    a caller that passes none (an older rollout, one instance per trajectory) is grouped by
+    ``instance_id``."""
+    data = kwargs.get("agent_data")
+    if data is not None:
+        try:
+            own = vars(data)
+        except TypeError:  # no __dict__ (slots): nothing to name it by
+            own = None
+        if own is not None:
+            name = own.get("_tangram_group")
+            if name is None:
+                name = own["_tangram_group"] = "t" + uuid.uuid4().hex
+            return str(name)
+    return group_of(instance_id)
 
 
 def _verl_schemas() -> Any:
@@ -82,6 +123,8 @@ class TangramToolMixin:
     tangram_spec_for: SpecFor | None = None
     tangram_runtime: RuntimeSource | None = None
     tangram_timeout: float | None = None
+    tangram_group: str | None = "trajectory"
+    tangram_hint_for: HintFor | None = None
 
     name: str
     config: dict[str, Any]
@@ -108,21 +151,42 @@ class TangramToolMixin:
         self._tangram_source: RuntimeSource | None = _config_source(cfg, self.tangram_runtime, where)
         timeout = cfg.get("timeout", self.tangram_timeout)
         self._tangram_timeout = None if timeout is None else float(timeout)
+        self._tangram_group = _group_mode(cfg.get("group", self.tangram_group), where)
+        hint_for = cfg.get("hint_for", self.tangram_hint_for)
+        if isinstance(hint_for, str):
+            hint_for = import_object(hint_for)
+        if hint_for is not None and not callable(hint_for):
+            raise SpecError(f"{where}: `hint_for` must be callable (or an import path), got {hint_for!r}")
+        self._tangram_hint_for: HintFor | None = hint_for
         return cfg
 
     def tangram_spec_of(self, parameters: Mapping[str, Any]) -> ActionSpec:
         """The spec of one call; raises SpecMappingError when the arguments do not map."""
         return self._tangram_mapper(self.name, parameters)
 
+    def tangram_expected_s(self, instance_id: str, parameters: Mapping[str, Any],
+                           agent_data: Any = None) -> float | None:
+        """One call's length hint (``expected_s``), or None: ``hint_for``'s answer by default.
+        Override it to read what your tool knows (the size of the task's suite, its last run)."""
+        fn = self._tangram_hint_for
+        return None if fn is None else fn(self.name, instance_id, parameters, agent_data)
+
     async def execute(self, instance_id: str, parameters: dict[str, Any], **kwargs: Any) -> Any:
         """Map the call to a spec, wait for the resources, run the tool body holding them."""
         if not hasattr(self, "_tangram_mapper"):
             self._tangram_setup(getattr(self, "config", None))
+        params = parameters if isinstance(parameters, Mapping) else {}
         try:
-            spec = self.tangram_spec_of(parameters if isinstance(parameters, Mapping) else {})
+            spec = self.tangram_spec_of(params)
         except SpecMappingError as exc:
             SpecMapper.report(self.name, exc)
             return _error_result(self.name, exc)
+        if self._tangram_group is not None and spec.group is None and spec.elastic_resource == "cpu":
+            # one trajectory's calls are alike in length: the core learns them together
+            spec = attrs.evolve(spec, group=_trajectory_of(instance_id, kwargs))
+        hint = hint_or_none(f"tool {self.name!r}",
+                            self.tangram_expected_s(instance_id, params, kwargs.get("agent_data")))
+
         async def body(lease: Lease) -> Any:
             return _with_metrics(await self.execute_with_lease(instance_id, parameters, lease, **kwargs), lease)
 
@@ -130,7 +194,8 @@ class TangramToolMixin:
             SpecMapper.report(self.name, exc)
             return _error_result(self.name, exc)
 
-        return await run_holding(spec, body, refused, runtime=self._tangram_source, timeout=self._tangram_timeout)
+        return await run_holding(spec, body, refused, runtime=self._tangram_source, timeout=self._tangram_timeout,
+                                 expected_s=hint)
 
     async def execute_with_lease(
         self, instance_id: str, parameters: dict[str, Any], lease: Lease, **kwargs: Any
@@ -177,12 +242,18 @@ def tangram_tool(
     runtime: RuntimeSource | None = None,
     timeout: float | None = None,
     pass_lease: bool = False,
+    hint_for: HintFor | None = None,
+    group: str | None = "trajectory",
 ) -> type[T]:
     """Return a subclass of ``tool_cls`` whose ``execute`` runs inside ``tangram.acquire``.
 
-    ``spec``/``spec_for``/``runtime``/``timeout`` are defaults; the tool's ``config.tangram``
-    mapping overrides them. ``pass_lease=True`` also passes ``lease=`` to ``execute`` (tools
-    that accept ``**kwargs`` may ignore it; :func:`current_lease` works either way).
+    ``spec``/``spec_for``/``runtime``/``timeout``/``hint_for``/``group`` are defaults; the tool's
+    ``config.tangram`` mapping overrides them. ``pass_lease=True`` also passes ``lease=`` to
+    ``execute`` (tools that accept ``**kwargs`` may ignore it; :func:`current_lease` works either
+    way). ``hint_for(tool_name, instance_id, parameters, agent_data)``: a call's length hint in
+    seconds, or None. ``group="trajectory"``: an elastic CPU call's spec gets a ``group`` naming
+    its trajectory (veRL's ``agent_data``, else the tool instance), so the core learns lengths
+    per trajectory; None turns it off.
     """
     if not isinstance(tool_cls, type):
         raise SpecError(f"tangram_tool() needs a tool class, got {tool_cls!r}")
@@ -192,6 +263,8 @@ def tangram_tool(
         "tangram_runtime": runtime,
         "tangram_timeout": timeout,
         "tangram_pass_lease": pass_lease,
+        "tangram_hint_for": staticmethod(hint_for) if hint_for is not None else None,
+        "tangram_group": _group_mode(group, "tangram_tool(group=)"),
         "__module__": tool_cls.__module__,
         "__doc__": f"{tool_cls.__name__} with each call run inside tangram.acquire (tangram_tool).",
     }

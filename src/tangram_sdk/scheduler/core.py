@@ -663,10 +663,11 @@ class Scheduler:
         if expected is not None and not (isinstance(expected, (int, float)) and 0.0 < expected < math.inf):
             raise ValueError(f"expected must be a finite number of seconds > 0, got {expected!r}")
         self.submitted += 1
-        box = spec.container
+        box = spec.group or spec.container
         if box is not None:
-            # the sandbox is where the action runs, not what it needs: sized, priced and queued as
-            # one spec with every other sandbox's (one spec per trajectory would split the market)
+            # the sandbox (or group) is where the action runs or what it belongs to, not what it
+            # needs: sized, priced and queued as one spec with every other sandbox's (one spec per
+            # trajectory would split the market)
             spec = self._without_container(spec)
         shape = self._shape_of(spec)
         reason = shape.reason
@@ -716,7 +717,7 @@ class Scheduler:
         if bare is None:
             if len(cache) > 4096:
                 cache.clear()
-            bare = cache[spec] = attrs.evolve(spec, container=None)
+            bare = cache[spec] = attrs.evolve(spec, container=None, group=None)
         return bare
 
     def _forget_kinds(self) -> None:

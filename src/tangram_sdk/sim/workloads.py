@@ -71,7 +71,8 @@ CODING = dict(
     test_hint_sigma=None,                    # tests carry a length hint, off by this log-sigma (None: none)
     test_traj_sigma=None,                    # log-sigma of a per-trajectory test-length factor (one repo's
                                              # suite is long every time); test_sigma stays the total spread
-    sandbox_names=False,                     # specs name their trajectory's sandbox (container="sb<i>")
+    sandbox_names=False,                     # specs name their trajectory's sandbox (container="sb<i>"),
+                                             # or its group ("group": group="sb<i>", what adapters set)
 )
 
 
@@ -109,10 +110,13 @@ def ai_coding(batch: int = 1280, *, nodes: int = 15, cores: int = 256, seed: int
     if pc is not None and (isinstance(pc, bool) or not isinstance(pc, int) or pc < 1):
         raise ValueError(f"test_workers_per_core must be None or an int >= 1, got {pc!r}")
     trajs = []
-    named = bool(p["sandbox_names"])
+    named = p["sandbox_names"]
+    if named not in (False, True, "group"):
+        raise ValueError(f"sandbox_names must be False, True or 'group', got {named!r}")
+    field = "group" if named == "group" else "container"
     for i in range(batch):
         if named:
-            test, shell = attrs.evolve(test0, container=f"sb{i}"), attrs.evolve(shell0, container=f"sb{i}")
+            test, shell = attrs.evolve(test0, **{field: f"sb{i}"}), attrs.evolve(shell0, **{field: f"sb{i}"})
         n = int(rng.integers(p["actions_min"], p["actions_max"] + 1))
         is_test = rng.random(n) < p["test_frac"]
         tw = _lognormal(rng, p["test_work_mean"], a_sigma, n)
