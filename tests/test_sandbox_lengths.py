@@ -170,3 +170,26 @@ async def test_runtime_and_simulator_make_identical_decisions_with_sandbox_names
     # risk) and then took all 16
     r = simulate(trajs, make_policy("tangram", Pool(cpus=16)), time_resolution=1e-6)
     assert r.units[-1] == 16 and r.grant[-1] > r.submit[-1] + 1.0
+
+
+def test_kind_statistics_follow_a_drift_instead_of_averaging_all_history() -> None:
+    """An RL job's tests get longer as its policy learns. After two horizons of lengths ~1 s
+    and one of lengths ~e s, the kind-wide mean has moved most of the way (a cumulative mean
+    would sit at a third of it), and its spread is still the spread of the lengths, not of the
+    two eras mixed; below the horizon the statistics are exact (what the guarded decision logs
+    were recorded with)."""
+    from tangram_sdk.scheduler.lengths import HORIZON, add_sample
+
+    rng = random.Random(3)
+    exact, capped = [0.0, 0.0, 0.0], [0.0, 0.0, 0.0]
+    for _ in range(1000):
+        x = rng.gauss(0.0, 0.5)
+        add_sample(exact, x)
+        add_sample(capped, x, HORIZON)
+    assert capped == exact
+    n = int(HORIZON)
+    for mu in [0.0] * (2 * n) + [1.0] * n:
+        add_sample(capped, mu + rng.gauss(0.0, 0.5), HORIZON)
+    count, mean, m2 = capped
+    assert count == HORIZON and 0.55 < mean < 0.75  # exp-weighted over one horizon: 1 - 1/e = 0.63
+    assert 0.25 < m2 / (count - 1.0) < 0.55  # 0.25 of noise plus the fading mix of the two eras

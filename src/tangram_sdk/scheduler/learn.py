@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from .lengths import SandboxLengths, add_sample
+from .lengths import HORIZON, SandboxLengths, add_sample
 
 __all__ = ["KindStats"]
 
@@ -78,7 +78,7 @@ class KindStats:
         n, mean, m2 = self.hints
         x = math.log(seconds)
         z = (x - mean) / math.sqrt(m2 / (n - 1)) if n >= 32 and m2 > 0.0 else -math.inf
-        add_sample(self.hints, x)
+        add_sample(self.hints, x, HORIZON)  # the last HORIZON hints: a job's lengths drift
         return z
 
     def hint_mean(self) -> float:

@@ -10,22 +10,31 @@ both estimated from the same observations. Where sandboxes do not differ (length
 the sandbox) there is no prediction, or one near the kind's mean that marks no step risk
 (``moldable.RISK_MIN_RATIO``); where they do, the prediction is passed on as a length hint
 (``Submitted.expected``: an explicit one wins), which marks only the far tail as a step risk
-(``moldable.CpuSizing.units``). Statistics are cumulative (no decay)
-and bounded to the most recently seen ``MAX_KEYS`` sandboxes per kind.
+(``moldable.CpuSizing.units``). The kind-wide statistics weigh the last ``HORIZON`` observations
+(an RL job's tests drift as its policy learns: cumulative statistics would judge today's lengths by
+last week's), each sandbox's are exact (a trajectory is short-lived), and at most the ``MAX_KEYS``
+most recently seen sandboxes are kept per kind.
 """
 
 from __future__ import annotations
 
 import math
 
-__all__ = ["SandboxLengths", "MAX_KEYS", "MIN_KEYS", "add_sample"]
+__all__ = ["SandboxLengths", "HORIZON", "MAX_KEYS", "MIN_KEYS", "add_sample"]
 
 MAX_KEYS = 65536  # sandboxes remembered per kind (oldest forgotten first)
 MIN_KEYS = 8  # sandboxes with two runs or more before the within-sandbox spread is trusted
+HORIZON = 65536.0  # observations a kind-wide statistic weighs (a few RL steps of a large batch)
 
 
-def add_sample(acc: list[float], x: float) -> float:
-    """Welford's update of ``acc = [count, mean, M2]`` with ``x``; returns the increase of M2."""
+def add_sample(acc: list[float], x: float, horizon: float = math.inf) -> float:
+    """Welford's update of ``acc = [count, mean, M2]`` with ``x``; returns the increase of M2.
+    Exact below ``horizon`` observations; from there on each update first scales the accumulator
+    down to ``horizon - 1`` observations' worth, so the count stays at ``horizon`` and the mean
+    and variance become exponentially weighted (old evidence fades, new moves them by 1/horizon)."""
+    if acc[0] >= horizon:
+        acc[2] *= (horizon - 2.0) / (horizon - 1.0)
+        acc[0] = horizon - 1.0
     n = acc[0] + 1.0
     d = x - acc[1]
     acc[1] += d / n
@@ -51,7 +60,7 @@ class SandboxLengths:
         if not (seconds > 0.0 and math.isfinite(seconds)):
             return
         x = math.log(seconds)
-        add_sample(self._all, x)
+        add_sample(self._all, x, HORIZON)
         ks = self._keys
         k = ks.pop(key, None)  # re-inserted last: the dict's order is recency
         if k is None:
@@ -59,9 +68,14 @@ class SandboxLengths:
                 del ks[next(iter(ks))]
             k = [0.0, 0.0, 0.0]
         ks[key] = k
-        self._w_m2 += add_sample(k, x)
+        inc = add_sample(k, x)
         n = k[0]
         if n >= 2.0:
+            if self._w_df >= HORIZON:  # the pooled within-sandbox spread weighs recent runs too
+                keep = (HORIZON - 1.0) / HORIZON
+                self._w_m2 *= keep
+                self._w_df *= keep
+            self._w_m2 += inc
             self._w_df += 1.0
             if n == 2.0:
                 self._w_keys += 1
