@@ -13,6 +13,7 @@ import importlib
 import logging
 import math
 import threading
+import uuid
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
@@ -30,6 +31,7 @@ __all__ = [
     "SpecMappingError",
     "group_of",
     "hint_or_none",
+    "name_of_object",
     "import_object",
     "pool_from_mapping",
     "spec_from_mapping",
@@ -125,6 +127,21 @@ def group_of(identity: object) -> str:
     if NAME_RE.fullmatch(text):
         return text
     return "g" + hashlib.sha1(text.encode("utf-8", "surrogatepass")).hexdigest()[:20]
+
+
+def name_of_object(obj: object) -> str | None:
+    """A group name for one framework object that stands for a trajectory (veRL's ``agent_data``,
+    an OpenRLHF agent instance), kept on the object so all its calls share it; None when the
+    object takes no attributes (``__slots__``). A fresh uuid, not ``id(obj)``: ids are reused once
+    an object is freed, and a trajectory must not inherit a dead one's lengths."""
+    try:
+        own = vars(obj)
+    except TypeError:
+        return None
+    name = own.get("_tangram_group")
+    if name is None:
+        name = own["_tangram_group"] = "t" + uuid.uuid4().hex
+    return str(name)
 
 
 _bad_hints: set[str] = set()

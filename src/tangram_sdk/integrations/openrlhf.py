@@ -17,7 +17,6 @@ action, which is what tangram schedules.
 from __future__ import annotations
 
 import inspect
-import uuid
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
@@ -26,7 +25,7 @@ import attrs
 from ..errors import SpecError, TangramError
 from ..lease import Lease
 from ..spec import ActionSpec
-from ._config import SpecMapper, SpecMappingError, hint_or_none
+from ._config import SpecMapper, SpecMappingError, hint_or_none, name_of_object
 from ._host import RuntimeSource, current_lease, run_holding, runtime_source
 from ._lazy import require
 
@@ -78,7 +77,7 @@ def with_tangram(
     ``lease=`` to ``step`` when its signature takes it or ``**kwargs`` (OpenRLHF's base does);
     :func:`current_lease` works either way. ``reset`` is not wrapped: it builds the episode state.
     ``hint_for(states)``: the step's length hint in seconds (``expected_s``), or None. ``group``:
-    an elastic CPU step's spec gets ``group=`` a name of its agent instance (one per prompt: one
+    an elastic CPU step's spec gets ``group=`` a name of its agent instance (one per episode: one
     trajectory), so the core learns lengths per trajectory.
     """
     base = require("openrlhf.utils.agent", framework="openrlhf", install=INSTALL).AgentInstanceBase
@@ -106,10 +105,9 @@ def with_tangram(
             SpecMapper.report(label, exc)
             return _error_step(states, exc)
         if group and the_spec.group is None and the_spec.elastic_resource == "cpu":
-            name = self.__dict__.get("_tangram_group")
-            if name is None:  # the instance is the trajectory: named once, on its first step
-                name = self.__dict__["_tangram_group"] = "t" + uuid.uuid4().hex
-            the_spec = attrs.evolve(the_spec, group=name)
+            name = name_of_object(self)  # the instance is the episode: named once, on its first step
+            if name is not None:
+                the_spec = attrs.evolve(the_spec, group=name)
         hint = None if hint_for is None else hint_or_none(label, hint_for(st))
 
         async def body(lease: Lease) -> Any:

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import functools
 import inspect
-import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -37,7 +36,7 @@ from ..errors import SpecError, TangramError
 from ..lease import Lease
 from ..spec import ActionSpec
 from ._config import (SpecFor, SpecMapper, SpecMappingError, group_of, hint_or_none, import_object,
-                      spec_from_mapping)
+                      name_of_object, spec_from_mapping)
 from .._protocol import is_tangram
 from ._host import RuntimeSource, action, current_lease, run_holding, runtime_source
 from ._lazy import require
@@ -82,16 +81,9 @@ def _trajectory_of(instance_id: str, kwargs: Mapping[str, Any]) -> str:
     a caller that passes none (an older rollout, one instance per trajectory) is grouped by
     ``instance_id``."""
     data = kwargs.get("agent_data")
-    if data is not None:
-        try:
-            own = vars(data)
-        except TypeError:  # no __dict__ (slots): nothing to name it by
-            own = None
-        if own is not None:
-            name = own.get("_tangram_group")
-            if name is None:
-                name = own["_tangram_group"] = "t" + uuid.uuid4().hex
-            return str(name)
+    name = None if data is None else name_of_object(data)
+    if name is not None:
+        return name
     return group_of(instance_id)
 
 

@@ -113,10 +113,11 @@ def ai_coding(batch: int = 1280, *, nodes: int = 15, cores: int = 256, seed: int
     named = p["sandbox_names"]
     if named not in (False, True, "group"):
         raise ValueError(f"sandbox_names must be False, True or 'group', got {named!r}")
-    field = "group" if named == "group" else "container"
     for i in range(batch):
-        if named:
-            test, shell = attrs.evolve(test0, **{field: f"sb{i}"}), attrs.evolve(shell0, **{field: f"sb{i}"})
+        if named == "group":
+            test, shell = attrs.evolve(test0, group=f"sb{i}"), attrs.evolve(shell0, group=f"sb{i}")
+        elif named:
+            test, shell = attrs.evolve(test0, container=f"sb{i}"), attrs.evolve(shell0, container=f"sb{i}")
         n = int(rng.integers(p["actions_min"], p["actions_max"] + 1))
         is_test = rng.random(n) < p["test_frac"]
         tw = _lognormal(rng, p["test_work_mean"], a_sigma, n)
