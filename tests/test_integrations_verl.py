@@ -174,14 +174,16 @@ async def test_yaml_wrapped_tool_runs_inside_acquire(tangram: Tangram, tool_modu
     assert stats["completed"] == 5 and stats["cpus_free"] == 2
 
 
-class Trajectory:
-    """What veRL's ToolAgentLoop passes to ``execute`` as ``agent_data``: one per trajectory."""
+def trajectory(suite_s: float | None = None) -> Any:
+    """veRL's own ``AgentData``, what its ToolAgentLoop passes to ``execute``: one per trajectory.
+    Both get the request id full determinism gives every trajectory of a priority."""
+    from verl.experimental.agent_loop.tool_agent_loop import AgentData
 
-    def __init__(self, suite_s: float | None = None) -> None:
-        self.tools_kwargs = {} if suite_s is None else {"suite_s": suite_s}
+    return AgentData(messages=[], image_data=None, video_data=None, audio_data=None, mm_processor_kwargs=None,
+                     metrics={}, request_id="det-0", tools_kwargs={} if suite_s is None else {"suite_s": suite_s})
 
 
-async def call_in(loop: Any, name: str, args: dict[str, Any], traj: Trajectory) -> Any:
+async def call_in(loop: Any, name: str, args: dict[str, Any], traj: Any) -> Any:
     from verl.experimental.agent_loop.tool_parser import FunctionCall
 
     return await loop._call_tool(FunctionCall(name=name, arguments=json.dumps(args)), {}, traj)
@@ -208,7 +210,7 @@ async def test_calls_name_their_trajectory_and_carry_the_hint(
     (tool,) = initialize_tools_from_config(str(cfg))
     tool.name = f"echo_{tmp_path.name}"  # a fresh name for the warn-once set
     loop = agent_loop([tool])
-    a, b = Trajectory(suite_s=40.0), Trajectory()
+    a, b = trajectory(suite_s=40.0), trajectory()
     with caplog.at_level(logging.WARNING, logger="tangram_sdk.integrations"):
         for traj in (a, b, a, b):
             resp, _, _ = await call_in(loop, tool.name, {"text": "x"}, traj)
