@@ -17,8 +17,10 @@ import asyncio
 import statistics
 import sys
 import time
+from typing import Any
 
 import anyio
+import attrs
 
 from tangram_sdk import ActionSpec, Amdahl, Elasticity, Pool, Scheduler, Tangram
 from tangram_sdk.scheduler.events import Released, Submitted, Tick
@@ -31,23 +33,28 @@ def pct(xs: list[float], q: float) -> float:
 
 async def latency(n: int, blocks: int = 10) -> dict[str, tuple[float, float]]:
     """Per-op samples of each primitive, measured in interleaved blocks (A, B, C, A, B, C, ...)
-    so that drift on a shared machine (frequency, neighbours) hits every primitive alike."""
+    so that drift on a shared machine (frequency, neighbours) hits every primitive alike. Two more
+    rows: an elastic spec, and the same spec naming a new ``group`` every 10 calls (what the
+    veRL/OpenRLHF adapters send: a trajectory of 10 tool calls), whose lengths the core learns."""
     sem = asyncio.Semaphore(8)
     lim = anyio.CapacityLimiter(8)
     spec = ActionSpec(kind="noop", cpus=1)
-    samples: dict[str, list[float]] = {"asyncio.Semaphore": [], "anyio.CapacityLimiter": [],
-                                       "Tangram.acquire": []}
+    elastic = ActionSpec(kind="tests", cpus=1, elastic=Elasticity("cpu", 8, Amdahl(0.9)))
+    names = ("asyncio.Semaphore", "anyio.CapacityLimiter", "Tangram.acquire", "Tangram elastic",
+             "Tangram elastic, grouped")
+    samples: dict[str, list[float]] = {k: [] for k in names}
     per_block = max(1, n // blocks)
     async with Tangram(Pool(cpus=8)) as t:
-        prims = [("asyncio.Semaphore", sem), ("anyio.CapacityLimiter", lim),
-                 ("Tangram.acquire", None)]
+        prims: list[tuple[str, Any]] = [("asyncio.Semaphore", sem), ("anyio.CapacityLimiter", lim),
+                                        ("Tangram.acquire", [spec]), ("Tangram elastic", [elastic])]
         for block in range(blocks + 1):  # block 0 warms every path up and is discarded
-            for name, prim in prims:
+            grouped = [attrs.evolve(elastic, group=f"b{block}t{i // 10}") for i in range(per_block)]
+            for name, prim in prims + [("Tangram elastic, grouped", grouped)]:
                 out = samples[name]
-                for _ in range(per_block):
+                for i in range(per_block):
                     t0 = time.perf_counter_ns()
-                    if prim is None:
-                        async with t.acquire(spec):
+                    if isinstance(prim, list):
+                        async with t.acquire(prim[i % len(prim)]):
                             pass
                     else:
                         async with prim:
@@ -133,6 +140,8 @@ def main() -> int:
         print(f"{k:<24}{med:>10.1f}{p99:>10.1f}")
     ratio = lat["Tangram.acquire"][0] / lat["anyio.CapacityLimiter"][0]
     print(f"Tangram / CapacityLimiter median: {ratio:.2f}x (target <= 1.5x) {'OK' if ratio <= 1.5 else 'MISS'}")
+    g = lat["Tangram elastic, grouped"][0] / lat["Tangram elastic"][0]
+    print(f"a group per trajectory / none (elastic): {g:.2f}x")
 
     thr = asyncio.run(throughput(tasks, actions))
     print(f"\n2) throughput, {tasks} tasks x {actions} actions on 8 cores (actions/s)")

@@ -236,7 +236,7 @@ class Scheduler:
         self._restore_s: dict[str, float] = {}
         self.next_wakeup: float | None = None
         self._shape: dict[ActionSpec, Shape] = {}  # per distinct spec, see Shape
-        self._bare: dict[ActionSpec, ActionSpec] = {}  # spec -> the same spec without its container
+        self._bare: dict[tuple[Any, ...], ActionSpec] = {}  # a spec's fields but container and group -> that spec
         # Placement.pick_cold_cell answers per (size, free mask): valid until residency changes
         self._cell_memo: dict[tuple[int, int], int] = {}
         self._memo = RoundMemo()  # what this round computes once (reset at each round's start)
@@ -277,7 +277,9 @@ class Scheduler:
 
     def feasibility(self, spec: ActionSpec) -> str | None:
         """Why ``spec`` can never be granted by this pool, or None when it can (memoised: rollouts
-        submit the same few specs millions of times)."""
+        submit the same few specs millions of times, differing at most in container or group)."""
+        if spec.container is not None or spec.group is not None:
+            spec = self._without_container(spec)
         return self._shape_of(spec).reason
 
     def _shape_of(self, spec: ActionSpec) -> Shape:
@@ -712,12 +714,18 @@ class Scheduler:
         return a
 
     def _without_container(self, spec: ActionSpec) -> ActionSpec:
+        """``spec`` without its container and group, one object per distinct rest: every trajectory
+        names its own, and the maps keyed by spec downstream (prices, markets, shapes) must hit by
+        identity, not compare a fresh copy field by field on every lookup (that, and an
+        ``attrs.evolve`` per trajectory, cost ~25 us an acquire)."""
+        key = (spec.kind, spec.cpus, spec.gpus, spec.memory, spec.quotas, spec.elastic, spec.duration,
+               spec.priority, spec.service, spec.tokens, spec.needs)
         cache = self._bare
-        bare = cache.get(spec)
+        bare = cache.get(key)
         if bare is None:
             if len(cache) > 4096:
                 cache.clear()
-            bare = cache[spec] = attrs.evolve(spec, container=None, group=None)
+            bare = cache[key] = attrs.evolve(spec, container=None, group=None)
         return bare
 
     def _forget_kinds(self) -> None:
