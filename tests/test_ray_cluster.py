@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 
 if os.environ.get("CI") == "true":
@@ -457,7 +458,9 @@ async def test_length_hints_cross_to_the_actor(cluster_address: str) -> None:
     """``expected_s=`` travels with the acquire and sizes the cores on the node: after 40 hinted
     tests of a kind, with 12 of 16 cores held, an ordinary hint takes the 4 free at once and a
     hint far in the kind's tail waits for the 12 and runs on all 16 (docs/scheduler.md, length
-    hints). A bad hint is refused before any IO."""
+    hints). A bad hint is refused before any IO. The far-tail test names its trajectory
+    (``group=``, what the veRL/OpenRLHF adapters send): a group crosses with the spec, routes
+    nothing, and is sized as one market with the unnamed ones."""
     cl = deploy("hints", namespace=NS, pool=Pool(cpus=16))
     try:
         tg = await RemoteTangram.connect("hints", namespace=NS)
@@ -473,7 +476,7 @@ async def test_length_hints_cross_to_the_actor(cluster_address: str) -> None:
             assert lease.units == 4
 
         async def far_tail() -> int:
-            async with tg.acquire(spec, expected_s=100.0) as big:
+            async with tg.acquire(attrs.evolve(spec, group="traj-7"), expected_s=100.0) as big:
                 return big.units
 
         task = asyncio.create_task(far_tail())
