@@ -245,8 +245,10 @@ class Tangram:
         task). An elastic CPU action hinted among its kind's longest (one in a thousand of the
         hints seen) gets more cores and may wait for them, so it does not end the RL step alone.
         """
-        return _Waiter(self, spec, check_timeout(timeout) if timeout is not None else None, check_deadline(deadline),
-                       check_expected(expected_s))
+        # None is the common case, checked inline (the checks are calls on the uncontended path)
+        return _Waiter(self, spec, check_timeout(timeout) if timeout is not None else None,
+                       None if deadline is None else check_deadline(deadline),
+                       None if expected_s is None else check_expected(expected_s))
 
     async def acquire_lease(self, spec: ActionSpec, *, timeout: float | None = None,
                             deadline: float | None = None, expected_s: float | None = None) -> Lease:
@@ -370,10 +372,16 @@ class Tangram:
     def _check_spec(self, spec: ActionSpec) -> None:
         checked = self._checked
         if checked.get(id(spec)) is not spec:  # rollouts acquire the same few spec objects again
-            self._check_against_pool(spec)
-            if len(checked) > 1024:
-                checked.clear()
-            checked[id(spec)] = spec  # holds the spec, so its id cannot be reused while cached
+            key = spec
+            if isinstance(spec, ActionSpec) and (spec.group is not None or spec.container is not None):
+                # a copy per trajectory (the adapters' group, a sandbox): what the pool decides does
+                # not depend on either, so the core's one stripped object stands for all of them
+                key = self._core.without_container(spec)
+            if checked.get(id(key)) is not key:
+                self._check_against_pool(key)
+                if len(checked) > 1024:
+                    checked.clear()
+                checked[id(key)] = key  # holds the spec, so its id cannot be reused while cached
         for m in self.managers:  # not cached: a container or service can go away between acquires
             m.check(spec)
 
@@ -457,7 +465,8 @@ class Tangram:
         self._handling = True
         try:
             self._dispatch((), now, self._core.submit(aid, spec, now))
-            self._settle_round()
+            if self._pending or self._core.next_wakeup != self._timer_at:  # _settle_round, inline
+                self._settle_round()
         except BaseException as exc:
             self._die(exc)
         finally:
@@ -472,8 +481,11 @@ class Tangram:
         self._handling = True
         try:
             now = self._clock()
-            self._dispatch((), now, self._core.release(aid, now, failed=failed, parallelism=parallelism))
-            self._settle_round()
+            decisions = self._core.release(aid, now, failed=failed, parallelism=parallelism)
+            if decisions or self.observers:  # a release with nothing queued decides nothing
+                self._dispatch((), now, decisions)
+            if self._pending or self._core.next_wakeup != self._timer_at:  # _settle_round, inline
+                self._settle_round()
         except BaseException as exc:
             self._die(exc)
         finally:
@@ -666,8 +678,8 @@ class Tangram:
         if self._waiters.pop(w.aid, None) is not None and w.task is not None and self._managed_left is not None:
             self._managed_left.set()  # inline _forget: this is the hot path
         if granted:
-            lease = w.lease
-            self._released(w.aid, failed, None if lease is None else lease.parallelism)
+            lease = w.lease  # its measured parallelism, read inline: most leases ran no command
+            self._released(w.aid, failed, None if lease is None or not lease._run_s else lease.parallelism)
         else:
             self._post(Cancelled(w.aid))
 
@@ -733,7 +745,8 @@ class _Waiter:
         self.grant = grant
         lease = Lease(self.aid, self.spec, cpus=grant.cpus, gpus=grant.gpus, units=grant.units,
                       memory=grant.memory, quotas=grant.quotas, queued_s=now - t0, granted_at=now,
-                      counted=grant.counted, ceiling=grow_ceiling(self.spec, grant.cpus, rt.pool))
+                      counted=grant.counted,
+                      ceiling=None if self.spec.elastic is None else grow_ceiling(self.spec, grant.cpus, rt.pool))
         self.lease = lease
         if rt.managers:
             self.task = asyncio.current_task()  # aclose waits for it to leave (see there)

@@ -48,7 +48,7 @@ def _fraction(value: Any) -> float:
     return to_float("Amdahl parallel fraction", value)
 
 
-@attrs.frozen
+@attrs.frozen(cache_hash=True)
 class Amdahl:
     """Amdahl's law: a fraction ``parallel`` of the work scales with units, the rest is serial.
 
@@ -70,7 +70,7 @@ class Amdahl:
         return self.speedup(m) / m
 
 
-@attrs.frozen
+@attrs.frozen(cache_hash=True)
 class Table:
     """A profiled efficiency table ``{units: E(units)}``; speedup is interpolated linearly between
     points, scaled proportionally below the first one and held flat beyond the last one (no gain
@@ -113,7 +113,7 @@ class Table:
         return self.speedup(m) / m
 
 
-@attrs.frozen
+@attrs.frozen(cache_hash=True)
 class Custom:
     """A user function ``E(m)``; validated over the elastic range when the Elasticity is built."""
 
@@ -139,7 +139,7 @@ def _to_efficiency(value: EfficiencyLike) -> Efficiency:
     raise SpecError(f"efficiency must be Amdahl(p), a {{units: E}} table or a callable, got {show(value)}")
 
 
-@attrs.frozen
+@attrs.frozen(cache_hash=True)  # hashed on every lookup of a spec's per-trajectory copy
 class Elasticity:
     """How an action's duration shrinks with units of its one key elastic resource.
 

@@ -279,7 +279,7 @@ class Scheduler:
         """Why ``spec`` can never be granted by this pool, or None when it can (memoised: rollouts
         submit the same few specs millions of times, differing at most in container or group)."""
         if spec.container is not None or spec.group is not None:
-            spec = self._without_container(spec)
+            spec = self.without_container(spec)
         return self._shape_of(spec).reason
 
     def _shape_of(self, spec: ActionSpec) -> Shape:
@@ -342,6 +342,9 @@ class Scheduler:
         """``handle(Released(action_id, failed, parallelism), now)`` without building the event."""
         self._need_round = True
         self._release(action_id, now, failed=failed, parallelism=parallelism)
+        if not self._queue.n and not (self._mall.running or self._rst.running or self._deadlines.heap):
+            self.next_wakeup = None  # what the round would do with nothing queued (the common case)
+            return []
         return self._round(now)
 
     def handle_many(self, events: Iterable[Event], now: float) -> list[Decision]:
@@ -670,8 +673,8 @@ class Scheduler:
             # the sandbox (or group) is where the action runs or what it belongs to, not what it
             # needs: sized, priced and queued as one spec with every other sandbox's (one spec per
             # trajectory would split the market)
-            spec = self._without_container(spec)
-        shape = self._shape_of(spec)
+            spec = self.without_container(spec)
+        shape = self._shape.get(spec) or self._shape_of(spec)  # the memo, inline: the hot path
         reason = shape.reason
         if reason is not None:
             self.rejected += 1
@@ -713,7 +716,7 @@ class Scheduler:
         wq.add(a, keys)
         return a
 
-    def _without_container(self, spec: ActionSpec) -> ActionSpec:
+    def without_container(self, spec: ActionSpec) -> ActionSpec:
         """``spec`` without its container and group, one object per distinct rest: every trajectory
         names its own, and the maps keyed by spec downstream (prices, markets, shapes) must hit by
         identity, not compare a fresh copy field by field on every lookup (that, and an

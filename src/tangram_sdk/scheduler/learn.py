@@ -118,16 +118,18 @@ class KindStats:
         if not (exec_s > 0 and math.isfinite(exec_s) and speedup > 0):
             return
         y = math.log(exec_s)
-        x = math.log(speedup)
+        x = 0.0 if speedup == 1.0 else math.log(speedup)  # every fixed-size kind: log(1) exactly
         b = self.buckets.get(x)
         if b is None:
             if len(self.buckets) >= 64:  # keep the most used sizes
                 del self.buckets[min(self.buckets, key=lambda k: self.buckets[k][0])]
             b = self.buckets[x] = [0.0, 0.0, 0.0]  # weight, mean y, mean squared deviation
         n = b[0] + 1.0
-        w = max(alpha, 1.0 / n)
+        inv = 1.0 / n
+        w = inv if inv > alpha else alpha  # max(alpha, 1/n) and min(n, 1/alpha) without the calls
         d = y - b[1]
-        b[0] = min(n, 1.0 / alpha)
+        cap = 1.0 / alpha
+        b[0] = cap if cap < n else n
         b[1] += w * d
         b[2] = (1 - w) * (b[2] + w * d * d)
         self.t1_samples += 1
