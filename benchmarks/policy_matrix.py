@@ -83,6 +83,11 @@ class Cell:
                 ts = float(os.environ["TANGRAM_MATRIX_SANDBOXES"])
                 p["sandbox_names"] = True
                 p["test_traj_sigma"] = ts or None
+                if os.environ.get("TANGRAM_MATRIX_TASK_SIZE"):
+                    # trajectories come in tasks (GRPO samples of one prompt) sharing the factor
+                    p["task_size"] = int(os.environ["TANGRAM_MATRIX_TASK_SIZE"])
+                    names = os.environ.get("TANGRAM_MATRIX_NAMES", "task")
+                    p["sandbox_names"] = {"trajectory": True, "task": "task", "none": False}[names]
             return ai_coding(**p)
         if fam == "mopd":
             return mopd(**p)
@@ -309,7 +314,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workers-per-core", type=int, default=None, metavar="K",
                     help="with --malleable and --worker-startup: Tangram's tests start K workers per core "
                          "held (up to the cap) instead of the cap")
+    ap.add_argument("--task-size", type=int, default=None, metavar="N",
+                    help="with --sandboxes: trajectories come in tasks of N (GRPO samples of one prompt, one "
+                         "repository) that share the length factor")
+    ap.add_argument("--names", choices=("task", "trajectory", "none"), default="task",
+                    help="with --task-size: what the specs name for Tangram to learn lengths by (group= the "
+                         "task, container= the trajectory's sandbox, or nothing)")
     args = ap.parse_args(argv)
+    if args.task_size is not None:
+        if args.sandboxes is None:
+            ap.error("--task-size needs --sandboxes SIGMA")
+        os.environ["TANGRAM_MATRIX_TASK_SIZE"] = repr(args.task_size)
+        os.environ["TANGRAM_MATRIX_NAMES"] = args.names
     if args.workers_per_core is not None:
         os.environ["TANGRAM_MATRIX_WORKERS_PER_CORE"] = repr(args.workers_per_core)
     if args.worker_startup is not None:

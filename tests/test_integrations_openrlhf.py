@@ -139,6 +139,10 @@ async def test_steps_name_their_episode_and_carry_the_hint(tangram: Tangram) -> 
     assert [e.spec.group for e in seen] == [None, None]
     with pytest.raises(SpecError, match="hint_for"):
         torlhf.with_tangram(Env, spec=spec, hint_for=3.0)  # type: ignore[arg-type]
+    seen.clear()  # group_for: episodes of one task (here the label) share a group
+    ByTask = torlhf.with_tangram(Env, spec=spec, group_for=lambda st: st["label"])
+    await asyncio.gather(run_episode(ByTask, ["a"]), run_episode(ByTask, ["b"]))
+    assert {e.spec.group for e in seen} == {"label"}
 
 
 @needs_openrlhf

@@ -85,6 +85,10 @@ def suite_hint(tool_name, instance_id, parameters, agent_data):
         return float("nan")
     return None if agent_data is None else agent_data.tools_kwargs.get("suite_s")
 
+def repo_group(tool_name, instance_id, parameters, agent_data):
+    """The task a call is one of: the sample's repository (GRPO runs several samples of it)."""
+    return None if agent_data is None else agent_data.tools_kwargs.get("repo")
+
 def code_spec(tool_name, parameters):
     from tangram_sdk.spec import ActionSpec
     return ActionSpec(kind=tool_name, cpus=int(parameters["cpus"]))
@@ -174,13 +178,14 @@ async def test_yaml_wrapped_tool_runs_inside_acquire(tangram: Tangram, tool_modu
     assert stats["completed"] == 5 and stats["cpus_free"] == 2
 
 
-def trajectory(suite_s: float | None = None) -> Any:
+def trajectory(suite_s: float | None = None, repo: str | None = None) -> Any:
     """veRL's own ``AgentData``, what its ToolAgentLoop passes to ``execute``: one per trajectory.
     Both get the request id full determinism gives every trajectory of a priority."""
     from verl.experimental.agent_loop.tool_agent_loop import AgentData
 
     return AgentData(messages=[], image_data=None, video_data=None, audio_data=None, mm_processor_kwargs=None,
-                     metrics={}, request_id="det-0", tools_kwargs={} if suite_s is None else {"suite_s": suite_s})
+                     metrics={}, request_id="det-0",
+                     tools_kwargs={k: v for k, v in (("suite_s", suite_s), ("repo", repo)) if v is not None})
 
 
 async def call_in(loop: Any, name: str, args: dict[str, Any], traj: Any) -> Any:
@@ -232,6 +237,17 @@ async def test_calls_name_their_trajectory_and_carry_the_hint(
     with pytest.raises(SpecError, match="group"):
         initialize_tools_from_config(str(write_yaml(tmp_path / "bad.yaml", tool_module.__name__,
                                                     {"spec": ELASTIC, "group": "prompt"})))
+
+    # group_for: the task (two samples of one repository share a group, another repository and a
+    # sample without one (its trajectory) do not)
+    by_task = write_yaml(tmp_path / "task.yaml", tool_module.__name__,
+                         {"spec": ELASTIC, "group_for": f"{tool_module.__name__}:repo_group"})
+    (tasked,) = initialize_tools_from_config(str(by_task))
+    seen.clear()
+    for traj in (trajectory(repo="django"), trajectory(repo="django"), trajectory(repo="flask"), b):
+        await call_in(agent_loop([tasked]), "echo", {"text": "z"}, traj)
+    g = [e.spec.group for e in seen]
+    assert g[0] == g[1] == "django" and g[2] == "flask" and g[3] == groups[1]
     await settle()
     assert tangram.statistics()["cpus_free"] == 2
 

@@ -25,7 +25,7 @@ import attrs
 from ..errors import SpecError, TangramError
 from ..lease import Lease
 from ..spec import ActionSpec
-from ._config import SpecMapper, SpecMappingError, hint_or_none, name_of_object
+from ._config import SpecMapper, SpecMappingError, group_of, hint_or_none, name_of_object
 from ._host import RuntimeSource, current_lease, run_holding, runtime_source
 from ._lazy import require
 
@@ -67,6 +67,7 @@ def with_tangram(
     pass_lease: bool = True,
     hint_for: StepHintFor | None = None,
     group: bool = True,
+    group_for: Callable[[Mapping[str, Any]], object] | None = None,
 ) -> type[T]:
     """Return a subclass of the OpenRLHF agent instance class whose ``step`` holds a lease.
 
@@ -78,7 +79,8 @@ def with_tangram(
     :func:`current_lease` works either way. ``reset`` is not wrapped: it builds the episode state.
     ``hint_for(states)``: the step's length hint in seconds (``expected_s``), or None. ``group``:
     an elastic CPU step's spec gets ``group=`` a name of its agent instance (one per episode: one
-    trajectory), so the core learns lengths per trajectory.
+    trajectory), so the core learns lengths per trajectory. ``group_for(states)``: the step's task
+    instead (the ``label``, a prompt id: samples of one prompt are alike), or None for ``group``'s.
     """
     base = require("openrlhf.utils.agent", framework="openrlhf", install=INSTALL).AgentInstanceBase
     if not (isinstance(instance_cls, type) and issubclass(instance_cls, base)):
@@ -96,6 +98,8 @@ def with_tangram(
 
     if hint_for is not None and not callable(hint_for):
         raise SpecError(f"with_tangram() hint_for must be callable, got {hint_for!r}")
+    if group_for is not None and not callable(group_for):
+        raise SpecError(f"with_tangram() group_for must be callable, got {group_for!r}")
 
     async def step(self: Any, states: dict[str, Any], **kwargs: Any) -> Any:
         st = states if isinstance(states, Mapping) else {}
@@ -104,9 +108,10 @@ def with_tangram(
         except SpecMappingError as exc:
             SpecMapper.report(label, exc)
             return _error_step(states, exc)
-        if group and the_spec.group is None and the_spec.elastic_resource == "cpu":
-            name = name_of_object(self)  # the instance is the episode: named once, on its first step
-            if name is not None:
+        if the_spec.group is None and the_spec.elastic_resource == "cpu":
+            task = None if group_for is None else group_for(st)
+            name = group_of(task) if task is not None else name_of_object(self) if group else None
+            if name is not None:  # the task, else the instance (the episode: named on its first step)
                 the_spec = attrs.evolve(the_spec, group=name)
         hint = None if hint_for is None else hint_or_none(label, hint_for(st))
 

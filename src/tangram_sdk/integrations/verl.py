@@ -53,7 +53,7 @@ __all__ = [
 INSTALL = ("pip install verl cachetools fastapi uvicorn  (veRL's agent-loop modules import the last three, "
            "which `pip install verl` leaves out; the CPU build of torch is enough)")
 _TANGRAM_KEYS = {"spec", "spec_for", "from_parameters", "timeout", "runtime", "pool", "options", "wraps", "group",
-                 "hint_for"}
+                 "group_for", "hint_for"}
 
 T = TypeVar("T")
 
@@ -62,6 +62,12 @@ T = TypeVar("T")
 #: task's tests); ``agent_data`` is what veRL's ToolAgentLoop passes to ``execute`` (its
 #: ``tools_kwargs`` hold the sample's data), or None.
 HintFor = Callable[[str, str, Mapping[str, Any], Any], "float | None"]
+
+#: ``group_for(tool_name, instance_id, parameters, agent_data) -> name | None``: what a call is one
+#: of for length learning when that is not its trajectory: the task (GRPO samples one prompt
+#: several times, all on one repository), e.g. ``agent_data.tools_kwargs[...]["create_kwargs"]
+#: ["repo"]``; None falls back to ``group``.
+GroupFor = Callable[[str, str, Mapping[str, Any], Any], object]
 
 
 def _group_mode(value: Any, where: str) -> str | None:
@@ -117,6 +123,7 @@ class TangramToolMixin:
     tangram_timeout: float | None = None
     tangram_group: str | None = "trajectory"
     tangram_hint_for: HintFor | None = None
+    tangram_group_for: GroupFor | None = None
 
     name: str
     config: dict[str, Any]
@@ -150,6 +157,12 @@ class TangramToolMixin:
         if hint_for is not None and not callable(hint_for):
             raise SpecError(f"{where}: `hint_for` must be callable (or an import path), got {hint_for!r}")
         self._tangram_hint_for: HintFor | None = hint_for
+        group_for = cfg.get("group_for", self.tangram_group_for)
+        if isinstance(group_for, str):
+            group_for = import_object(group_for)
+        if group_for is not None and not callable(group_for):
+            raise SpecError(f"{where}: `group_for` must be callable (or an import path), got {group_for!r}")
+        self._tangram_group_for: GroupFor | None = group_for
         return cfg
 
     def tangram_spec_of(self, parameters: Mapping[str, Any]) -> ActionSpec:
@@ -173,9 +186,14 @@ class TangramToolMixin:
         except SpecMappingError as exc:
             SpecMapper.report(self.name, exc)
             return _error_result(self.name, exc)
-        if self._tangram_group is not None and spec.group is None and spec.elastic_resource == "cpu":
-            # one trajectory's calls are alike in length: the core learns them together
-            spec = attrs.evolve(spec, group=_trajectory_of(instance_id, kwargs))
+        if spec.group is None and spec.elastic_resource == "cpu":
+            # one task's (or else one trajectory's) calls are alike in length: learned together
+            fn = self._tangram_group_for
+            task = None if fn is None else fn(self.name, instance_id, params, kwargs.get("agent_data"))
+            if task is not None:
+                spec = attrs.evolve(spec, group=group_of(task))
+            elif self._tangram_group is not None:
+                spec = attrs.evolve(spec, group=_trajectory_of(instance_id, kwargs))
         hint = hint_or_none(f"tool {self.name!r}",
                             self.tangram_expected_s(instance_id, params, kwargs.get("agent_data")))
 
@@ -236,6 +254,7 @@ def tangram_tool(
     pass_lease: bool = False,
     hint_for: HintFor | None = None,
     group: str | None = "trajectory",
+    group_for: GroupFor | None = None,
 ) -> type[T]:
     """Return a subclass of ``tool_cls`` whose ``execute`` runs inside ``tangram.acquire``.
 
@@ -245,7 +264,9 @@ def tangram_tool(
     way). ``hint_for(tool_name, instance_id, parameters, agent_data)``: a call's length hint in
     seconds, or None. ``group="trajectory"``: an elastic CPU call's spec gets a ``group`` naming
     its trajectory (veRL's ``agent_data``, else the tool instance), so the core learns lengths
-    per trajectory; None turns it off.
+    per trajectory; None turns it off. ``group_for(tool_name, instance_id, parameters, agent_data)``:
+    the call's task instead (a repository, a prompt id: GRPO's samples of one prompt are alike),
+    or None for ``group``'s choice.
     """
     if not isinstance(tool_cls, type):
         raise SpecError(f"tangram_tool() needs a tool class, got {tool_cls!r}")
@@ -257,6 +278,7 @@ def tangram_tool(
         "tangram_pass_lease": pass_lease,
         "tangram_hint_for": staticmethod(hint_for) if hint_for is not None else None,
         "tangram_group": _group_mode(group, "tangram_tool(group=)"),
+        "tangram_group_for": staticmethod(group_for) if group_for is not None else None,
         "__module__": tool_cls.__module__,
         "__doc__": f"{tool_cls.__name__} with each call run inside tangram.acquire (tangram_tool).",
     }

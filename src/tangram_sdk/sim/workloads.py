@@ -72,7 +72,10 @@ CODING = dict(
     test_traj_sigma=None,                    # log-sigma of a per-trajectory test-length factor (one repo's
                                              # suite is long every time); test_sigma stays the total spread
     sandbox_names=False,                     # specs name their trajectory's sandbox (container="sb<i>"),
-                                             # or its group ("group": group="sb<i>", what adapters set)
+                                             # or its group ("group": group="sb<i>", what adapters set),
+                                             # or its task ("task": group="task<i // task_size>")
+    task_size=1,                             # trajectories per task (GRPO: samples of one prompt, one
+                                             # repository): they share the test_traj_sigma factor
 )
 
 
@@ -111,18 +114,27 @@ def ai_coding(batch: int = 1280, *, nodes: int = 15, cores: int = 256, seed: int
         raise ValueError(f"test_workers_per_core must be None or an int >= 1, got {pc!r}")
     trajs = []
     named = p["sandbox_names"]
-    if named not in (False, True, "group"):
-        raise ValueError(f"sandbox_names must be False, True or 'group', got {named!r}")
+    if named not in (False, True, "group", "task"):
+        raise ValueError(f"sandbox_names must be False, True, 'group' or 'task', got {named!r}")
+    tsz = p["task_size"]
+    if isinstance(tsz, bool) or not isinstance(tsz, int) or tsz < 1:
+        raise ValueError(f"task_size must be an int >= 1, got {tsz!r}")
+    factor = 1.0
     for i in range(batch):
         if named == "group":
             test, shell = attrs.evolve(test0, group=f"sb{i}"), attrs.evolve(shell0, group=f"sb{i}")
+        elif named == "task":
+            test, shell = attrs.evolve(test0, group=f"task{i // tsz}"), attrs.evolve(shell0, group=f"task{i // tsz}")
         elif named:
             test, shell = attrs.evolve(test0, container=f"sb{i}"), attrs.evolve(shell0, container=f"sb{i}")
         n = int(rng.integers(p["actions_min"], p["actions_max"] + 1))
         is_test = rng.random(n) < p["test_frac"]
         tw = _lognormal(rng, p["test_work_mean"], a_sigma, n)
         if trng is not None:
-            tw = tw * _lognormal(trng, 1.0, ts, 1)[0]
+            f = _lognormal(trng, 1.0, ts, 1)[0]  # drawn for every trajectory: one stream whatever the task size
+            if i % tsz == 0:
+                factor = f  # a task's trajectories share its first one's factor
+            tw = tw * factor
         sw = _lognormal(rng, p["shell_work_mean"], p["shell_sigma"], n)
         th = _lognormal(rng, think_mean, p["think_sigma"], n + 1)
         # a hint is right on average: work times a lognormal error of mean 1
