@@ -80,6 +80,16 @@ def _group_mode(value: Any, where: str) -> str | None:
                     f"got {value!r}")
 
 
+def _function(cfg: Mapping[str, Any], key: str, default: Any, where: str) -> Any:
+    """A callable option of the tangram config (an import path in YAML), or None; checked now."""
+    fn = cfg.get(key, default)
+    if isinstance(fn, str):
+        fn = import_object(fn)
+    if fn is not None and not callable(fn):
+        raise SpecError(f"{where}: `{key}` must be callable (or an import path), got {fn!r}")
+    return fn
+
+
 def _trajectory_of(instance_id: str, kwargs: Mapping[str, Any]) -> str:
     """A name of the trajectory a call belongs to. veRL's ToolAgentLoop makes a tool instance per
     *call* and passes the trajectory's ``agent_data`` to ``execute``, so the trajectory is that
@@ -151,18 +161,8 @@ class TangramToolMixin:
         timeout = cfg.get("timeout", self.tangram_timeout)
         self._tangram_timeout = None if timeout is None else float(timeout)
         self._tangram_group = _group_mode(cfg.get("group", self.tangram_group), where)
-        hint_for = cfg.get("hint_for", self.tangram_hint_for)
-        if isinstance(hint_for, str):
-            hint_for = import_object(hint_for)
-        if hint_for is not None and not callable(hint_for):
-            raise SpecError(f"{where}: `hint_for` must be callable (or an import path), got {hint_for!r}")
-        self._tangram_hint_for: HintFor | None = hint_for
-        group_for = cfg.get("group_for", self.tangram_group_for)
-        if isinstance(group_for, str):
-            group_for = import_object(group_for)
-        if group_for is not None and not callable(group_for):
-            raise SpecError(f"{where}: `group_for` must be callable (or an import path), got {group_for!r}")
-        self._tangram_group_for: GroupFor | None = group_for
+        self._tangram_hint_for: HintFor | None = _function(cfg, "hint_for", self.tangram_hint_for, where)
+        self._tangram_group_for: GroupFor | None = _function(cfg, "group_for", self.tangram_group_for, where)
         return cfg
 
     def tangram_spec_of(self, parameters: Mapping[str, Any]) -> ActionSpec:
