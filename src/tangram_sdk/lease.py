@@ -108,15 +108,15 @@ class Lease:
         self.counted: dict[str, int] = dict(counted)
         self.queued_s = queued_s
         self.granted_at = granted_at
-        self._attached: dict[str, Any] = {}
+        self._attached: dict[str, Any] | None = None  # made on first attach (most leases have none)
         self._memscope: MemoryScope | None = None  # shared by this lease's runs
         self._cpu_s = 0.0  # CPU and wall seconds of this lease's measured runs (parallelism)
         self._run_s = 0.0
         self.resizes = 0  # resizes applied (malleable and restartable leases only)
         self.restarts = 0  # restarts applied (restartable leases only)
-        self._runs: set[asyncio.Future[ExecResult]] = set()  # commands in progress (restartable leases)
+        self._runs: set[asyncio.Future[ExecResult]] | None = None  # commands in progress (restartable leases)
         self._groups: PinnedGroups | None = None  # live lease.run commands, re-pinned on resize
-        self._on_resize: list[Callable[[Lease], None]] = []
+        self._on_resize: list[Callable[[Lease], None]] | None = None
         self._ceiling = ceiling  # the most cores a grow can give it (its NUMA node), None: unknown
 
     # -- malleability ---------------------------------------------------------------------------
@@ -139,6 +139,8 @@ class Lease:
         the others still run. Returns ``fn`` (usable as a decorator)."""
         if not callable(fn):
             raise TypeError(f"on_resize needs a callable, got {fn!r}")
+        if self._on_resize is None:
+            self._on_resize = []
         self._on_resize.append(fn)
         return fn
 
@@ -155,14 +157,14 @@ class Lease:
         self.resizes += 1
         if self.restartable:
             self.restarts += 1
-            for task in list(self._runs):
+            for task in list(self._runs or ()):
                 task.cancel()
         if self._groups is not None:
             try:
                 self._groups.repin(self.cpus)
             except Exception:  # noqa: BLE001 - /proc vanished under us: the commands run on what they have
                 log.exception("lease %s: re-pinning its commands after a resize failed", self.action_id)
-        for fn in list(self._on_resize):
+        for fn in list(self._on_resize or ()):
             try:
                 fn(self)
             except Exception:  # noqa: BLE001 - a user callback must not break the resize or the action
@@ -171,16 +173,18 @@ class Lease:
     # -- for managers ---------------------------------------------------------------------------
     def attach(self, key: str, value: Any) -> None:
         """Managers hang handles here (``"exec"``, ``"service"``, ``"call"``, ``"container"``)."""
+        if self._attached is None:
+            self._attached = {}
         self._attached[key] = value
 
     def attached(self) -> tuple[str, ...]:
         """The keys managers attached (sorted), e.g. ``("container", "exec")``."""
-        return tuple(sorted(self._attached))
+        return tuple(sorted(self._attached or ()))
 
     def attachment(self, key: str) -> Any:
         try:
-            return self._attached[key]
-        except KeyError:
+            return self._attached[key]  # type: ignore[index]
+        except (KeyError, TypeError):  # TypeError: nothing attached at all (None)
             raise ManagerError(
                 f"no manager attached {key!r} to this lease (spec kind={self.spec.kind!r}); "
                 f"add the matching manager to Tangram(managers=[...])",
@@ -298,6 +302,8 @@ class Lease:
         while True:
             before = self.restarts
             task = asyncio.ensure_future(once())
+            if self._runs is None:
+                self._runs = set()
             self._runs.add(task)
             try:
                 await asyncio.wait([task])  # unlike awaiting the task, our own cancel stays ours

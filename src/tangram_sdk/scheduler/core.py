@@ -76,6 +76,8 @@ if TYPE_CHECKING:
 
     from ..options import SchedulerKeywords
 
+_new_grant = tuple.__new__  # see _grant
+
 __all__ = ["Scheduler", "SchedulerStats"]
 
 _DEFAULT_MU_GRID = (0.0, 0.05, 0.15, 0.5, 1.5, 5.0, math.inf)
@@ -613,8 +615,9 @@ class Scheduler:
                 self._resident.add(key, now)
             for p in pos:
                 self._gpu_holder[p] = a
-        g = Grant(a.id, cpus, gpus, units if a.eres else 0, spec.memory, spec.quotas, restore, spec.tokens,
-                  a.need)
+        # Grant(...) without its generated __new__ (a Python call per grant): the same typed tuple
+        g = _new_grant(Grant, (a.id, cpus, gpus, units if a.eres else 0, spec.memory, spec.quotas, restore,
+                               spec.tokens, a.need))
         L.take(g)
         if queued:
             self._queue.remove(a)

@@ -87,9 +87,12 @@ class KindStats:
         return math.exp(mean + (0.5 * m2 / (n - 1) if n > 1 else 0.0))
 
     def observe_arrival(self, now: float, alpha: float) -> None:
-        if self.last_arrival is not None:
-            g = max(0.0, now - self.last_arrival)
-            self.gap = g if math.isinf(self.gap) else (1 - alpha) * self.gap + alpha * g
+        last = self.last_arrival
+        if last is not None:
+            g = now - last
+            if g < 0.0:  # max(0, ...) and isinf(gap) as expressions: this runs per arrival
+                g = 0.0
+            self.gap = g if self.gap == math.inf else (1 - alpha) * self.gap + alpha * g
         self.last_arrival = now
         self.arrivals += 1
         ring = self.ring
@@ -141,6 +144,15 @@ class KindStats:
 
     def _fit(self, learn_beta: bool) -> None:
         bs = self.buckets
+        if len(bs) == 1 and not (learn_beta and self._pxx > 0):
+            # one size (every fixed-size kind): beta stays 1 (no slope from one size, no measured
+            # parallelism), the same arithmetic as the loop below, without it
+            ((x, (w, my, v)),) = bs.items()
+            mx, my_all, var = (0.0 + w * x) / w, (0.0 + w * my) / w, (0.0 + w * v) / w
+            self.beta = 1.0
+            self.log_var = var
+            self.t1 = math.exp(my_all + 1.0 * mx + 0.5 * min(var, 4.0))
+            return
         sw = sx = sy = 0.0
         within = 0.0
         for x, (w, my, v) in bs.items():
