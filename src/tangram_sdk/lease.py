@@ -182,14 +182,14 @@ class Lease:
         return tuple(sorted(self._attached or ()))
 
     def attachment(self, key: str) -> Any:
-        try:
-            return self._attached[key]  # type: ignore[index]
-        except (KeyError, TypeError):  # TypeError: nothing attached at all (None)
-            raise ManagerError(
-                f"no manager attached {key!r} to this lease (spec kind={self.spec.kind!r}); "
-                f"add the matching manager to Tangram(managers=[...])",
-                resource=key,
-            ) from None
+        attached = self._attached
+        if attached is not None and key in attached:
+            return attached[key]
+        raise ManagerError(
+            f"no manager attached {key!r} to this lease (spec kind={self.spec.kind!r}); "
+            f"add the matching manager to Tangram(managers=[...])",
+            resource=key,
+        )
 
     # -- what actions use -----------------------------------------------------------------------
     @property
