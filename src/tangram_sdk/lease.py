@@ -87,7 +87,6 @@ class Lease:
         self,
         action_id: int,
         spec: ActionSpec,
-        *,
         cpus: tuple[int, ...],
         gpus: tuple[int, ...],
         units: int,
@@ -104,8 +103,8 @@ class Lease:
         self.gpus = gpus
         self.units = units
         self.memory = memory
-        self.quotas = dict(quotas)
-        self.counted: dict[str, int] = dict(counted)
+        self.quotas = dict(quotas) if quotas else {}  # a literal: most grants hold no quota
+        self.counted: dict[str, int] = dict(counted) if counted else {}
         self.queued_s = queued_s
         self.granted_at = granted_at
         self._attached: dict[str, Any] | None = None  # made on first attach (most leases have none)

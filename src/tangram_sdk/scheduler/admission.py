@@ -14,6 +14,7 @@ used by the core's uncontended shortcut. Neither changes the ledger or the queue
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import NamedTuple
 
 from .action import Action
@@ -26,7 +27,9 @@ from .queue import WaitQueue
 __all__ = ["Admission", "Admitted", "Fit"]
 
 # fits(): (resources it lacks, NUMA node, GPU cell offset, spans nodes, when a missing token is back)
-Fit = tuple[list[str], int, int, bool, float | None]
+Fit = tuple[Sequence[str], int, int, bool, float | None]
+_new_admitted = tuple.__new__
+_FITS_NODE0: Fit = ((), 0, -1, False, None)  # fits on node 0, nothing lacking
 
 
 class Admitted(NamedTuple):
@@ -85,6 +88,7 @@ class Admission:
             gpu.begin_round()
         scanned = 0
         scan_limit = self.scan_limit
+        one_node = len(node_free) == 1
         queue = wq.by_prio[wq.prios[0]].values() if len(wq.prios) == 1 else iter(wq)
         for a in queue:
             if scanned >= scan_limit or exhausted:
@@ -92,7 +96,16 @@ class Admission:
             scanned += 1
             if blocked and not a.keys.isdisjoint(blocked):
                 continue
-            lack, node, cell, span, t = self.fits(a, node_free, gfree, counted, q_used, tokens, now)
+            spec = a.spec
+            if one_node and a.cpu_min and not (spec.quotas or spec.tokens or a.need or a.gpu_min):
+                # fits() for a plain CPU action on a one-node pool, inline (what a contended pool of
+                # fixed-size actions scans): cores are all it can lack, node 0 the only place
+                if node_free[0] >= a.cpu_min:
+                    lack, node, cell, span, t = _FITS_NODE0
+                else:
+                    lack, node, cell, span, t = ("cpu",), -1, -1, False, None
+            else:
+                lack, node, cell, span, t = self.fits(a, node_free, gfree, counted, q_used, tokens, now)
             if t is not None and (wake is None or t < wake):
                 wake = t
             if lack:
@@ -158,7 +171,8 @@ class Admission:
             if a.eres is not None and a.id not in sized:
                 elastic_cands = True
             cands.append(a)
-        return Admitted(cands, sized, node_free, gfree, blocked, svc_blocked, elastic_cands, wake)
+        # Admitted(...) without the namedtuple's Python __new__ (a call a round): the same typed tuple
+        return _new_admitted(Admitted, (cands, sized, node_free, gfree, blocked, svc_blocked, elastic_cands, wake))
 
     def fits(self, a: Action, node_free: list[int], gfree: int, counted: dict[str, int],
              q_used: dict[str, int], tokens: dict[str, float], now: float) -> Fit:
