@@ -19,6 +19,7 @@ from .errors import (
     SchedulerBrokenError,
     SpecError,
     TangramError,
+    UsageError,
 )
 from .lease import ExecResult, Lease
 from .managers import BaseManager, Manager, ManagerContext, Offer
@@ -62,6 +63,7 @@ __all__ = [  # noqa: F822 (the managers are lazy attributes)
     "Table",
     "Tangram",
     "TangramError",
+    "UsageError",
     "TorchGpuManager",
 ]
 

@@ -10,6 +10,8 @@ it is raised: ``tangram_sdk``, ``tangram_sdk.ray``, ``tangram_sdk.sim``, ``tangr
     ├── DeadlineError (also TimeoutError)  cannot start, or did not start, before acquire's deadline
     ├── RuntimeClosedError                 acquire on a Tangram that is not running
     ├── SchedulerBrokenError               the scheduling task died; every waiter gets this with the cause
+    ├── UsageError (also RuntimeError)     the API used in a way it cannot serve: an acquire() context
+    │                                      entered twice, a Tangram's acquire on another event loop
     ├── IntegrationUnavailable             an adapter's framework (veRL, OpenRLHF, torch...) is not
     │   (also ImportError)                 installed; names the pip command
     ├── RayNotInstalledError               ``tangram_sdk.ray`` used without the ``ray`` extra
@@ -57,6 +59,7 @@ __all__ = [
     "SpecMappingError",
     "TangramError",
     "TraceError",
+    "UsageError",
 ]
 
 
@@ -88,6 +91,13 @@ class RuntimeClosedError(TangramError):
 
 class SchedulerBrokenError(TangramError):
     """The scheduler task died; waiters get this instead of hanging. ``__cause__`` holds why."""
+
+
+class UsageError(TangramError, RuntimeError):
+    """The API was used in a way it cannot serve, caught before anything is held: one
+    ``tangram.acquire(spec)`` object entered twice (each ``async with`` needs its own call, or the
+    second would share the first's units), or a Tangram's acquire awaited on an event loop other
+    than the one it runs on (its core is not thread-safe; use ``SyncTangram`` from other threads)."""
 
 
 class IntegrationUnavailable(TangramError, ImportError):

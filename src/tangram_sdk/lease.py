@@ -81,7 +81,7 @@ class Lease:
 
     __slots__ = ("action_id", "spec", "cpus", "gpus", "units", "memory", "quotas", "counted", "queued_s",
                  "granted_at", "resizes", "restarts", "_attached", "_memscope", "_cpu_s", "_run_s", "_groups",
-                 "_on_resize", "_runs", "_ceiling")
+                 "_on_resize", "_runs", "_ceiling", "_granter")
 
     def __init__(
         self,
@@ -117,6 +117,7 @@ class Lease:
         self._groups: PinnedGroups | None = None  # live lease.run commands, re-pinned on resize
         self._on_resize: list[Callable[[Lease], None]] | None = None
         self._ceiling = ceiling  # the most cores a grow can give it (its NUMA node), None: unknown
+        self._granter: object = None  # the Tangram that granted it (set by the runtime): release checks it
 
     # -- malleability ---------------------------------------------------------------------------
     @property

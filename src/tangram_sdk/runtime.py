@@ -39,6 +39,7 @@ from .errors import (
     SchedulerBrokenError,
     SpecError,
     TangramError,
+    UsageError,
 )
 from .lease import Lease, grow_ceiling
 from .managers.base import Applied, Manager, ManagerContext
@@ -279,8 +280,12 @@ class Tangram:
         return True if w is None else w.exit_nowait(failed=failed)
 
     def _owner(self, lease: Lease) -> _Waiter | None:
+        if not isinstance(lease, Lease):
+            raise SpecError(f"release() needs the Lease acquire_lease() returned, got {type(lease).__name__}")
         w = self._waiters.get(lease.action_id)
         if w is None:
+            if lease._granter is not self:  # not "already released": it was never ours
+                raise SpecError(f"{lease!r} was not granted by this Tangram")
             return None  # already released
         if w.lease is not lease:
             raise SpecError(f"{lease!r} was not granted by this Tangram (or is not held any more)")
@@ -439,6 +444,7 @@ class Tangram:
         tokens) and wake-ups, so every decision is still made on the event loop's thread.
         """
         if self._state != "open" or self._broken is not None:
+            self._after_close(ev)
             return
         if self._handling:
             self._pending.append(ev)
@@ -474,6 +480,7 @@ class Tangram:
 
     def _released(self, aid: int, failed: bool, parallelism: float | None = None) -> None:
         if self._state != "open" or self._broken is not None:
+            self._after_close(Released(aid, failed=failed, parallelism=parallelism))
             return
         if self._handling or self.observers:
             self._post(Released(aid, failed=failed, parallelism=parallelism))
@@ -490,6 +497,19 @@ class Tangram:
             self._die(exc)
         finally:
             self._handling = False
+
+    def _after_close(self, ev: Event) -> None:
+        """A holder leaving (or a waiter dropping out) after the Tangram closed: the core still
+        records it, so statistics() shows the units back; nothing is granted any more (each
+        waiter still queued at the close leaves with RuntimeClosedError, its Cancelled applied
+        here too), so the decisions are dropped. Before the start, or once broken, the core is
+        not fed."""
+        if self._state != "closed" or self._broken is not None or type(ev) not in (Released, Cancelled):
+            return
+        try:
+            self._core.handle(ev, self._clock())
+        except KeyError:  # an id the core no longer knows (released before the close): nothing to do
+            pass
 
     def _settle_round(self) -> None:
         """After a round: handle what it queued, and keep the timer on the core's next wake-up."""
@@ -696,8 +716,8 @@ class _Waiter:
     """One acquire, from submit until it leaves (the runtime's only per-action record), and the
     async context manager :meth:`Tangram.acquire` returns."""
 
-    __slots__ = ("aid", "applied", "deadline", "error", "expected", "fut", "grant", "inline", "lease", "left",
-                 "live", "resize_queue", "resizer", "retrying", "rt", "spec", "task", "timeout")
+    __slots__ = ("aid", "applied", "closing", "deadline", "error", "expected", "fut", "grant", "inline", "lease",
+                 "left", "live", "resize_queue", "resizer", "retrying", "rt", "spec", "task", "timeout")
 
     def __init__(self, rt: Tangram, spec: ActionSpec, timeout: float | None, deadline: float | None,
                  expected: float | None = None) -> None:
@@ -715,6 +735,7 @@ class _Waiter:
         self.applied: Applied | None = None  # the managers whose apply began (None: no managers)
         self.task: asyncio.Task[Any] | None = None  # the holder, while managers run (aclose waits)
         self.left = False
+        self.closing: asyncio.Task[None] | None = None  # the managers' release in flight (_finish)
         self.live = False  # applied: resizes may run (before that they queue)
         self.resize_queue: list[tuple[Grant, Grant]] = []  # (old, new) not applied yet, in order
         self.resizer: asyncio.Task[None] | None = None  # applies resize_queue (one per lease at a time)
@@ -724,6 +745,12 @@ class _Waiter:
         rt = self.rt
         if rt._state != "open" or rt._broken is not None:
             rt._ensure_open()
+        if self.aid:
+            raise UsageError("this acquire() context was entered already: each `async with` needs its own "
+                             "tangram.acquire(spec) call")
+        if asyncio.get_running_loop() is not rt._loop:
+            raise UsageError("Tangram.acquire() awaited on an event loop other than the Tangram's; from "
+                             "another thread use tangram_sdk.integrations.SyncTangram")
         t0 = rt._clock()
         got = rt._submit(self, t0)
         if isinstance(got, Grant):  # granted inline, at t0: no wait, no second clock read
@@ -748,6 +775,7 @@ class _Waiter:
         lease = Lease(self.aid, self.spec, grant.cpus, grant.gpus, grant.units, grant.memory, grant.quotas,
                       now - t0, now, grant.counted,
                       None if self.spec.elastic is None else grow_ceiling(self.spec, grant.cpus, rt.pool))
+        lease._granter = rt
         self.lease = lease
         if rt.managers:
             self.task = asyncio.current_task()  # aclose waits for it to leave (see there)
@@ -850,19 +878,31 @@ class _Waiter:
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        if self.applied:
+        if self.left:  # released already (Tangram.release inside the block)
+            await self._released_elsewhere()
+        elif self.applied:
             await self._finish(failed=exc_type is not None)
-        elif not self.left:  # no manager to undo: just return the units (the common, fast case)
+        else:  # no manager to undo: just return the units (the common, fast case)
             self.left = True
             self.rt._leave(self, failed=exc_type is not None, granted=True)
 
     async def exit(self, *, failed: bool) -> None:
         """``__aexit__`` for Tangram.release: the same, with ``failed`` said directly."""
-        if self.applied:
+        if self.left:
+            await self._released_elsewhere()
+        elif self.applied:
             await self._finish(failed=failed)
-        elif not self.left:
+        else:
             self.left = True
             self.rt._leave(self, failed=failed, granted=True)
+
+    async def _released_elsewhere(self) -> None:
+        """A second release of this lease: it does nothing, but returns only once the first one's
+        managers are done (two tasks releasing one lease both see the units back); the first
+        release's errors are its caller's."""
+        closing = self.closing
+        if closing is not None and not closing.done():
+            await asyncio.wait([closing])
 
     def exit_nowait(self, *, failed: bool = False) -> bool:
         """Leave without awaiting when no manager has anything to undo (True; a later exit is a
@@ -900,6 +940,7 @@ class _Waiter:
                 else:
                     rt._leave(self, failed=failed, granted=True)
 
-        _done, cancelled = await finish(rt._track(cleanup()))
+        task = self.closing = rt._track(cleanup())
+        _done, cancelled = await finish(task)
         if cancelled:
             raise asyncio.CancelledError

@@ -124,6 +124,7 @@ class SyncTangram:
         self.loop = loop
         self._thread: threading.Thread | None = None
         self._stop: asyncio.Event | None = None
+        self._holds: set[asyncio.Task[Any]] = set()  # threads' leases held on the loop (close waits)
 
     # -- a private loop thread, for programs with no event loop at all -------------------------
     @classmethod
@@ -140,6 +141,11 @@ class SyncTangram:
                     sync._stop = asyncio.Event()
                     ready.set_result(sync)
                     await sync._stop.wait()
+                    # as aclose promises: queued waiters fail now, threads holding leases finish
+                    # normally (their `with` exits need this loop), then the loop stops
+                    await tangram.aclose()
+                    while sync._holds:
+                        await asyncio.wait(set(sync._holds))
             except BaseException as exc:
                 if not ready.done():
                     ready.set_exception(exc)
@@ -149,6 +155,12 @@ class SyncTangram:
             asyncio.set_event_loop(loop)
             with contextlib.suppress(BaseException):
                 loop.run_until_complete(host())
+            with contextlib.suppress(BaseException):  # what asyncio.run does before closing a loop
+                left = asyncio.all_tasks(loop)
+                for t in left:
+                    t.cancel()
+                loop.run_until_complete(asyncio.gather(*left, return_exceptions=True))
+                loop.run_until_complete(loop.shutdown_asyncgens())
             loop.close()
 
         thread = threading.Thread(target=run, name="tangram-loop", daemon=True)
@@ -158,7 +170,9 @@ class SyncTangram:
         return sync
 
     def close(self, timeout: float | None = 10.0) -> None:
-        """Stop a Tangram started with :meth:`start` (queued waiters get RuntimeClosedError)."""
+        """Stop a Tangram started with :meth:`start`: queued waiters get RuntimeClosedError at
+        once; threads holding leases finish normally, and the loop stops once they have left.
+        Waits up to ``timeout`` seconds for that (None: for as long as it takes)."""
         if self._stop is None or self._thread is None:
             raise RuntimeError("close() is for a SyncTangram made by SyncTangram.start(); exit your own Tangram")
         if self.loop.is_running():
@@ -213,6 +227,10 @@ class SyncTangram:
         async def hold() -> None:
             done = asyncio.Event()
             leave.append(done)
+            me = asyncio.current_task()
+            assert me is not None
+            self._holds.add(me)
+            me.add_done_callback(self._holds.discard)
             try:
                 # a hint only when given: a handle written to the older protocol takes no expected_s
                 hint: dict[str, float] = {} if expected_s is None else {"expected_s": expected_s}
@@ -244,5 +262,6 @@ class SyncTangram:
             failed[0] = True
             raise
         finally:
+            # the loop outlives every holder (close() waits for them), so it is still running here
             self.loop.call_soon_threadsafe(leave[0].set)
             task.result()  # returns once the runtime has released the grant
