@@ -20,6 +20,12 @@ def _cases(tmp: Path) -> list[tuple[list[str], str]]:
     bad_trace.write_text(json.dumps({"pool": {"cpus": 2}}) + "\n" + json.dumps({"arrival": 0, "kind": "x"}) + "\n")
     no_pool = tmp / "nopool.jsonl"
     no_pool.write_text(json.dumps({"arrival": 0, "kind": "x", "cpus": 1, "duration": 1}) + "\n")
+    big = tmp / "big.jsonl"  # a 4-core action in a 2-core pool: every policy would stop at it mid-run
+    big.write_text(json.dumps({"pool": {"cpus": 2}}) + "\n"
+                   + json.dumps({"arrival": 0, "kind": "x", "cpus": 4, "duration": 1}) + "\n")
+    small = tmp / "small.jsonl"  # fits a 2-core pool, but a static sandbox (3 cores) does not
+    small.write_text(json.dumps({"pool": {"cpus": 2}}) + "\n"
+                     + json.dumps({"arrival": 0, "kind": "x", "cpus": 1, "duration": 1}) + "\n")
     a_file = tmp / "file.txt"
     a_file.write_text("x")
     missing = tmp / "missing"
@@ -64,6 +70,25 @@ def _cases(tmp: Path) -> list[tuple[list[str], str]]:
         (["simulate", "--workload", "mopd", "--batch", "8", "--gpus", "12", "--policy", "tangram,isolated"],
          "exceed the pool's 12"),
         (["simulate", "--workload", "fast"], "argument --workload: invalid choice: 'fast'"),
+        (["simulate", "--policy", "tangram,all"], "'all' stands alone"),
+        (["simulate", "--workload", "trace", "--trace", str(big), "--policy", "tangram,fifo1"],
+         "--policy tangram: x actions can never run on this pool"),
+        (["simulate", "--workload", "trace", "--trace", str(small), "--policy", "tangram,static"],
+         "--policy static: its sandboxes can never run on this pool"),
+        # workload parameters: checked by type, then built, before anything runs (stop 33: some
+        # ended in a traceback, or after the first policies had run)
+        (["simulate", *SMALL, "--param", "test_hint_sigma=abc"], "--param test_hint_sigma: expected a number or null"),
+        (["simulate", *SMALL, "--policy", "tangram,static", "--param", "sandbox_rate=x"],
+         "--param sandbox_rate: expected a number or null"),
+        (["simulate", *SMALL, "--policy", "tangram,static", "--param", "sandbox_rate=-1"],
+         "--policy static: sandbox_rate must be None or > 0"),
+        (["simulate", *SMALL, "--policy", "static", "--param", "sandbox_cpus=0"], "sandbox_cpus must be an int >= 1"),
+        (["simulate", *SMALL, "--param", "test_malleable=1"], "--param test_malleable: expected true or false"),
+        (["simulate", *SMALL, "--param", "actions_min=10", "--param", "actions_max=5"],
+         "--workload ai-coding with --param actions_min=10, actions_max=5: "),
+        (["simulate", *SMALL, "--param", "test_frac=2"], "test_frac is a fraction of actions"),
+        (["simulate", "--workload", "mopd", "--batch", "4", "--param", "calls_min=0", "--param", "calls_max=0"],
+         "without a single action"),
         # demo
         (["demo", "--trajectories", "0"], "argument --trajectories: must be an integer > 0"),
         (["demo", "--actions", "0"], "argument --actions: must be an integer > 0"),
@@ -150,3 +175,10 @@ def test_good_input_still_runs(tmp_path: Path, capsys: pytest.CaptureFixture[str
     assert rc == 0, err
     assert "trace: 1 trajectories, 2 actions" in out and json.loads((tmp_path / "o.json").read_text())["runs"]
     assert "\r" not in err and "actions simulated in" in err  # not a terminal: a line per run
+
+
+def test_a_column_that_does_not_apply_prints_a_dash(capsys: pytest.CaptureFixture[str]) -> None:
+    rc, out, err = _run(["simulate", *SMALL, "--policy", "static"], capsys)
+    assert rc == 0, err
+    row = next(line for line in out.splitlines() if line.startswith("static"))
+    assert row.split()[-2] == "-"  # ACT/tangram: no tangram row to compare with (was a blank cell)

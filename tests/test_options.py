@@ -64,6 +64,14 @@ def test_every_field_is_a_scheduler_option() -> None:
     assert fields == set(SchedulerKeywords.__annotations__) == params, sorted(fields ^ params)
 
 
+def test_every_option_has_a_row_in_the_documented_knobs_table() -> None:
+    from pathlib import Path
+
+    doc = (Path(__file__).parents[1] / "docs" / "scheduler.md").read_text()
+    missing = [a.name for a in SchedulerOptions.__attrs_attrs__ if f"| `{a.name}` |" not in doc]
+    assert not missing, f"docs/scheduler.md#knobs (called 'the full list' by tuning.md) lacks {missing}"
+
+
 def test_the_scheduler_takes_options_beside_its_keywords() -> None:
     pool = Pool(cpus=8)
     s = Scheduler(pool, options=SchedulerOptions(window=4, objective="step"), depth=8)

@@ -163,6 +163,8 @@ def make_policy(name: str, pool: Pool, *, services: Sequence[str] = (), service_
         raise ValueError("iso_batch must be in 1..64, quota_procs >= 1, 0 < iso_batch_cost <= 1")
     if sandbox_rate is not None and not sandbox_rate > 0:
         raise ValueError(f"sandbox_rate must be None or > 0, got {sandbox_rate!r}")
+    if isinstance(sandbox_cpus, bool) or not isinstance(sandbox_cpus, int) or sandbox_cpus < 1:
+        raise ValueError(f"sandbox_cpus must be an int >= 1 (the static sandbox's cores), got {sandbox_cpus!r}")
     if name == "tangram":
         return Policy(name, [Scheduler(pool, **{"elastic": True, "lookahead": True, **sched_opts})])
     if name.startswith("fifo") and name[4:].isdigit():

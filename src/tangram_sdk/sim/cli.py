@@ -13,7 +13,8 @@ from typing import Any
 from .._args import existing_file, int_list, missing_module, nonneg_int, output_dir, output_file, positive_int
 from .engine import Result, text_progress
 from .metrics import min_pool_for, summarise
-from .workloads import WORKLOADS, Workload, build, run_policy
+from ..spec import ActionSpec
+from .workloads import WORKLOADS, Workload, build, build_policy, run_policy
 
 __all__ = ["add_arguments", "check", "run"]
 
@@ -40,7 +41,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "or 'share': the whole --gpus pool split in proportion to call share, >= 1 each")
     p.add_argument("--param", action="append", default=None, metavar="NAME=VALUE", type=_param,
                    help="override one workload parameter (docs/simulator.md lists them), e.g. "
-                        "decode_tok_s=60; repeatable")
+                        "test_max_cpus=32 (ai-coding) or decode_tok_s=60 (mopd); null for an optional "
+                        "one; repeatable")
     p.add_argument("--measured", action="store_true",
                    help="elastic CPU actions report the parallelism their work got, as lease.run/exec "
                         "measure it live; without it Tangram learns efficiency from durations alone")
@@ -51,8 +53,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="comma list of batch sizes, e.g. 256,512,1024,1536")
     p.add_argument("--json", dest="json_out", type=output_file, default=None, help="write all results as JSON here")
     p.add_argument("--plot", type=output_dir, default=None, metavar="DIR",
-                   help="write PNG figures into DIR (created if missing): ACT CDF, CPU and GPU utilisation; "
-                        "the batch sweep with --sweep-batch (needs matplotlib: the plot extra)")
+                   help="write PNG figures into DIR (created if missing): ACT CDF, ACT breakdown, CPU and GPU "
+                        "utilisation; the batch sweep with --sweep-batch (needs matplotlib: the plot extra)")
     p.add_argument("--no-progress", action="store_true", help="no progress on stderr")
 
 
@@ -106,14 +108,23 @@ def check(args: argparse.Namespace) -> str | None:
             if name not in known:
                 return (f"--param: {args.workload} has no parameter {name!r} "
                         f"(choose from {', '.join(sorted(known))})")
-            if isinstance(known[name], (int, float)) and not isinstance(known[name], bool) and (
-                    isinstance(value, bool) or not isinstance(value, (int, float))):
+            default = known[name]
+            number = isinstance(value, (int, float)) and not isinstance(value, bool)
+            if isinstance(default, bool):  # a switch (sandbox_names also takes a unit name)
+                if not isinstance(value, bool) and not (name == "sandbox_names" and isinstance(value, str)):
+                    return f"--param {name}: expected true or false, got {value!r}"
+            elif default is None:  # an optional number: null turns it off
+                if value is not None and not number:
+                    return f"--param {name}: expected a number or null, got {value!r}"
+            elif isinstance(default, (int, float)) and not number:
                 return f"--param {name}: expected a number, got {value!r}"
     if args.plot and args.plot.lower().endswith(".png"):
         return f"--plot takes a directory (it writes several PNGs into it), got {args.plot!r}"
     if args.plot and missing_module("matplotlib"):
         return "--plot needs matplotlib: pip install 'tangram-sdk[plot]'"
     names = [p.strip() for p in args.policy.split(",") if p.strip()]
+    if "all" in names and len(names) > 1:
+        return "--policy: 'all' stands alone (it is every policy of the workload); or list policies by name"
     bad = [p for p in names if p != "all" and not _POLICY.fullmatch(p)]
     if not names or bad:
         return (f"--policy: unknown policy {bad[0] if bad else args.policy!r}; "
@@ -121,8 +132,11 @@ def check(args: argparse.Namespace) -> str | None:
     try:
         wl = _workload(args, args.batch)
         sweep = [_workload(args, b) for b in (args.sweep_batch or ())]
-    except ValueError as exc:  # TraceError included: it names the line and the field
-        return str(exc)
+    except (ValueError, TypeError) as exc:  # TraceError included: it names the line and the field
+        given = ", ".join(f"{n}={v!r}" for n, v in args.param or ())
+        return f"--workload {args.workload}" + (f" with --param {given}" if given else "") + f": {exc}"
+    if not any(t.acts for t in wl.trajectories):
+        return f"--workload {args.workload}: these parameters give a workload without a single action"
     pols = _policies(args, wl)
     if not wl.services:
         if "isolated" in pols:
@@ -131,15 +145,37 @@ def check(args: argparse.Namespace) -> str | None:
             return f"--gpus-needed compares with the isolated baseline, which needs GPU services; {wl.name} has none"
     if args.iso_gpus is not None and "isolated" not in pols and not args.gpus_needed:
         return "--iso-gpus needs the isolated policy (--policy isolated or all) or --gpus-needed"
-    if "isolated" in pols or args.gpus_needed:  # slicing the GPUs can fail: try it now (cheap, nothing runs)
-        from .baselines import make_policy
-
+    # every policy built now (cheap, nothing runs), so one the workload cannot run fails before
+    # the others have: isolated slices that do not fit, a fixed policy's bad parameter, an action
+    # (a trace's, a static sandbox) larger than the pool
+    for pol in pols + (["isolated"] if args.gpus_needed and "isolated" not in pols else []):
         try:
-            make_policy("isolated", wl.pool, services=wl.services, service_share=wl.service_share,
-                        gpus_per_service=_iso(args, wl))
-        except ValueError as exc:
-            return f"--policy isolated: {exc}"
+            policy = build_policy(wl, pol, iso_gpus=_iso(args, wl) if pol == "isolated" else None)
+        except (ValueError, TypeError) as exc:
+            return f"--policy {pol}: {exc}"
+        why = _never_runs(wl, policy)
+        if why is not None:
+            return f"--policy {pol}: {why}"
     args.built, args.built_sweep = wl, sweep
+    return None
+
+
+def _never_runs(wl: Workload, policy: Any) -> str | None:
+    """Why some action of ``wl`` (or the policy's sandbox) could never be granted under
+    ``policy``, as the simulation would find out mid-run; None when every one can."""
+    seen: set[ActionSpec] = set()
+    for tr in wl.trajectories:
+        for act in tr.acts:
+            if act.spec in seen:
+                continue
+            seen.add(act.spec)
+            li, spec = policy.route(act.spec)
+            why = policy.lanes[li].feasibility(spec)
+            if why is not None:
+                return f"{act.spec.kind} actions can never run on this pool: {why}"
+    hold = getattr(policy, "hold", None)
+    if hold is not None and seen and (why := policy.lanes[0].feasibility(hold)) is not None:
+        return f"its sandboxes can never run on this pool: {why}"
     return None
 
 
@@ -197,8 +233,9 @@ def _run(args: argparse.Namespace, wl: Workload, pol: str) -> Result:
 
 def _cell(fmt: str, v: Any) -> str:
     text = fmt.format(v)
-    # a mean of float differences can come out as -1e-17: print it as the zero it is
-    return text[1:] if text.startswith("-") and not text.strip("-0.") else text
+    # a mean of float differences can come out as -1e-17: print it as the zero it is (but "-",
+    # the placeholder of a column that does not apply, stays)
+    return text[1:] if text.startswith("-") and text != "-" and not text.strip("-0.") else text
 
 
 def _table(rows: list[dict[str, Any]]) -> str:

@@ -83,6 +83,8 @@ def ai_coding(batch: int = 1280, *, nodes: int = 15, cores: int = 256, seed: int
               **over: Any) -> Workload:
     """SWE-style coding agents: decode -> shell/test action -> decode ... on a CPU sandbox pool."""
     p = {**CODING, **over}
+    if not 0.0 <= p["test_frac"] <= 1.0:
+        raise ValueError(f"test_frac is a fraction of actions, in [0, 1]; got {p['test_frac']!r}")
     rng = np.random.default_rng(seed)
     test = ActionSpec(kind="test", cpus=1, elastic=Elasticity("cpu", p["test_max_cpus"],
                                                              Amdahl(p["test_parallel"]),
@@ -301,8 +303,24 @@ def run_policy(wl: Workload, name: str, *, progress: Any = None, iso_gpus: int |
     ``measured``: released actions report the parallelism their work got (see :func:`.simulate`).
     ``observers``: passed to :func:`.simulate` (each sees every event batch and its decisions).
     """
-    from .baselines import make_policy
     from .engine import simulate
+
+    pol = build_policy(wl, name, iso_gpus=iso_gpus, **sched_opts)
+    if name == "isolated":
+        prewarm = isolated_prewarm(wl, pol)
+    elif warm_start and wl.services and len(pol.lanes) == 1:
+        prewarm = shared_prewarm(wl, pol)
+    else:
+        prewarm = []
+    return simulate(wl.trajectories, pol, workload=wl.name, restore_s=wl.restore_s, gpu_slots=wl.gpu_slots,
+                    prewarm=prewarm, progress=progress, measured=measured, observers=observers)
+
+
+def build_policy(wl: Workload, name: str, *, iso_gpus: int | None = None, **sched_opts: Any) -> Any:
+    """Policy ``name`` for ``wl`` as :func:`run_policy` simulates it (the workload's failure-mode
+    parameters applied to the fixed policies, the GPU capacity to the core): built without running,
+    so a CLI can refuse a policy the workload cannot run before any other policy has run."""
+    from .baselines import make_policy
 
     kw: dict[str, Any] = {}
     p = wl.params
@@ -319,12 +337,4 @@ def run_policy(wl: Workload, name: str, *, progress: Any = None, iso_gpus: int |
         # the core knows device capacity: tangram and the fixed-DoP FIFOs run the same core, so
         # the comparison isolates elasticity (isolated slices keep their models resident anyway)
         sched_opts = {**sched_opts, "gpu_slots": wl.gpu_slots}
-    pol = make_policy(name, wl.pool, **kw, **sched_opts)
-    if name == "isolated":
-        prewarm = isolated_prewarm(wl, pol)
-    elif warm_start and wl.services and len(pol.lanes) == 1:
-        prewarm = shared_prewarm(wl, pol)
-    else:
-        prewarm = []
-    return simulate(wl.trajectories, pol, workload=wl.name, restore_s=wl.restore_s, gpu_slots=wl.gpu_slots,
-                    prewarm=prewarm, progress=progress, measured=measured, observers=observers)
+    return make_policy(name, wl.pool, **kw, **sched_opts)
