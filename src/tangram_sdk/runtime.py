@@ -470,7 +470,9 @@ class Tangram:
             return
         self._handling = True
         try:
-            self._dispatch((), now, self._core.submit(aid, spec, now))
+            decisions = self._core.submit(aid, spec, now)
+            if decisions or self.observers:  # an arrival that queues decides nothing
+                self._dispatch((), now, decisions)
             if self._pending or self._core.next_wakeup != self._timer_at:  # _settle_round, inline
                 self._settle_round()
         except BaseException as exc:
@@ -761,7 +763,7 @@ class _Waiter:
             try:
                 # never asyncio.wait_for here: it can return the grant and drop a cancel that
                 # lands in the same iteration (3.10/3.11); see _deadline
-                grant = await wait_future(got, self.timeout, self._timed_out)
+                grant = await got if self.timeout is None else await wait_future(got, self.timeout, self._timed_out)
             except BaseException:
                 # a grant that landed with the cancel/timeout is given back: the core treats
                 # Cancelled as "drop from the queue" or "release the grant", whichever is true

@@ -327,6 +327,9 @@ class Scheduler:
         a = self._submit(action_id, spec, now, out, direct=True, expected=expected)
         if a is not None and a.grant is not None:
             return out
+        if self._queue.n and not (self._need_round or self._mall.running or self._rst.running
+                                  or self._deadlines.heap):
+            return out  # what the round would do: the arrival cannot change the last one's answer
         r = self._round(now)
         if out:
             out.extend(r)
