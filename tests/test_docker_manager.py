@@ -214,6 +214,30 @@ async def test_exec_output_is_bounded(manager_factory: Any, docker_engine: str) 
         assert r.stdout.startswith(b"y\ny\n") and r.stderr.startswith(b"e\ne\n")
 
 
+async def test_exec_feeds_stdin_then_end_of_file(manager_factory: Any, docker_engine: str) -> None:
+    """A competitive-programming test case goes in on stdin: the command reads it all, sees end
+    of file (``cat`` returns), and its output still comes back after the input side is shut; a
+    large input and an output written before the input is read do not deadlock."""
+    m: DockerCpuManager = await manager_factory("auto")
+    async with await SandboxPool.create(m, image=docker_engine, count=1) as pool:
+        grant, lease = make_lease(1, pool[0].id, HOST_CPUS[:1])
+        await m.apply(grant, lease)
+        try:
+            r = await lease.exec(["sh", "-c", "read a b; echo $((a + b))"], stdin="2 40\n", timeout=60)
+            assert (r.exit_code, r.stdout) == (0, b"42\n"), r
+            big = bytes(range(256)) * 8192  # 2 MiB, every byte value
+            r = await lease.exec(["sh", "-c", "echo started >&2; wc -c"], stdin=big, timeout=60)
+            assert (r.exit_code, r.stdout.strip(), r.stderr) == (0, str(len(big)).encode(), b"started\n"), r
+            r = await lease.exec(["cat"], stdin=b"", timeout=60)  # empty input: EOF at once, no hang
+            assert (r.exit_code, r.stdout, r.timed_out) == (0, b"", False), r
+            r = await lease.exec(["true"], stdin=big, timeout=60)  # exits without reading: not an error
+            assert r.exit_code == 0 and not r.timed_out, r
+            with pytest.raises(SpecError, match="stdin must be bytes or str"):
+                await lease.exec(["cat"], stdin=42, timeout=60)
+        finally:
+            await m.release(grant, lease)
+
+
 async def test_check_validates_ids(manager_factory: Any) -> None:
     m: DockerCpuManager = await manager_factory("api")
     m.check(ActionSpec(kind="x", cpus=1, container="abc_1.2-3"))

@@ -248,6 +248,22 @@ async def test_lease_run_pins_the_subprocess_to_the_lease_cores():
     assert ncpu >= 1
 
 
+@pytest.mark.looptime(False)  # real subprocesses under real timeouts
+async def test_lease_run_feeds_stdin_as_bytes_or_text():
+    async with Tangram(Pool(cpus=sorted(os.sched_getaffinity(0)))) as t:
+        async with t.acquire(ActionSpec(kind="x", cpus=1)) as lease:
+            add = [sys.executable, "-c", "import sys; a, b = sys.stdin.read().split(); print(int(a) + int(b))"]
+            for given in ("2 40", b"2 40", bytearray(b"2 40")):
+                r = await lease.run(add, stdin=given, timeout=30)
+                assert (r.exit_code, r.stdout) == (0, b"42\n"), r
+            r = await lease.run([sys.executable, "-c", "import sys; print(len(sys.stdin.buffer.read()))"],
+                                stdin=b"\xff" * 3_000_000, timeout=30)  # larger than a pipe's buffer
+            assert r.stdout.strip() == b"3000000", r
+            with pytest.raises(SpecError, match="stdin must be bytes or str"):
+                await lease.run(add, stdin=42)  # type: ignore[arg-type]
+        assert t.free_cpus == len(os.sched_getaffinity(0))
+
+
 @pytest.mark.looptime(False)  # the point is a plain asyncio loop, then a patched one
 async def test_runtime_reads_the_loops_own_clock_when_it_is_not_plain_asyncio():
     """The runtime skips ``loop.time()``'s Python wrapper on a plain asyncio loop, but a loop whose

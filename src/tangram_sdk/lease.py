@@ -234,8 +234,10 @@ class Lease:
 
         The command sees :meth:`thread_env` (OMP_NUM_THREADS=<granted cores> and the like) on top
         of the container's environment, and ``env`` on top of that (your values win);
-        ``thread_caps=False`` adds none. A command killed for memory raises ActionOOMError. On a
-        restartable lease a restart kills it and runs it again (``timeout`` counts per run)."""
+        ``thread_caps=False`` adds none. ``stdin=`` (bytes or str) is fed to it, then end of file;
+        ``workdir=``/``user=`` as for ``docker exec``. A command killed for memory raises
+        ActionOOMError. On a restartable lease a restart kills it and runs it again (``timeout``
+        counts per run)."""
         fn = self.attachment("exec")
         if not thread_caps:
             kw["thread_caps"] = False  # a remote lease's agent must not add them back

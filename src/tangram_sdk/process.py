@@ -221,6 +221,18 @@ def check_argv(cmd: Sequence[str]) -> list[str]:
     return argv
 
 
+def check_stdin(stdin: bytes | bytearray | memoryview | str | None) -> bytes | None:
+    """A command's standard input as bytes (a str is sent as UTF-8), or None for none (the
+    command reads end of file at once)."""
+    if stdin is None or isinstance(stdin, bytes):
+        return stdin
+    if isinstance(stdin, str):
+        return stdin.encode()
+    if isinstance(stdin, (bytearray, memoryview)):
+        return bytes(stdin)
+    raise SpecError(f"stdin must be bytes or str (or None), got {type(stdin).__name__}")
+
+
 _REPIN_PASSES = 3  # a thread or child started while a pass runs inherits the old mask: look again
 
 
@@ -345,7 +357,7 @@ async def run_pinned(
     max_output: int = 1 << 20,
     env: Mapping[str, str] | None = None,
     cwd: str | None = None,
-    stdin: bytes | None = None,
+    stdin: bytes | str | None = None,
     memory: int | MemoryScope | None = None,
     groups: PinnedGroups | None = None,
 ) -> ExecResult:
@@ -356,13 +368,14 @@ async def run_pinned(
     registered there while it runs (a malleable lease re-pins it when resized)."""
     argv = check_argv(cmd)
     limit = check_timeout(timeout)
+    feed = check_stdin(stdin)
     scope = MemoryScope(memory) if isinstance(memory, int) and not isinstance(memory, bool) else memory
     if scope is not None and not isinstance(scope, MemoryScope):
         raise SpecError(f"memory must be None, bytes or a MemoryScope, got {memory!r}")
     mem_arg = "-" if scope is None else scope.enter()
     try:
         before = None if scope is None else scope.oom_kills()
-        result = await _run(argv, cpus, mem_arg, limit, max_output, env, cwd, stdin, groups)
+        result = await _run(argv, cpus, mem_arg, limit, max_output, env, cwd, feed, groups)
         if scope is not None and before is not None and result.exit_code != 0 and not result.timed_out:
             after = scope.oom_kills()
             if after is not None and after > before:

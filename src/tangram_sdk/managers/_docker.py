@@ -45,6 +45,7 @@ from .._deadline import check_timeout, settle, within
 from ..errors import DockerError, SpecError
 from ..process import ExecResult
 from ..process import check_argv as _check_argv
+from ..process import check_stdin
 
 __all__ = ["LABEL", "UNLIMITED", "ContainerInfo", "DockerClient", "is_connection_error",
            "is_memory_busy", "is_not_found", "kill_tree", "never_sent", "validate_ref"]
@@ -362,9 +363,11 @@ class DockerClient:
         env: Mapping[str, str] | None = None,
         workdir: str | None = None,
         user: str = "",
+        stdin: bytes | str | None = None,
         procs: Callable[[], set[int] | None] | None = None,
     ) -> ExecResult:
-        """Run ``cmd`` in the container; keep at most ``max_output`` bytes per stream.
+        """Run ``cmd`` in the container; keep at most ``max_output`` bytes per stream. ``stdin``:
+        bytes fed to the command, then end of file (None: no stdin, the command reads EOF).
 
         ``timeout`` bounds the whole call (creating the exec, running it, reading its output):
         after it the command's process tree is SIGKILLed from the host and the result has
@@ -376,6 +379,7 @@ class DockerClient:
         validate_ref(ref)
         argv = _check_argv(cmd)
         limit = check_timeout(timeout)
+        feed = check_stdin(stdin)
         loop = asyncio.get_running_loop()
         started = time.monotonic()
         deadline = None if limit is None else loop.time() + limit
@@ -393,7 +397,8 @@ class DockerClient:
             try:
                 ex = await within(
                     docker.containers.container(ref).exec(
-                        argv, stdout=True, stderr=True, environment=env, workdir=workdir, user=user),
+                        argv, stdout=True, stderr=True, stdin=feed is not None, environment=env, workdir=workdir,
+                        user=user),
                     left(self.api_timeout), lambda: "exec create: no answer")
             except TimeoutError:
                 if deadline is not None and loop.time() >= deadline - 0.01:
@@ -404,19 +409,42 @@ class DockerClient:
             truncated = False
             stream = ex.start(detach=False)
 
-            async def pump() -> None:
+            async def feed_stdin() -> None:
+                # beside the reads (a command that writes before it has read all its input must
+                # not wait on us), then end of file: the write side of the hijacked connection is
+                # shut, as the docker CLI does, and the output keeps coming on the read side
+                assert feed is not None
+                if feed:
+                    await stream.write_in(feed)
+                transport = stream._resp.connection.transport if stream._resp and stream._resp.connection else None
+                if transport is not None and transport.can_write_eof():
+                    transport.write_eof()
+
+            async def read_all() -> None:
                 nonlocal truncated
+                while True:
+                    msg = await stream.read_out()
+                    if msg is None:
+                        return
+                    buf = out if msg.stream == 1 else err
+                    room = max_output - len(buf)
+                    if room > 0:
+                        buf += msg.data[:room]
+                    if len(msg.data) > room:
+                        truncated = True
+
+            async def pump() -> None:
                 async with stream:
-                    while True:
-                        msg = await stream.read_out()
-                        if msg is None:
-                            return
-                        buf = out if msg.stream == 1 else err
-                        room = max_output - len(buf)
-                        if room > 0:
-                            buf += msg.data[:room]
-                        if len(msg.data) > room:
-                            truncated = True
+                    writer = asyncio.ensure_future(feed_stdin()) if feed is not None else None
+                    try:
+                        await read_all()
+                    finally:
+                        if writer is not None:
+                            if not writer.done():  # the command ended without reading all of it
+                                writer.cancel()
+                            await asyncio.wait([writer])
+                            if not writer.cancelled() and writer.exception() is not None:
+                                logging.getLogger(__name__).debug("exec stdin: %r", writer.exception())
 
             task = asyncio.ensure_future(pump())
             watchdog = asyncio.ensure_future(self._watch_daemon())
