@@ -4,9 +4,11 @@ parsing, spec mapping, and the IntegrationUnavailable path."""
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import threading
 import time
+from typing import Any
 
 import pytest
 
@@ -243,9 +245,22 @@ def test_spec_mapper_from_parameters_and_logging_once(caplog: pytest.LogCaptureF
     mapper = SpecMapper(spec=base, from_parameters={"max_units": "jobs", "duration": "seconds"})
     spec = mapper("build", {"jobs": 8, "seconds": 2.5})
     assert spec.max_units == 8 and spec.duration == 2.5
-    for bad in ({"seconds": 1}, {"jobs": "many", "seconds": 1}, {"jobs": 0, "seconds": 1}):
+    # json.loads accepts Infinity and 1e400: they were an OverflowError out of int() (stop 33)
+    for bad in ({"seconds": 1}, {"jobs": "many", "seconds": 1}, {"jobs": 0, "seconds": 1},
+                {"jobs": float("inf"), "seconds": 1}, {"jobs": json.loads("1e400"), "seconds": 1},
+                {"jobs": 2, "seconds": float("nan")}):
         with pytest.raises(SpecMappingError):
             mapper("build", bad)
+
+    def picky(tool: str, params: Any) -> Any:  # user code meeting the model's arguments
+        return spec_from_mapping({"kind": tool, "cpus": params["args"][0]})
+
+    picky_mapper = SpecMapper(spec_for=picky)
+    for bad in ({"args": []}, {"args": None}, {}):  # IndexError, TypeError, KeyError: all the call's error
+        with pytest.raises(SpecMappingError):
+            picky_mapper("run", bad)
+    with pytest.raises(SpecError, match="spec_for maps every call"):
+        SpecMapper(spec=base, spec_for=picky, from_parameters={"max_units": "jobs"})
     with pytest.raises(SpecError):
         SpecMapper()
     with pytest.raises(SpecError, match="unknown key"):

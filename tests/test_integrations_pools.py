@@ -135,6 +135,17 @@ async def test_two_definitions_under_one_name_fail_and_two_names_are_two_pools()
     assert await resolve_runtime({"pool": "a"}) is a  # attach by name
 
 
+async def test_two_definitions_read_before_any_pool_opens_fail_at_the_second_load() -> None:
+    # both adapters are built at worker start, before any call: the clash is refused there (stop
+    # 33: both loaded, and the second adapter failed on every call mid-rollout)
+    Guard(ActionSpec(kind="x", cpus=1), runtime={"pool": {"name": "early", "cpus": 2}})
+    with pytest.raises(SpecError, match="two definitions of pool 'early'"):
+        Guard(ActionSpec(kind="x", cpus=1), runtime={"pool": {"name": "early", "cpus": 1, "quotas": {"s": {"concurrency": 1}}}})
+    Guard(ActionSpec(kind="x", cpus=1), runtime={"pool": {"name": "early", "cpus": "0-1"}})  # the same one, spelled apart
+    t = await resolve_runtime({"pool": "early"})
+    assert t.statistics()["cpus_total"] == 2
+
+
 async def test_attach_by_name_needs_a_definition() -> None:
     with pytest.raises(SpecError, match="no pool named 'nowhere'"):
         await resolve_runtime({"pool": "nowhere"})
@@ -149,7 +160,13 @@ def test_pool_mappings_are_checked_where_config_is_read() -> None:
     for bad, word in (({"pool": {"cpus": 1, "cpu": 2}}, "unknown key"), ({"pool": {"cpus": 1, "scope": "node"}}, "scope"),
                       ({"pool": {"name": "x"}}, "no resources"), ({"pool": {"cpus": 1}, "extra": 1}, "unknown key"),
                       ({"pool": {"name": " x", "cpus": 1}}, "name"), ({"pool": 5}, "pool must be"),
-                      ({"pool": "x", "options": {"window": 2}}, "options")):
+                      ({"pool": "x", "options": {"window": 2}}, "options"),
+                      # options are the scheduler's, checked here too (stop 33: a typo loaded, then
+                      # every call failed when the pool first opened mid-rollout)
+                      ({"pool": {"cpus": 1}, "options": {"windw": 4}}, "unknown scheduler option"),
+                      ({"pool": {"cpus": 1}, "options": {"window": "four"}}, "window must be int"),
+                      ({"pool": {"cpus": 1}, "options": {"window": -1}}, "window and scan_limit must be >= 1"),
+                      ({"pool": {"cpus": 1}, "options": {"objective": "fast"}}, "objective must be one of")):
         with pytest.raises(SpecError, match=word):
             pool_def(bad)
     d = pool_def({"pool": {"name": "r", "namespace": "ns", "scope": "process", "cpus": "0-1",
@@ -394,6 +411,26 @@ def test_bad_pool_config_fails_where_the_adapter_is_built(tool_module: Any) -> N
         Loop(tangram={"pool": {"cpus": 1}, "pools": {}})
     with pytest.raises(SpecError, match="scope"):
         Loop(tangram={"pool": {"cpus": 1, "scope": "cluster"}})
+    # each of these loaded, then failed on every call (stop 33's adapter audit)
+    with pytest.raises(SpecError, match="timeout must be None or a number of seconds >= 0"):
+        TangramTool(config={"type": "native", "tangram": {**base, "timeout": -5}}, tool_schema=schema)
+    with pytest.raises(SpecError, match="timeout must be None or a number of seconds >= 0"):
+        TangramTool(config={"type": "native", "tangram": {**base, "timeout": "abc"}}, tool_schema=schema)
+    with pytest.raises(SpecError, match="timeout must be None"):
+        Loop(tangram={"pool": {"cpus": 1}, "timeout": -5})
+    with pytest.raises(SpecError, match="unknown scheduler option"):
+        TangramTool(config={"type": "native", "tangram": {**base, "pool": {"cpus": 1}, "options": {"windw": 4}}},
+                    tool_schema=schema)
+    with pytest.raises(SpecError, match="give `pool:` too"):
+        TangramTool(config={"type": "native", "tangram": {**base, "options": {"window": 4}}}, tool_schema=schema)
+    with pytest.raises(SpecError, match="could not import"):
+        TangramTool(config={"type": "native", "tangram": {**base, "runtime": f"{tool_module.__name__}:make_runtme"}},
+                    tool_schema=schema)
+    with pytest.raises(SpecError, match="from_parameters adjusts the static spec, but spec_for"):
+        TangramTool(config={"type": "native", "tangram": {"wraps": f"{tool_module.__name__}.HoldTool",
+                                                          "spec": {"cpus": 1},
+                                                          "spec_for": f"{tool_module.__name__}:HoldTool",
+                                                          "from_parameters": {"cpus": "n"}}}, tool_schema=schema)
     if HAVE_OPENRLHF:
         from openrlhf.utils.agent import AgentInstanceBase
 
@@ -403,3 +440,9 @@ def test_bad_pool_config_fails_where_the_adapter_is_built(tool_module: Any) -> N
 
         with pytest.raises(SpecError, match="with_tangram"):
             with_tangram(Env, spec=ActionSpec(kind="x"), runtime={"pool": {"cpus": -1}})
+        with pytest.raises(SpecError, match="timeout must be None"):
+            with_tangram(Env, spec=ActionSpec(kind="x"), timeout=-5)
+        with pytest.raises(SpecError, match="spec_for must be callable"):
+            with_tangram(Env, spec_for="agent_func:step_spec")  # type: ignore[arg-type]
+        with pytest.raises(SpecError, match="could not import"):
+            with_tangram(Env, spec=ActionSpec(kind="x"), runtime="no_such_module_xyz:make")

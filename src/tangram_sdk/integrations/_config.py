@@ -19,7 +19,7 @@ from typing import Any, ClassVar
 
 import attrs
 
-from ..errors import InfeasibleSpecError, SpecError, SpecMappingError
+from ..errors import SpecError, SpecMappingError
 from ..pool import Pool, Quota
 from ..resources import Counted
 from .._validate import NAME_RE
@@ -224,6 +224,8 @@ class SpecMapper:
         _check_keys("from_parameters", fp, _FROM_PARAM_KEYS)
         if fp and spec is None:
             raise SpecError("from_parameters adjusts a static spec; give spec too")
+        if fp and spec_for is not None:  # spec_for wins: from_parameters would never apply
+            raise SpecError("from_parameters adjusts the static spec, but spec_for maps every call; give one of them")
         self.spec = spec
         self.spec_for = spec_for
         self.from_parameters: dict[str, str] = {str(k): str(v) for k, v in fp.items()}
@@ -233,7 +235,7 @@ class SpecMapper:
             return self._map(tool_name, parameters)
         except SpecMappingError:
             raise
-        except (SpecError, InfeasibleSpecError, TypeError, ValueError, KeyError) as exc:
+        except Exception as exc:  # the model's arguments reach user code: any error there is the call's
             raise SpecMappingError(f"{type(exc).__name__}: {exc}") from exc
 
     def _map(self, tool_name: str, parameters: Mapping[str, Any]) -> ActionSpec:
@@ -250,8 +252,8 @@ class SpecMapper:
             if pname not in parameters:
                 raise SpecMappingError(f"missing argument {pname!r} (it sets {field})")
             value = parameters[pname]
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise SpecMappingError(f"argument {pname!r} must be a number, got {value!r}")
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise SpecMappingError(f"argument {pname!r} must be a finite number, got {value!r}")
             changes[field] = value if field == "duration" else int(value)
         max_units = changes.pop("max_units", None)
         spec = attrs.evolve(self.spec, **changes)

@@ -34,8 +34,10 @@ import attrs
 
 from .._protocol import AnyTangram
 from ..errors import SpecError, TangramError
+from ..options import SchedulerOptions
 from ..pool import Pool
 from ..runtime import Tangram
+from ..scheduler import Scheduler
 from ._config import _plain, pool_from_mapping
 
 __all__ = ["DEFAULT_NAME", "PoolDef", "close_loop_pools", "open_pool", "pool_def", "register"]
@@ -87,6 +89,9 @@ def pool_def(source: Mapping[str, Any]) -> PoolDef:
     options = data.pop("options", None) or {}
     if not isinstance(options, Mapping):
         raise SpecError(f"options must be a mapping of scheduler options, got {options!r}")
+    # checked where the config is read (an unknown name or a bad value fails at load, not when the
+    # pool first opens mid-rollout), kept as the scheduler will take them
+    options = SchedulerOptions.from_mapping(dict(options)).as_kwargs()
     body = data.pop("pool") if "pool" in data else data
     if "pool" in source and data:
         raise SpecError(f"runtime: unknown key(s) {sorted(data)} next to pool:; allowed: pool, options")
@@ -110,8 +115,12 @@ def pool_def(source: Mapping[str, Any]) -> PoolDef:
     if not body:
         raise SpecError(f"pool {name!r}: no resources given (cpus, gpus, memory, resources or quotas); to attach to a pool "
                         f"defined elsewhere write pool: {name}")
-    return PoolDef(name=name, pool=pool_from_mapping(body), options=tuple(sorted(dict(options).items())),
-                   namespace=namespace, scope=scope)
+    pool = pool_from_mapping(body)
+    try:  # the options' ranges and combinations, as the scheduler will see them (pure: nothing starts)
+        Scheduler(pool, **options)
+    except ValueError as exc:
+        raise SpecError(f"pool {name!r}: options {dict(options)}: {exc}") from None
+    return PoolDef(name=name, pool=pool, options=tuple(sorted(options.items())), namespace=namespace, scope=scope)
 
 
 # ---------------------------------------------------------------------------------- the registry
@@ -189,6 +198,9 @@ def register(defn: PoolDef) -> PoolDef:
     if entry is not None and entry.host.alive():
         _same(entry.defn, defn)
     with _guard:
+        known = _defined.get(defn.name)
+        if known is not None:  # two adapters loaded with two definitions: refused now, not per call
+            _same(known, defn)
         _defined[defn.name] = defn
     return defn
 
@@ -213,6 +225,10 @@ def _fast(defn: PoolDef, loop: asyncio.AbstractEventLoop) -> AnyTangram | None:
     if handles:
         handle = handles.get((defn.namespace, defn.name))  # as named in config (namespace None: the job's)
         if handle is not None and not handle._closing:
+            if defn.pool is not None:  # the actor runs one definition: another one is refused, not served
+                known = _deployed.get((_namespace(defn), defn.name))
+                if known is not None and known is not defn:
+                    _same(known, defn)
             return handle  # type: ignore[no-any-return]
     return None
 
@@ -313,6 +329,8 @@ async def close_loop_pools() -> None:
     mine = [(name, e) for name, e in list(_local.items()) if e.host.loop is loop]
     for name, _e in mine:
         _local.pop(name, None)
+        with _guard:
+            _defined.pop(name, None)  # closed: a later loop may define the name afresh
     for _name, e in mine:
         e.host.stop.set()
     for _name, e in mine:

@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 
 import attrs
 
+from .._deadline import check_timeout
 from ..errors import SpecError, TangramError
 from ..lease import Lease
 from ..spec import ActionSpec
@@ -87,6 +88,9 @@ def with_tangram(
         raise SpecError(f"with_tangram() needs a subclass of openrlhf AgentInstanceBase, got {instance_cls!r}")
     if spec is None and spec_for is None:
         raise SpecError("with_tangram() needs spec= or spec_for=")
+    if spec_for is not None and not callable(spec_for):
+        raise SpecError(f"with_tangram() spec_for must be callable, got {spec_for!r}")
+    timeout = check_timeout(timeout)  # a config mistake fails here, not as every step's error
     label = instance_cls.__name__
     runtime = runtime_source(runtime, where=f"with_tangram({label}, runtime=)")
     mapper = SpecMapper(spec=spec, spec_for=(lambda _n, states: spec_for(states)) if spec_for else None)

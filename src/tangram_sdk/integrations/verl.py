@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import attrs
 
+from .._deadline import check_timeout
 from ..errors import SpecError, TangramError
 from ..lease import Lease
 from ..spec import ActionSpec
@@ -159,7 +160,7 @@ class TangramToolMixin:
         where = f"tool {getattr(self, 'name', type(self).__name__)!r} tangram config"
         self._tangram_source: RuntimeSource | None = _config_source(cfg, self.tangram_runtime, where)
         timeout = cfg.get("timeout", self.tangram_timeout)
-        self._tangram_timeout = None if timeout is None else float(timeout)
+        self._tangram_timeout = check_timeout(timeout)  # at build: a typo fails at start-up, not per call
         self._tangram_group = _group_mode(cfg.get("group", self.tangram_group), where)
         self._tangram_hint_for: HintFor | None = _function(cfg, "hint_for", self.tangram_hint_for, where)
         self._tangram_group_for: GroupFor | None = _function(cfg, "group_for", self.tangram_group_for, where)
@@ -226,6 +227,9 @@ def _config_source(cfg: Mapping[str, Any], code: Any, where: str) -> RuntimeSour
         return code  # type: ignore[no-any-return]
     if cfg.get("runtime") is not None and cfg.get("pool") is not None:
         raise SpecError(f"{where}: give `runtime` (a factory's import path) or `pool`, not both")
+    if cfg.get("options") and cfg.get("pool") is None:  # it would be dropped without a word
+        raise SpecError(f"{where}: `options` configure a pool defined here; give `pool:` too (a runtime "
+                        "factory sets its own options)")
     source: Any = cfg.get("runtime")
     if source is None and cfg.get("pool") is not None:
         source = {"pool": cfg["pool"], "options": cfg.get("options") or {}}
@@ -383,7 +387,7 @@ class TangramAgentLoopMixin:
         if unknown:
             raise SpecError(f"agent loop `tangram:` has unknown key(s) {unknown}; allowed: options, pool, runtime, timeout")
         self.tangram_runtime: RuntimeSource | None = _config_source(cfg, None, "agent loop tangram config")
-        self.tangram_timeout: float | None = None if cfg.get("timeout") is None else float(cfg["timeout"])
+        self.tangram_timeout: float | None = check_timeout(cfg.get("timeout"))
 
     def tangram_action(self, spec: ActionSpec, *, timeout: float | None = None) -> Any:
         return action(spec, timeout=self.tangram_timeout if timeout is None else timeout,
