@@ -24,7 +24,7 @@ from docker_fixtures import (
     started_manager,
 )
 from tangram_sdk._cpuset import format_cpuset
-from tangram_sdk.errors import DockerError, SpecError
+from tangram_sdk.errors import DockerError, SpecError, UsageError
 from tangram_sdk.managers._docker import DockerClient, validate_ref
 from tangram_sdk.managers.base import ManagerContext
 from tangram_sdk.managers.cpu import DockerCpuManager, SandboxPool
@@ -200,6 +200,56 @@ async def test_exec_cancellation_kills_the_command(manager_factory: Any, docker_
         ps = await lease.exec(["ps"], timeout=60)
         assert b"sleep 53" not in ps.stdout, ps.stdout.decode()
         await m.release(grant, lease)
+
+
+@pytest.mark.parametrize("backend", ["api", "cgroup"])
+async def test_nothing_an_exec_started_outlives_its_timeout_or_cancel(manager_factory: Any, docker_engine: str,
+                                                                      backend: str) -> None:
+    """Stop 33's audit: a timeout or cancel that lands before the daemon has started the command
+    found no pid and killed nothing, and the command started just after and ran on; a process the
+    command detached (a double fork, re-parented to the container's init) survived every kill
+    and burned the next action's cores. What ran before the exec is kept (state across actions)."""
+    m: DockerCpuManager = await manager_factory(backend)
+    async with await SandboxPool.create(m, image=docker_engine, count=1) as pool:
+        grant, lease = make_lease(1, pool[0].id, HOST_CPUS[:1])
+        await m.apply(grant, lease)
+        try:
+            kept = await lease.exec(["sh", "-c", "sleep 1099 </dev/null >/dev/null 2>&1 &"], timeout=60)
+            assert kept.ok, kept
+            for limit in (0.001, 0.01):
+                r = await lease.exec(["sh", "-c", "sleep 1001; echo done"], timeout=limit)
+                assert r.timed_out, r
+            for delay in (0.0, 0.01, 0.03):
+                task = asyncio.ensure_future(lease.exec(["sleep", "1003"]))
+                await asyncio.sleep(delay)
+                task.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await task
+            r = await lease.exec(["sh", "-c", "(sleep 1005 </dev/null >/dev/null 2>&1 &); sleep 1000"], timeout=2)
+            assert r.timed_out, r
+            await asyncio.sleep(1.5)  # a start that was in flight has landed by now
+            ps = (await lease.exec(["ps"], timeout=60)).stdout.decode()
+            for gone in ("sleep 1001", "sleep 1003", "sleep 1005", "sleep 1000"):
+                assert gone not in ps, ps
+            assert "sleep 1099" in ps, ps  # started by an exec that finished: the sandbox's own state
+        finally:
+            await m.release(grant, lease)
+
+
+async def test_a_released_lease_cannot_exec_and_bad_output_bounds_fail_first(manager_factory: Any,
+                                                                               docker_engine: str) -> None:
+    m: DockerCpuManager = await manager_factory("auto")
+    async with await SandboxPool.create(m, image=docker_engine, count=1) as pool:
+        grant, lease = make_lease(1, pool[0].id, HOST_CPUS[:1])
+        await m.apply(grant, lease)
+        for bad in ("100", None, 1.5, -1, True):
+            with pytest.raises(SpecError, match="max_output"):
+                await lease.exec(["sh", "-c", "echo ran >> /tmp/marks"], max_output=bad, timeout=60)
+        marks = await lease.exec(["sh", "-c", "cat /tmp/marks 2>/dev/null; true"], timeout=60)
+        assert marks.stdout == b"", marks  # refused before anything ran
+        await m.release(grant, lease)
+        with pytest.raises(UsageError, match="after its lease was released"):
+            await lease.exec(["true"], timeout=60)  # would run parked, on cores now another action's
 
 
 async def test_exec_output_is_bounded(manager_factory: Any, docker_engine: str) -> None:

@@ -233,6 +233,13 @@ def check_stdin(stdin: bytes | bytearray | memoryview | str | None) -> bytes | N
     raise SpecError(f"stdin must be bytes or str (or None), got {type(stdin).__name__}")
 
 
+def check_max_output(max_output: object) -> int:
+    """Bytes kept per output stream: an int >= 0, checked before anything runs."""
+    if isinstance(max_output, bool) or not isinstance(max_output, int) or max_output < 0:
+        raise SpecError(f"max_output must be an int >= 0 (bytes kept per stream), got {max_output!r}")
+    return max_output
+
+
 _REPIN_PASSES = 3  # a thread or child started while a pass runs inherits the old mask: look again
 
 
@@ -369,6 +376,7 @@ async def run_pinned(
     argv = check_argv(cmd)
     limit = check_timeout(timeout)
     feed = check_stdin(stdin)
+    check_max_output(max_output)
     scope = MemoryScope(memory) if isinstance(memory, int) and not isinstance(memory, bool) else memory
     if scope is not None and not isinstance(scope, MemoryScope):
         raise SpecError(f"memory must be None, bytes or a MemoryScope, got {memory!r}")

@@ -45,7 +45,7 @@ from .._deadline import check_timeout, settle, within
 from ..errors import DockerError, SpecError
 from ..process import ExecResult
 from ..process import check_argv as _check_argv
-from ..process import check_stdin
+from ..process import check_max_output, check_stdin
 
 __all__ = ["LABEL", "UNLIMITED", "ContainerInfo", "DockerClient", "is_connection_error",
            "is_memory_busy", "is_not_found", "kill_tree", "never_sent", "validate_ref"]
@@ -59,6 +59,9 @@ _IMAGE_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_./:@+-]{0,254}")
 _FULL_ID_RE = re.compile(r"[0-9a-f]{64}")
 KILLED = 137  # the exit code of a SIGKILLed command, as Docker reports it
 _KILL_BOUND = 0.3  # seconds for the exec inspect that finds the command's pid after a timeout
+_STDIN_POLL = 0.25  # seconds between checks that a command fed stdin still runs (see exec)
+_START_BOUND = 1.0  # seconds to wait for a started exec's pid to appear (a start still in flight
+                    # when the timeout or cancel came: the daemon may start it just after)
 _DRAIN_BOUND = 0.3  # seconds for the output stream to end once the command is killed
 
 
@@ -380,6 +383,7 @@ class DockerClient:
         argv = _check_argv(cmd)
         limit = check_timeout(timeout)
         feed = check_stdin(stdin)
+        check_max_output(max_output)
         loop = asyncio.get_running_loop()
         started = time.monotonic()
         deadline = None if limit is None else loop.time() + limit
@@ -409,16 +413,36 @@ class DockerClient:
             truncated = False
             stream = ex.start(detach=False)
 
-            async def feed_stdin() -> None:
-                # beside the reads (a command that writes before it has read all its input must
-                # not wait on us), then end of file: the write side of the hijacked connection is
-                # shut, as the docker CLI does, and the output keeps coming on the read side
+            async def feed_stdin() -> bool:
+                """Write ``feed`` beside the reads (a command that prints before it has read all
+                its input must not wait on us), then end of file: the write side of the hijacked
+                connection is shut, as the docker CLI does, and the output keeps coming on the
+                read side. False when the command ended without reading all of it: the daemon
+                then keeps the stream open until our input is in, which never comes."""
                 assert feed is not None
                 if feed:
-                    await stream.write_in(feed)
-                transport = stream._resp.connection.transport if stream._resp and stream._resp.connection else None
+                    write = asyncio.ensure_future(stream.write_in(feed))
+                    try:
+                        while True:
+                            await asyncio.wait([write], timeout=_STDIN_POLL)
+                            if write.done():
+                                write.result()
+                                break
+                            try:
+                                info = await within(ex.inspect(), _KILL_BOUND, lambda: "exec inspect: no answer")
+                            except (aiodocker.DockerError, aiohttp.ClientError, OSError, TimeoutError):
+                                continue  # the watchdog and the deadline handle a daemon that went away
+                            if not info.get("Running") and info.get("ExitCode") is not None:
+                                return False
+                    finally:
+                        if not write.done():
+                            write.cancel()
+                            await asyncio.wait([write])
+                conn = stream._resp.connection if stream._resp is not None else None
+                transport = conn.transport if conn is not None else None
                 if transport is not None and transport.can_write_eof():
                     transport.write_eof()
+                return True
 
             async def read_all() -> None:
                 nonlocal truncated
@@ -435,16 +459,30 @@ class DockerClient:
 
             async def pump() -> None:
                 async with stream:
-                    writer = asyncio.ensure_future(feed_stdin()) if feed is not None else None
-                    try:
+                    if feed is None:
                         await read_all()
+                        return
+                    await stream._init()  # the connection the writer shuts (read_out would open it too)
+                    reader = asyncio.ensure_future(read_all())
+                    writer = asyncio.ensure_future(feed_stdin())
+                    try:
+                        await asyncio.wait([reader, writer], return_when=asyncio.FIRST_COMPLETED)
+                        if not reader.done() and writer.done() and not writer.cancelled() \
+                                and writer.exception() is None and writer.result() is False:
+                            # exited with input unread: take the output still in flight, then end
+                            await asyncio.wait([reader], timeout=_DRAIN_BOUND)
+                            if not reader.done():
+                                reader.cancel()
+                                await asyncio.wait([reader])
+                                return
+                        await reader
                     finally:
-                        if writer is not None:
-                            if not writer.done():  # the command ended without reading all of it
-                                writer.cancel()
-                            await asyncio.wait([writer])
-                            if not writer.cancelled() and writer.exception() is not None:
-                                logging.getLogger(__name__).debug("exec stdin: %r", writer.exception())
+                        for t in (reader, writer):
+                            if not t.done():
+                                t.cancel()
+                        await asyncio.wait([reader, writer])
+                        if not writer.cancelled() and writer.exception() is not None:
+                            logging.getLogger(__name__).debug("exec stdin: %r", writer.exception())
 
             task = asyncio.ensure_future(pump())
             watchdog = asyncio.ensure_future(self._watch_daemon())
@@ -524,10 +562,19 @@ class DockerClient:
         pid = 0
         answered = False
         if ex is not None:
+            loop = asyncio.get_running_loop()
+            until = loop.time() + _START_BOUND
             try:
-                info = await within(ex.inspect(), _KILL_BOUND, lambda: "exec inspect: no answer")
-                pid = int(info.get("Pid") or 0)
-                answered = True
+                while True:
+                    info = await within(ex.inspect(), _KILL_BOUND, lambda: "exec inspect: no answer")
+                    pid = int(info.get("Pid") or 0)
+                    answered = True
+                    # no pid and no exit code: its start may still be on the way to the daemon
+                    # (a timeout or cancel right after the exec began); killing nothing then let
+                    # the command start afterwards and run on
+                    if pid or info.get("ExitCode") is not None or loop.time() >= until:
+                        break
+                    await asyncio.sleep(0.02)
             except (aiodocker.DockerError, aiohttp.ClientError, OSError, asyncio.TimeoutError, TimeoutError):
                 pass
         if cid is None and pid:
@@ -536,14 +583,32 @@ class DockerClient:
                                         timeout=_KILL_BOUND))["Id"]
             except DockerError:
                 cid = None
+        now = _pids(procs)
         if pid and cid:
             kill_tree(pid, cid)
+            # what the command detached (a double fork re-parents to the container's init, out of
+            # its tree) is still in its session: a docker exec's process leads its own session, so
+            # the processes that appeared since the exec began in the session named by its pid
+            # are the command's; the container's own processes (its init's session), those of
+            # other execs and whatever was there before are left alone
+            if now is not None and before is not None:
+                for p in sorted(now - before):
+                    if _session_of(p) == pid:
+                        kill_tree(p, cid)
             return answered
-        now = _pids(procs)
-        if now is not None and before is not None:
+        if now is not None and before is not None:  # no pid from the daemon: what appeared since
             for p in sorted(now - before):
                 kill_tree(p, cid or "", require_container=cid is not None)
         return answered
+
+
+def _session_of(pid: int, proc: Path = Path("/proc")) -> int | None:
+    """The session id of ``pid`` as this host sees it (None: gone or unreadable)."""
+    try:
+        stat = (proc / str(pid) / "stat").read_text()
+        return int(stat[stat.rindex(")") + 2:].split()[3])  # after the name: state ppid pgrp session
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def _pids(procs: Callable[[], set[int] | None] | None) -> set[int] | None:

@@ -60,7 +60,7 @@ import attrs
 
 from .._cpuset import format_cpuset, parse_cpuset
 from .._deadline import check_timeout
-from ..errors import ActionOOMError, CgroupError, DockerError, QuarantineError, SpecError
+from ..errors import ActionOOMError, CgroupError, DockerError, QuarantineError, SpecError, UsageError
 from . import _cgroup
 from ._cgroup import MemoryBusyError, MemoryLimits
 from ._docker import KILLED, DockerClient, is_memory_busy, is_not_found, never_sent, validate_ref
@@ -350,7 +350,7 @@ class DockerCpuManager:
                 self._watch_peak(box)
         self._stats["applies"] += 1
         lease.attach("container", box.id)
-        lease.attach("exec", functools.partial(self._exec, box))
+        lease.attach("exec", functools.partial(self._exec, box, grant.action_id))
 
     async def resize(self, old: Grant, new: Grant, lease: Lease) -> None:
         """A running malleable action now holds ``new.cpus`` (was ``old.cpus``): write the
@@ -784,10 +784,15 @@ class DockerCpuManager:
             box.peak.close()
             box.peak = None
 
-    async def _exec(self, box: _Box, cmd: Sequence[str], **kw: Any) -> ExecResult:
+    async def _exec(self, box: _Box, aid: int, cmd: Sequence[str], **kw: Any) -> ExecResult:
         """``lease.exec``: run the command; if the kernel killed it for memory, raise
         ActionOOMError (the cgroup's oom_kill counter, or the daemon's ``oom`` event on the
-        ``api`` backend) with the limit and the peak."""
+        ``api`` backend) with the limit and the peak. A lease kept past its release is refused:
+        its command would run in the parked container, on cores another action now holds."""
+        if aid not in box.active:
+            raise UsageError(f"lease.exec of action {aid} after its lease was released: container "
+                             f"{box.id[:12]} is parked (its cores may be another action's); exec inside the "
+                             "`async with` block, or before Tangram.release")
         kw.pop("thread_caps", None)  # consumed by Lease.exec (the env already says it)
         mem = box.cgroup.memory if box.backend == "cgroup" and box.cgroup is not None else None
         before = _quiet(mem.oom_kills) if mem is not None else None
