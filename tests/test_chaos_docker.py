@@ -556,6 +556,42 @@ async def test_grant_update_a_frozen_daemon_carries_out_later_keeps_the_core_out
         await m.aclose()
 
 
+async def test_a_create_that_timed_out_but_was_carried_out_later_is_removed(daemon: PrivateDaemon) -> None:
+    """Stop 33's audit: SandboxPool.add on a frozen daemon raised DockerError, the daemon made the
+    container once it ran again, and nothing ever removed it (it was unnamed: nobody could find
+    it). Now every container is named, and a create that may have reached the daemon is removed
+    by name when the daemon answers (and at aclose)."""
+    m = DockerCpuManager(backend="api", docker_url=daemon.url, api_timeout=30.0)
+    try:
+        async with await SandboxPool.create(m, image=IMAGE, count=1) as boxes:
+            m.client.api_timeout = 2.0
+            assert daemon.proc is not None
+            daemon.proc.send_signal(signal.SIGSTOP)
+            try:
+                with pytest.raises(DockerError, match="did not answer"):
+                    await boxes.add()
+            finally:
+                daemon.proc.send_signal(signal.SIGCONT)
+            m.client.api_timeout = 30.0
+            assert len(boxes) == 1  # the failed add is not one of the pool's
+            # removed in the background once the daemon answers, without waiting for aclose
+            end = time.monotonic() + 60
+            most = 1  # the pool's own container
+            while True:
+                n = len(await m.client.list_labeled())
+                most = max(most, n)
+                if n == 1 and (most > 1 or time.monotonic() > end - 55):  # made and removed (or not made in 5 s)
+                    break
+                assert time.monotonic() < end, "the late-made container was not removed within 60 s"
+                await asyncio.sleep(0.25)
+            print(f"late create: {most - 1} container(s) made after the timeout, removed")
+        assert await m.client.list_labeled() == []
+    finally:
+        if daemon.proc is not None:
+            daemon.proc.send_signal(signal.SIGCONT)
+        await m.aclose()
+
+
 async def _fake_daemon(path: Path, on_post: Any) -> asyncio.base_events.Server:
     """A unix socket that answers ``GET /version`` like dockerd and hands each POST's connection to
     ``on_post`` (an error-injection fake at the HTTP boundary)."""

@@ -52,6 +52,7 @@ import functools
 import logging
 import os
 import time
+import uuid
 from collections.abc import Iterator, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal
@@ -97,6 +98,8 @@ class _Box:
         self.peak: _cgroup.PeakWatch | None = None  # peak since the first live grant (cgroup backend)
         self.shared = False  # two actions overlapped: the peak is not one action's
 
+
+_CREATE_LABEL = "tangram_sdk.create"  # a token per create call (SandboxPool._make)
 
 _MAX_KINDS = 256  # per-kind memory peaks kept (least recently updated dropped first)
 
@@ -875,6 +878,10 @@ class SandboxPool:
         self.sandboxes = list(sandboxes)
         self._recipe: dict[str, Any] | None = None  # how create() made its containers, for add()
         self._next = len(self.sandboxes)
+        # names whose create failed but may still be carried out (a daemon that did not answer in
+        # time): removed by name once it answers, and again at aclose
+        self._maybe_made: dict[str, str] = {}  # name -> the create's token (_CREATE_LABEL)
+        self._late: set[asyncio.Task[None]] = set()
 
     @classmethod
     async def create(
@@ -932,24 +939,64 @@ class SandboxPool:
         """Admit (quotas), create, start and register container number ``i`` of this pool."""
         assert self._recipe is not None
         manager, r = self.manager, self._recipe
-        name = f"{r['name_prefix']}-{i}" if r["name_prefix"] else None
+        # always a name of ours: a create the daemon carries out after we gave up on it (frozen, or
+        # dying between doing it and answering) can then be found and removed; an unnamed one leaked
+        name = f"{r['name_prefix']}-{i}" if r["name_prefix"] else f"tangram-{uuid.uuid4().hex[:16]}"
+        token = uuid.uuid4().hex  # this create's own mark: a name can be another pool's container
         await manager._gate.admit(timeout)
         try:
             cid = await manager.client.create(
                 r["image"], r["cmd"], name=name, cpuset=format_cpuset(manager.park_cpus),
                 cpu_quota=manager.park_quota_us, cpu_period=manager.period_us,
-                memory=r["memory"], env=r["env"], init=r["init"],
+                memory=r["memory"], env=r["env"], init=r["init"], labels={_CREATE_LABEL: token},
             )
-        except BaseException:
-            manager._gate.release()  # nothing was made
+        except BaseException as exc:
+            manager._gate.release()  # nothing was made (yet)
+            answered = isinstance(exc, DockerError) and (never_sent(exc) or exc.status is not None)
+            if not answered:  # no answer (or cancelled mid-call): the daemon may still make it
+                self._maybe_made[name] = token
+                task = asyncio.ensure_future(self._remove_late(name))
+                self._late.add(task)
+                task.add_done_callback(self._late.discard)
             raise
-        sandbox = Sandbox(cid, name or "", True)
+        sandbox = Sandbox(cid, name, True)
         self.sandboxes.append(sandbox)  # so aclose() removes it (and frees its slot) even if start fails
         await manager.client.start(cid)
-        if name is None:
-            sandbox.name = (await manager.client.inspect(cid)).name
-        manager.register(cid, *([name] if name else []))
+        manager.register(cid, name)
         return sandbox
+
+    async def _remove_late(self, name: str) -> None:
+        """Remove the container ``name`` if a create we gave up on made it after all: try for a
+        minute (a daemon that was frozen answers again; the create it still had runs first), then
+        leave the rest to :meth:`aclose`."""
+        for wait in (1.0, 2.0, 4.0, 8.0, 15.0, 30.0):
+            await asyncio.sleep(wait)
+            token = self._maybe_made.get(name)
+            if token is None:
+                return
+            try:
+                if await self._remove_if_ours(name, token):
+                    self._maybe_made.pop(name, None)
+                    return
+            except DockerError:
+                continue  # still not answering
+            if wait >= 4.0:  # answering, and not made after a few seconds of answers
+                self._maybe_made.pop(name, None)
+                return
+
+    async def _remove_if_ours(self, name: str, token: str) -> bool:
+        """Remove container ``name`` if the create that carried ``token`` made it (True); False
+        when there is none by that name, or it is another's."""
+        try:
+            info = await self.manager.client.inspect(name)
+        except DockerError as exc:
+            if is_not_found(exc):
+                return False
+            raise
+        if info.labels.get(_CREATE_LABEL) != token:
+            return False
+        await self.manager.client.remove(info.id)
+        return True
 
     async def add(self, *, timeout: float | None = _UNSET) -> Sandbox:
         """Create one more container like the others, on demand, under the manager's
@@ -1013,7 +1060,15 @@ class SandboxPool:
         those not removed stay in the pool, still counted under ``max_sandboxes``, so a second
         ``aclose`` retries them)."""
         created = [s for s in self.sandboxes if s.created]
+        late = sorted(self._maybe_made.items())  # creates that failed but may have been carried out
+        self._maybe_made.clear()
+        for t in list(self._late):
+            t.cancel()
         results = await asyncio.gather(*(self.manager.client.remove(s.id) for s in created), return_exceptions=True)
+        for (name, _token), r in zip(late, await asyncio.gather(*(self._remove_if_ours(n, k) for n, k in late),
+                                                                  return_exceptions=True)):
+            if isinstance(r, BaseException):
+                log.warning("could not remove container %s whose create timed out: %s", name, r)
         failed = {s.id for s, r in zip(created, results) if isinstance(r, BaseException)}
         for s in created:
             if s.id not in failed:
