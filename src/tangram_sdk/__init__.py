@@ -63,8 +63,8 @@ __all__ = [  # noqa: F822 (the managers are lazy attributes)
     "Table",
     "Tangram",
     "TangramError",
-    "UsageError",
     "TorchGpuManager",
+    "UsageError",
 ]
 
 __version__ = "0.1.0"

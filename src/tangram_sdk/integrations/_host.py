@@ -94,8 +94,9 @@ def current_lease() -> Lease | None:
 
 def runtime_source(runtime: Any, *, where: str = "runtime") -> RuntimeSource | None:
     """Check a ``runtime=`` value where config is read, so a bad one fails at start-up: a pool
-    mapping is parsed (and registered under its name) now, an import path must resolve now (what
-    it names is called on first use, per event loop); objects and factories pass through."""
+    mapping is parsed (and registered under its name) now; objects, factories and import paths
+    pass through (an import path is resolved on first use: it may name the very module being
+    loaded, as a veRL reward file naming its own factory does)."""
     if runtime is None or is_tangram(runtime) or isinstance(runtime, PoolDef):
         return runtime  # type: ignore[no-any-return]
     if isinstance(runtime, Mapping) or type(runtime).__name__ == "DictConfig":
@@ -103,13 +104,7 @@ def runtime_source(runtime: Any, *, where: str = "runtime") -> RuntimeSource | N
             return register(pool_def(runtime))
         except SpecError as exc:
             raise SpecError(f"{where}: {exc}") from None
-    if isinstance(runtime, str):
-        try:
-            import_object(runtime)
-        except SpecError as exc:
-            raise SpecError(f"{where}: {exc}") from None
-        return runtime
-    if callable(runtime):
+    if isinstance(runtime, str) or callable(runtime):
         return runtime  # type: ignore[no-any-return]
     raise SpecError(f"{where} must be a Tangram, a RemoteTangram, a pool mapping, a factory or an import path "
                     f"to one, got {runtime!r}")

@@ -327,8 +327,8 @@ class Scheduler:
         a = self._submit(action_id, spec, now, out, direct=True, expected=expected)
         if a is not None and a.grant is not None:
             return out
-        if self._queue.n and not (self._need_round or self._mall.running or self._rst.running
-                                  or self._deadlines.heap):
+        if deadline is None and self._queue.n and not (self._need_round or self._mall.running or self._rst.running
+                                                       or self._deadlines.heap):
             return out  # what the round would do: the arrival cannot change the last one's answer
         r = self._round(now)
         if out:
