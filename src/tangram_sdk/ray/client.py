@@ -777,7 +777,9 @@ class _RemoteAcquire:
 
     def _late(self) -> str:
         rt = self._rt
-        return (f"{self._spec.kind}: not granted within {self._timeout:g} s: the scheduler actor "
+        # the wait is bounded by the timeout, the deadline, or both (a deadline alone has no timeout)
+        what = f"within {self._timeout:g} s" if self._timeout is not None else "by its deadline"
+        return (f"{self._spec.kind}: not granted {what}: the scheduler actor "
                 f"{rt.namespace}/{rt.name} did not answer in time")
 
     async def exit(self, *, failed: bool, exc: BaseException | None = None) -> None:
