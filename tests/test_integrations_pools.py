@@ -135,17 +135,6 @@ async def test_two_definitions_under_one_name_fail_and_two_names_are_two_pools()
     assert await resolve_runtime({"pool": "a"}) is a  # attach by name
 
 
-async def test_two_definitions_read_before_any_pool_opens_fail_at_the_second_load() -> None:
-    # both adapters are built at worker start, before any call: the clash is refused there (stop
-    # 33: both loaded, and the second adapter failed on every call mid-rollout)
-    Guard(ActionSpec(kind="x", cpus=1), runtime={"pool": {"name": "early", "cpus": 2}})
-    with pytest.raises(SpecError, match="two definitions of pool 'early'"):
-        Guard(ActionSpec(kind="x", cpus=1), runtime={"pool": {"name": "early", "cpus": 1, "quotas": {"s": {"concurrency": 1}}}})
-    Guard(ActionSpec(kind="x", cpus=1), runtime={"pool": {"name": "early", "cpus": "0-1"}})  # the same one, spelled apart
-    t = await resolve_runtime({"pool": "early"})
-    assert t.statistics()["cpus_total"] == 2
-
-
 async def test_attach_by_name_needs_a_definition() -> None:
     with pytest.raises(SpecError, match="no pool named 'nowhere'"):
         await resolve_runtime({"pool": "nowhere"})

@@ -198,9 +198,6 @@ def register(defn: PoolDef) -> PoolDef:
     if entry is not None and entry.host.alive():
         _same(entry.defn, defn)
     with _guard:
-        known = _defined.get(defn.name)
-        if known is not None:  # two adapters loaded with two definitions: refused now, not per call
-            _same(known, defn)
         _defined[defn.name] = defn
     return defn
 
@@ -329,8 +326,6 @@ async def close_loop_pools() -> None:
     mine = [(name, e) for name, e in list(_local.items()) if e.host.loop is loop]
     for name, _e in mine:
         _local.pop(name, None)
-        with _guard:
-            _defined.pop(name, None)  # closed: a later loop may define the name afresh
     for _name, e in mine:
         e.host.stop.set()
     for _name, e in mine:
