@@ -18,8 +18,8 @@ class Action:
     :data:`Shape`, then placement and timing as it is admitted and granted."""
 
     __slots__ = ("id", "spec", "seq", "submitted", "keys", "cpu_min", "gpu_min", "eres", "emin",
-                 "emax", "sp_min", "need", "node", "cell", "grant", "started", "est_end", "stats", "span",
-                 "hint", "risk", "box")
+                 "emax", "sp_min", "need", "plain", "node", "cell", "grant", "started", "est_end", "stats",
+                 "span", "hint", "risk", "box")
 
     def __init__(self, aid: int, spec: ActionSpec, seq: int, now: float, stats: KindStats,
                  shape: Shape) -> None:
@@ -28,7 +28,7 @@ class Action:
         self.seq = seq
         self.submitted = now
         (_reason, self.keys, self.cpu_min, self.gpu_min, self.eres, self.emin, self.emax,
-         self.sp_min, self.need) = shape
+         self.sp_min, self.need, self.plain) = shape
         self.node = -1
         self.cell = -1
         self.span = False
@@ -76,6 +76,8 @@ class Shape(NamedTuple):
     emax: int
     sp_min: float  # speedup at the minimum (durations are learned per unit, planned from the minimum)
     need: tuple[tuple[str, int], ...]  # units of the pool's counted kinds it takes (Grant.counted)
+    plain: bool  # cores and nothing else (no quota, tokens, counted kind, GPU): on a one-node pool
+                 # it fits exactly when node 0 has cpu_min free (the fast paths of admission)
 
 
 def resource_keys(spec: ActionSpec) -> frozenset[str]:
@@ -125,8 +127,9 @@ def shape_of(spec: ActionSpec, pool: Pool, ledger: Ledger, cells: tuple[int, ...
             gpu_min = k
             if eres == "gpu":
                 emin = k
+    plain = bool(spec.cpus) and not (spec.quotas or spec.tokens or need or gpu_min)
     return Shape(reason, resource_keys(spec), spec.cpus, gpu_min, eres, emin, emax,
-                 spec.speedup(emin) if eres else 1.0, need)
+                 spec.speedup(emin) if eres else 1.0, need, plain)
 
 
 def copy_min(lo: int, hi: int, cells: tuple[int, ...], gpu_slots: float, replica: bool) -> int | None:

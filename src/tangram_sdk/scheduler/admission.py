@@ -96,10 +96,9 @@ class Admission:
             scanned += 1
             if blocked and not a.keys.isdisjoint(blocked):
                 continue
-            spec = a.spec
-            if one_node and a.cpu_min and not (spec.quotas or spec.tokens or a.need or a.gpu_min):
-                # fits() for a plain CPU action on a one-node pool, inline (what a contended pool of
-                # fixed-size actions scans): cores are all it can lack, node 0 the only place
+            if one_node and a.plain:
+                # fits() for a plain CPU action (Shape.plain) on a one-node pool, inline (what a
+                # contended pool of fixed-size actions scans): node 0's free cores decide
                 if node_free[0] >= a.cpu_min:
                     lack, node, cell, span, t = _FITS_NODE0
                 else:

@@ -564,8 +564,7 @@ class Scheduler:
         L = self.ledger
         if L.tokens:
             L.refill(now)
-        spec = a.spec
-        if a.cpu_min and len(L.node_count) == 1 and not (spec.quotas or spec.tokens or a.need or a.gpu_min):
+        if a.plain and len(L.node_count) == 1:
             # Admission.fits for a plain CPU action on a one-node pool, inline (the uncontended
             # acquire's path): cores are all it can lack, node 0 the only place; the same answer
             if L.node_count[0] >= a.cpu_min:
