@@ -305,7 +305,13 @@ def table(rows: list[dict[str, Any]]) -> str:
 
 # -- the device check's single table (scripts/gpu-check.sh) ----------------------------------------
 def report(paths: list[Path], pytest_log: Path | None, pytest_rc: int | None, elapsed: float | None) -> int:
-    runs = [json.loads(p.read_text()) for p in paths]
+    runs, failed = [], []
+    for path in paths:  # a step that failed, timed out or never ran left a stub, or nothing
+        try:
+            r = json.loads(path.read_text())
+        except (OSError, ValueError) as exc:
+            r = {"failed": f"no result ({type(exc).__name__})"}
+        (failed.append((path.stem, r["failed"])) if "failed" in r else runs.append(r))
     cuda = any(r["device"].startswith("cuda") for r in runs)
     rows: list[dict[str, str]] = []
     bad = 0
@@ -314,6 +320,9 @@ def report(paths: list[Path], pytest_log: Path | None, pytest_rc: int | None, el
         nonlocal bad
         bad += result.startswith("FAIL")
         rows.append({"check": check, "measured": measured, "reference": reference, "result": result})
+
+    for stem, why in failed:
+        row(f"step {stem}", why, "a result", "FAIL (no result)")
 
     if pytest_log is not None:
         lines = [ln for ln in pytest_log.read_text().splitlines() if ln.strip()]

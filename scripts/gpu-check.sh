@@ -9,6 +9,10 @@
 # time, measured vs estimated charge per service, host_memory_stats() before/after. Exit 1 if a
 # check failed, 2 without CUDA.
 #
+# The device is lent once, for minutes: a step that fails or runs out of time is a FAIL row in the
+# table, never the end of the run, and the whole check fits GPU_CHECK_BUDGET seconds (default 540,
+# under the device tool's 600 s per command): each step's timeout is its own or what is left.
+#
 #   bash scripts/gpu-check.sh                    # on the device
 #   GPU_CHECK_CPU=1 bash scripts/gpu-check.sh    # its CPU-only parts at tiny sizes (the suite runs this)
 #   GPU_CHECK_OUT=dir                            # keep the JSON and the pytest log there
@@ -37,22 +41,46 @@ else
     SCORING=()
 fi
 
+BUDGET="${GPU_CHECK_BUDGET:-540}"
+RESERVE=20  # for the report
+
+# step TIMEOUT STUB_JSON CMD...: run CMD under min(TIMEOUT, what is left of the budget); when it
+# fails, times out or has no time left, write STUB_JSON saying so (the report turns it into a FAIL)
+step() {
+    local limit=$1 stub=$2
+    shift 2
+    local left=$(( BUDGET - RESERVE - ($(date +%s) - start) ))
+    (( left < limit )) && limit=$left
+    if (( limit < 5 )); then
+        echo "gpu-check: no time left for this step (budget ${BUDGET} s)" >&2
+        [ -n "$stub" ] && printf '{"failed": "not run: the %s s budget was spent"}\n' "$BUDGET" >"$stub"
+        return 0
+    fi
+    local rc=0
+    timeout "$limit" "$@" || rc=$?
+    if (( rc != 0 )) && [ -n "$stub" ]; then
+        local why="exit $rc"
+        (( rc == 124 )) && why="timed out after ${limit} s"
+        printf '{"failed": "%s"}\n' "$why" >"$stub"
+    fi
+    return 0
+}
+
 echo "== pytest -m cuda"
-set +e
-timeout 240 "$PY" -m pytest -q -p no:cacheprovider -m cuda \
-    tests/test_torch_store.py tests/test_gpu_manager.py tests/test_gpu_path.py >"$OUT/pytest.txt" 2>&1
-rc_pytest=$?
-set -e
+rc_pytest=0
+left=$(( BUDGET - RESERVE ))
+timeout $(( left < 180 ? left : 180 )) "$PY" -m pytest -q -p no:cacheprovider -m cuda \
+    tests/test_torch_store.py tests/test_gpu_manager.py tests/test_gpu_path.py >"$OUT/pytest.txt" 2>&1 || rc_pytest=$?
 tail -n 15 "$OUT/pytest.txt"
 
 for mb in $SIZES; do
     echo "== restore benchmark, $mb MB"
-    timeout 180 "$PY" benchmarks/gpu_restore.py ${EXTRA[@]+"${EXTRA[@]}"} --sizes-mb "$mb" \
+    step 120 "$OUT/restore-$mb.json" "$PY" benchmarks/gpu_restore.py ${EXTRA[@]+"${EXTRA[@]}"} --sizes-mb "$mb" \
         --repeats "$REPEATS" --skip-scoring --json "$OUT/restore-$mb.json"
 done
 
 echo "== scoring"
-timeout 180 "$PY" benchmarks/gpu_restore.py ${EXTRA[@]+"${EXTRA[@]}"} ${SCORING[@]+"${SCORING[@]}"} \
+step 150 "$OUT/scoring.json" "$PY" benchmarks/gpu_restore.py ${EXTRA[@]+"${EXTRA[@]}"} ${SCORING[@]+"${SCORING[@]}"} \
     --skip-bandwidth --json "$OUT/scoring.json"
 
 echo

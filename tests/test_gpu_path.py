@@ -479,15 +479,32 @@ def test_benchmark_frees_host_memory_between_sizes_and_budgets_allow_rounding(tm
     assert data["host_after"]["sdk"] == data["host_before"]["sdk"]
 
 
-def test_gpu_check_script_runs_its_cpu_parts(tmp_path: Path) -> None:
-    r = run(["bash", "scripts/gpu-check.sh"], env={"GPU_CHECK_CPU": "1", "GPU_CHECK_OUT": str(tmp_path)})
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    out = r.stdout
+def test_gpu_check_script_runs_its_cpu_parts_and_survives_a_failed_step(tmp_path: Path) -> None:
+    # the device is lent once: one size failing (OOM, a DeviceError, a timeout) must be a FAIL row,
+    # with the other sizes and the scoring still measured and the one table printed
+    fake = tmp_path / "py"
+    fake.write_text("#!/usr/bin/env bash\n"
+                    'for a in "$@"; do [ "$a" = 16 ] && { echo "injected failure" >&2; exit 1; }; done\n'
+                    f'exec {sys.executable} "$@"\n')
+    fake.chmod(0o755)
+    out = tmp_path / "out"
+    r = run(["bash", "scripts/gpu-check.sh"], env={"GPU_CHECK_CPU": "1", "GPU_CHECK_OUT": str(out), "PYTHON": str(fake)})
+    assert r.returncode == 1, r.stdout[-3000:] + r.stderr[-3000:]  # exactly the failed step failed
+    text = r.stdout
     for needle in ("pytest -m cuda", "restore GB/s", "raw GB/s", "% of raw", "evict ms",
                    "estimated", "charged", "host_memory_stats before", "host_memory_stats after",
-                   "NO CUDA"):
-        assert needle in out, (needle, out[-3000:])
-    assert sorted(p.name for p in tmp_path.glob("*.json")) == ["restore-16.json", "restore-4.json", "scoring.json"]
+                   "NO CUDA", "restore 4 MB", "scoring evict-on-execution"):
+        assert needle in text, (needle, text[-3000:])
+    assert "1 check(s) failed" in text and "step restore-16" in text and "exit 1" in text, text[-3000:]
+    assert sorted(p.name for p in out.glob("*.json")) == ["restore-16.json", "restore-4.json", "scoring.json"]
+
+
+def test_gpu_check_fits_its_budget(tmp_path: Path) -> None:
+    t0 = time.monotonic()
+    r = run(["bash", "scripts/gpu-check.sh"], env={"GPU_CHECK_CPU": "1", "GPU_CHECK_OUT": str(tmp_path),
+                                                   "GPU_CHECK_BUDGET": "26"})
+    assert time.monotonic() - t0 < 26 + 20, r.stdout[-3000:]
+    assert r.returncode == 1 and "budget was spent" in r.stdout, r.stdout[-3000:] + r.stderr[-3000:]
 
 
 # -- on a real device ------------------------------------------------------------------------------

@@ -494,17 +494,26 @@ class TorchGpuManager:
             await self._make_room(inst)
             t0 = time.perf_counter()
             failure: BaseException | None = None
-            try:
-                measured = await svc.restore(inst, self._hook)
-            except Exception as exc:  # noqa: BLE001 - classified below (OOM: retry; else DeviceError)
+            # the copy runs in a worker thread that a cancel cannot stop: wait for it to end
+            # (finish) before discarding, or a copy landing after the discard would sit on the
+            # device outside the ledger, and a failing one would detach a later lease's replica
+            task, cancelled = await finish(svc.restore(inst, self._hook))
+            if cancelled:
+                await self._discard(inst)
+                inst.charge = {}
+                raise asyncio.CancelledError
+            exc = task.exception()
+            if exc is not None and not isinstance(exc, Exception):
+                await self._discard(inst)
+                inst.charge = {}
+                raise exc
+            if exc is not None:  # classified below (OOM: retry; else DeviceError)
                 failure = exc
                 if await self._discard(inst):
                     inst.charge = {}
                     raise asyncio.CancelledError from exc
-            except BaseException:  # cancelled: the copy may have landed anyway; do not leak it
-                await self._discard(inst)
-                inst.charge = {}
-                raise
+            else:
+                measured = task.result()
             if failure is None:
                 inst.charge = dict(measured)
                 if measured:
