@@ -265,6 +265,16 @@ async def test_cancel_during_a_restore_leaves_no_copy_outside_the_ledger(events:
     await mgr.aclose()
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks a device that is not there")
+async def test_a_cuda_device_that_is_not_there_is_a_device_error_at_start(events: list[Any]) -> None:
+    mgr = TorchGpuManager(devices={0: "cpu", 1: "cuda:0"})
+    # no memory_budget: the budget is read from the device at start (a label-only device, as an
+    # offloadable server's, is fine with a budget given)
+    with pytest.raises(DeviceError, match=r"reading the free memory of cuda:0 \(pool GPU 1\) failed") as ei:
+        await mgr.start(ManagerContext(Pool(gpus=2), events.append))
+    assert ei.value.resource == "gpu1@cuda:0"
+
+
 # -- correctness ---------------------------------------------------------------------------------
 async def test_outputs_bit_identical_across_evict_restore_cycles(events: list[Any]) -> None:
     refs = {n: Scorer(s).eval()(X).detach() for n, s in (("a", 1), ("b", 2), ("c", 3))}
@@ -594,6 +604,28 @@ async def test_cuda_restore_evict_cycle(events: list[Any]) -> None:
     assert [i["bytes"] for i in st["instances"]] == [{0: FP}, {0: FP}]  # charged from the restored storage
     await mgr.aclose()
     assert mgr.statistics()["devices"][0]["used"] == 0
+
+
+@pytest.mark.cuda
+@cuda
+async def test_cuda_oom_evicts_idle_copies_of_every_pool_gpu_on_that_device(events: list[Any]) -> None:
+    # two pool GPUs on one card (the documented way to run two services side by side): an OOM on
+    # pool GPU 0 frees the idle copy that sits on the same card through pool GPU 1 before retrying
+    def oom(service: str, devices: tuple[str, ...]) -> None:
+        if service == "c" and oom.armed:
+            oom.armed = False
+            raise torch.OutOfMemoryError("CUDA out of memory (injected)")
+
+    oom.armed = True  # type: ignore[attr-defined]
+    mgr = TorchGpuManager(devices={0: "cuda:0", 1: "cuda:0"}, memory_budget=4 * FP, restore_hook=oom)
+    for name, seed in (("a", 1), ("b", 2), ("c", 3)):
+        mgr.register(name, module=Scorer(seed))
+    await mgr.start(ManagerContext(Pool(gpus=2), events.append))
+    await use(mgr, "b", (1,))
+    assert resident(mgr, 1) == ["b"]
+    await use(mgr, "c", (0,))  # the first try OOMs, the retry follows the eviction of b
+    assert resident(mgr, 1) == [] and resident(mgr, 0) == ["c"]
+    await mgr.aclose()
 
 
 async def test_statistics_is_a_typed_snapshot(events: list[Any]) -> None:

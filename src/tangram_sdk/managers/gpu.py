@@ -657,10 +657,17 @@ class TorchGpuManager:
                         "charged there until they are dropped", v.service.name, buf.device, buf.nbytes)
 
     async def _evict_all_idle(self, inst: _Instance) -> int:
+        # by physical device, not pool GPU: pool GPUs mapped to one CUDA device share its memory
+        # (on the CPU path every pool GPU stands for a device of its own)
+        mem = {self._memory_of(g) for g in inst.gpus}
         victims = [i for i in self._instances.values() if i is not inst and i.state == "resident"
-                   and i.refs == 0 and set(i.gpus) & set(inst.gpus)]
+                   and i.refs == 0 and any(self._memory_of(g) in mem for g in i.gpus)]
         await self._evict_many(victims)
         return len(victims)
+
+    def _memory_of(self, g: int) -> str | int:
+        dev = self._devices[g]
+        return dev if dev.startswith("cuda") else g
 
     async def _on_call_oom(self, inst: _Instance) -> int:
         """``lease.call`` ran out of device memory on ``inst``'s GPU: evict the idle services there."""
@@ -721,7 +728,11 @@ class TorchGpuManager:
         if not dev.startswith("cuda"):
             return None
         if dev not in free:
-            free[dev] = ts.device_free_memory(dev)
+            try:
+                free[dev] = ts.device_free_memory(dev)
+            except Exception as exc:  # no driver, a busy or lost device, OOM creating the context
+                raise DeviceError(f"reading the free memory of {dev} (pool GPU {g}) failed: {exc!r}",
+                                  resource=f"gpu{g}@{dev}") from exc
         sharing = sum(1 for d in self._devices.values() if d == dev)
         return int(free[dev] * self._fraction) // sharing
 
