@@ -33,6 +33,8 @@ import itertools
 import pickle
 
 from tangram_sdk import ActionSpec, Amdahl, Elasticity, Pool, Quota, SpecError
+from tangram_sdk.errors import ManagerError
+from tangram_sdk.ray import client as client_mod
 from tangram_sdk.ray import NodeLostError, RemoteTangram, deploy
 from waits import until
 
@@ -177,7 +179,7 @@ def test_a_dead_or_frozen_client_gives_its_units_back(cluster_address: str) -> N
         cl.shutdown()
 
 
-async def test_nodes_containers_and_node_loss(cluster_address: str) -> None:
+async def test_nodes_containers_and_node_loss(cluster_address: str, monkeypatch: pytest.MonkeyPatch) -> None:
     def _recording_managers() -> list[Any]:
         """Run on the agent; nested, so cloudpickle ships it by value."""
         from tangram_sdk.lease import ExecResult
@@ -194,6 +196,8 @@ async def test_nodes_containers_and_node_loss(cluster_address: str) -> None:
 
             async def apply(self, grant: Any, lease: Any) -> None:
                 async def run(cmd: Any, **kw: Any) -> ExecResult:
+                    if cmd[0] == "sleep":
+                        await asyncio.sleep(float(cmd[1]))
                     out = f"{self.pid} {list(grant.cpus)} {' '.join(cmd)}".encode()
                     return ExecResult(0, out, b"", 0.0)
 
@@ -227,6 +231,17 @@ async def test_nodes_containers_and_node_loss(cluster_address: str) -> None:
                 pid, _ = res.stdout.decode().split(" ", 1)
                 assert int(pid) != os.getpid() and res.stdout.decode().endswith("echo hi")
                 assert await lease.call(1, x=2) == (int(pid), (1,), {"x": 2})
+                # a frozen agent: the remote exec ends by its timeout plus the grace, in a project
+                # error naming the agent (it waited forever)
+                monkeypatch.setattr(client_mod, "_AGENT_GRACE", 1.0)
+                os.kill(int(pid), signal.SIGSTOP)
+                try:
+                    t0 = time.monotonic()
+                    with pytest.raises(ManagerError, match="did not answer lease.exec within 1.5 s") as ei:
+                        await lease.exec(["echo", "frozen"], timeout=0.5)
+                    assert time.monotonic() - t0 < 10 and str(ei.value.resource).startswith(f"node agent {NS}/")
+                finally:
+                    os.kill(int(pid), signal.SIGCONT)
             for _ in range(100):  # the agent's ServiceResidency event reached B's scheduler
                 if (await tg.statistics())["nodes"]["B"]["resident_services"] == 1:
                     break
@@ -247,8 +262,10 @@ async def test_nodes_containers_and_node_loss(cluster_address: str) -> None:
 
             async def hold(tag: str) -> None:
                 try:
-                    async with tg.acquire(ActionSpec(kind="t", cpus=1, container="box-b")):
+                    async with tg.acquire(ActionSpec(kind="t", cpus=1, container="box-b")) as lease:
                         inside.append(tag)
+                        if tag == "h0":  # a command running on the agent when it dies
+                            await lease.exec(["sleep", "600"])
                         await release.wait()
                     outcome[tag] = "finished"
                 except NodeLostError as exc:
@@ -272,6 +289,9 @@ async def test_nodes_containers_and_node_loss(cluster_address: str) -> None:
             await asyncio.wait_for(asyncio.gather(*holders, waiter), 60)
             for tag in ("h0", "h1", "queued"):
                 assert isinstance(outcome[tag], NodeLostError), outcome
+            # the exec under way ends in the same project error (was Ray's ActorDiedError)
+            assert "died during lease.exec" in str(outcome["h0"]) or "left the pool" in str(outcome["h0"])
+            for tag in ("h1", "queued"):
                 assert "node 'B' left the pool" in str(outcome[tag])
             s = await tg.statistics()
             assert s["nodes"]["B"]["alive"] is False and s["lost_nodes"][0]["node"] == "B"

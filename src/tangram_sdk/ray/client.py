@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import math
 import os
 import pickle
 import time
@@ -18,7 +19,7 @@ import attrs
 from typing_extensions import Self
 
 from .._deadline import check_deadline, check_expected, check_timeout, wait_future, within
-from ..errors import RuntimeClosedError, SchedulerBrokenError, SpecError, TangramError
+from ..errors import ManagerError, NodeLostError, RuntimeClosedError, SchedulerBrokenError, SpecError, TangramError
 from .._validate import check_tokens_used
 from ..lease import Lease
 from ..managers.base import Manager
@@ -326,6 +327,36 @@ def _retrieve(task: asyncio.Task[Any]) -> None:
 async def _awaitable(ref: Any) -> Any:
     """A coroutine over a Ray ObjectRef (``within`` runs it as a task)."""
     return await ref
+
+
+# beyond a remote exec's own timeout: the agent kills the command and answers within this
+_AGENT_GRACE = 10.0
+
+
+async def _agent_call(rt: RemoteTangram, agent: str, method: str, args: tuple[Any, ...],
+                      limit: Any) -> Any:
+    """``lease.exec`` / ``lease.call`` on the node agent holding the lease's resources. The agent
+    enforces ``timeout``; this side waits ``_AGENT_GRACE`` longer, so a frozen agent ends in a
+    ManagerError naming it, and an agent that dies ends the call in NodeLostError (Ray's own actor
+    errors are not project errors). Without a timeout only the agent's death ends the wait."""
+    ray = require()
+    what = f"node agent {rt.namespace}/{agent}"
+    bound = limit + _AGENT_GRACE if isinstance(limit, (int, float)) and math.isfinite(limit) and limit >= 0 else None
+    try:
+        ref = getattr(rt._agent(agent), method).remote(*args)
+        return await within(_awaitable(ref), bound,
+                            lambda: f"{what} did not answer lease.{method} within {bound:g} s "
+                                    "(its timeout plus a grace): frozen or unreachable")
+    except ray.exceptions.RayActorError as exc:
+        raise NodeLostError(f"{what} died during lease.{method}: {type(exc).__name__}") from exc
+    except ValueError as exc:
+        if isinstance(exc, ray.exceptions.RayError):
+            raise
+        raise NodeLostError(f"{what} is gone (lease.{method}): {exc}") from exc
+    except TimeoutError as exc:
+        if isinstance(exc, ray.exceptions.RayError):  # the remote command's own error
+            raise
+        raise ManagerError(str(exc), resource=what) from None
 
 
 class _Held:
@@ -762,12 +793,12 @@ class _RemoteAcquire:
             keys = set(f["agent_keys"])
             if "exec" in keys:
                 async def _exec(cmd: Sequence[str], **kw: Any) -> Any:
-                    return await rt._agent(agent_name).exec.remote(aid, list(cmd), kw)
+                    return await _agent_call(rt, agent_name, "exec", (aid, list(cmd), kw), kw.get("timeout"))
 
                 lease.attach("exec", _exec)
             if "call" in keys:
                 async def _call(*args: Any, **kwargs: Any) -> Any:
-                    return await rt._agent(agent_name).call.remote(aid, args, kwargs)
+                    return await _agent_call(rt, agent_name, "call", (aid, args, kwargs), kwargs.get("timeout"))
 
                 lease.attach("call", _call)
         self._lease = held.lease = lease
