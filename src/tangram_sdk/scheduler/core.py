@@ -239,6 +239,9 @@ class Scheduler:
         self.next_wakeup: float | None = None
         self._shape: dict[ActionSpec, Shape] = {}  # per distinct spec, see Shape
         self._bare: dict[tuple[Any, ...], ActionSpec] = {}  # a spec's fields but container and group -> that spec
+        self._capped_memo: dict[ActionSpec, ActionSpec] = {}
+        # the most units of each elastic resource the pool could ever grant one action
+        self._unit_cap = {"cpu": len(pool.cpus), "gpu": len(pool.gpus)}
         # Placement.pick_cold_cell answers per (size, free mask): valid until residency changes
         self._cell_memo: dict[tuple[int, int], int] = {}
         self._memo = RoundMemo()  # what this round computes once (reset at each round's start)
@@ -321,6 +324,8 @@ class Scheduler:
         is not taken as a duration), and the kind learns from what runs, as without one."""
         out: list[Decision] = []
         if deadline is not None and deadline <= now:
+            if action_id in self._live:  # a duplicate id is the caller's bug, whatever its deadline
+                raise ValueError(f"action id {action_id} submitted twice")
             self.submitted += 1
             self.rejected += 1
             return [Reject(action_id, f"{spec.kind}: its deadline has already passed", "deadline")]
@@ -359,6 +364,8 @@ class Scheduler:
         for ev in events:
             if type(ev) is Submitted and ev.deadline is not None:
                 if ev.deadline <= now:
+                    if ev.action_id in self._live:
+                        raise ValueError(f"action id {ev.action_id} submitted twice")
                     self.submitted += 1
                     self.rejected += 1
                     out.append(Reject(ev.action_id, f"{ev.spec.kind}: its deadline has already passed", "deadline"))
@@ -471,6 +478,10 @@ class Scheduler:
         if r is not None:
             self.rejected += 1
             out.append(r)
+            # the round that just ran counted it as queued (blocking what it lacked for those
+            # behind it, and what round skipping trusts): decide again without it
+            self._need_round = True
+            out.extend(self._round(now))
             return
         self._arm_deadlines()
 
@@ -691,6 +702,14 @@ class Scheduler:
             # needs: sized, priced and queued as one spec with every other sandbox's (one spec per
             # trajectory would split the market)
             spec = self.without_container(spec)
+        el = spec.elastic
+        if el is not None and el.max_units > self._unit_cap[el.resource]:
+            capped = self._capped(spec)  # never priced or planned beyond what the pool holds
+            if isinstance(capped, str):
+                self.rejected += 1
+                out.append(Reject(aid, capped))
+                return None
+            spec = capped
         shape = self._shape.get(spec) or self._shape_of(spec)  # the memo, inline: the hot path
         reason = shape.reason
         if reason is not None:
@@ -732,6 +751,31 @@ class Scheduler:
             self._need_round = True
         wq.add(a, keys)
         return a
+
+    def _capped(self, spec: ActionSpec) -> ActionSpec | str:
+        """``spec`` with its elastic range cut to what the pool holds of that resource: sizes,
+        prices and plans evaluate ``T(m)`` for every ``m`` in the range, so a ``max_units`` of
+        10**7 cost seconds per arrival, and a user efficiency was checked only up to 1024 (one
+        raising beyond it broke every later round). A reason string: the efficiency fails in the
+        range the spec's own check left out (the action is refused)."""
+        hit = self._capped_memo.get(spec)
+        if hit is not None:
+            return hit
+        el = spec.elastic
+        assert el is not None
+        cap = max(self._unit_cap[el.resource], spec.cpus if el.resource == "cpu" else spec.gpus, 1)
+        capped = attrs.evolve(spec, elastic=attrs.evolve(el, max_units=cap))
+        for m in range(1025, cap + 1):  # what the spec's own check left unchecked
+            try:
+                e = el.efficiency.efficiency(m)
+            except Exception as exc:  # noqa: BLE001 - a user callable may raise anything
+                return f"{spec.kind}: efficiency model raised at m={m}: {exc!r}"
+            if not (0.0 < e <= 1.0 + 1e-9) or math.isnan(e):
+                return f"{spec.kind}: efficiency E({m}) must be in (0, 1], got {e!r}"
+        if len(self._capped_memo) > 4096:
+            self._capped_memo.clear()
+        self._capped_memo[spec] = capped
+        return capped
 
     def without_container(self, spec: ActionSpec) -> ActionSpec:
         """``spec`` without its container and group, one object per distinct rest: every trajectory

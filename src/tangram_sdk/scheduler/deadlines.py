@@ -88,9 +88,18 @@ class Deadlines:
         ahead_cpu = ahead_gpu = 0
         ahead_q: dict[str, int] = {}
         ahead_t: dict[str, int] = {}
+        needs_gpu = bool(a.gpu_min)
+        own_q = {name for name, _ in spec.quotas}
+        own_t = {name for name, _ in spec.tokens}
         for x in self._queue:
             if x is a:
                 break
+            # optimistic: one ahead that also waits for something ``a`` does not need (a GPU, a
+            # quota, a bucket) may be stuck on it and passed, so it is not counted against ``a``
+            xs = x.spec
+            if (x.gpu_min and not needs_gpu) or any(n not in own_q for n, _ in xs.quotas) \
+                    or any(n not in own_t for n, _ in xs.tokens):
+                continue
             ahead_cpu += x.cpu_min
             ahead_gpu += x.gpu_min
             for name, q in x.spec.quotas:
@@ -120,9 +129,9 @@ class Deadlines:
                     start = max(start, _when_list(ahead_q.get(name, 0) + q - (c - L.q_used[name]),
                                                   q_rel.get(name, []), now))
                 if name in L.tokens:
-                    start = max(start, _refill(L, name, ahead_q.get(name, 0) + q, now))
+                    start = max(start, _refill(L, name, ahead_q.get(name, 0) + q, q, now))
         for name, n in spec.tokens:
-            start = max(start, _refill(L, "#" + name, ahead_t.get(name, 0) + n, now))
+            start = max(start, _refill(L, "#" + name, ahead_t.get(name, 0) + n, n, now))
         return start
 
 
@@ -147,12 +156,13 @@ def _when_list(short: float, rel: list[tuple[float, int]], now: float) -> float:
     return math.inf
 
 
-def _refill(L: Ledger, key: str, need: float, now: float) -> float:
-    """When bucket ``key`` will hold ``need`` (it refills at its rate up to its cap)."""
+def _refill(L: Ledger, key: str, need: float, own: float, now: float) -> float:
+    """When bucket ``key`` will have handed out ``need`` (the queue ahead's and this action's
+    ``own``): never only if ``own`` alone exceeds its cap; those ahead take theirs as it refills."""
     rate = L.q_rate[key]
     cap = L.q_bucket[key]
     assert rate is not None and cap is not None
-    if need > cap:
+    if own > cap:
         return math.inf
     level = min(float(cap), L.tokens[key] + rate * max(0.0, now - L.refilled_at))
     short = need - level
