@@ -105,3 +105,26 @@ def test_an_efficiency_failing_past_1024_is_refused_on_a_larger_pool() -> None:
     # the core goes on: nothing of it is queued
     assert granted(s.submit(2, ActionSpec(kind="plain", cpus=1), 1.0), 2) and s.queued == 0
     s.check_invariants()
+
+
+def test_a_direct_grant_keeps_a_malleable_actions_grow_look() -> None:
+    s = Scheduler(Pool(cpus=8))
+    mall = ActionSpec(kind="m", cpus=1, duration=1.0, elastic=Elasticity("cpu", 8, malleable=True))
+    s.handle(Submitted(1, ActionSpec(kind="big", cpus=7, duration=10.0)), 0.0)
+    s.handle(Submitted(2, mall), 0.0)  # the one free core; may grow once past its estimate (1.0)
+    s.handle(Released(1), 0.5)
+    assert s.next_wakeup == pytest.approx(1.0)
+    assert granted(s.handle(Submitted(3, ActionSpec(kind="small", cpus=1, duration=100.0)), 0.6), 3)
+    assert s.next_wakeup == pytest.approx(1.0)  # was cleared: it never grew into the 6 idle cores
+    out = s.handle(Tick(), s.next_wakeup)
+    assert out and out[0].action_id == 2 and out[0].units == 7
+
+
+@pytest.mark.parametrize("mode", ["malleable", "restartable"])
+def test_the_first_malleable_or_restartable_grant_arms_its_look(mode: str) -> None:
+    el = Elasticity("cpu", 8, **{mode: True})
+    s = Scheduler(Pool(cpus=8))
+    out = s.handle_many([Submitted(1, ActionSpec(kind="m", cpus=1, duration=1.0, elastic=el)),
+                         Submitted(2, ActionSpec(kind="f", cpus=1, duration=100.0))], 0.0)
+    assert granted(out, 1) and granted(out, 2)
+    assert s.next_wakeup is not None  # was None: an idle core and nobody to look at it

@@ -461,9 +461,21 @@ class Scheduler:
                 if wake is not None and (self.next_wakeup is None or wake < self.next_wakeup):
                     self.next_wakeup = wake  # look again when a young one outruns its estimate
             return pre
-        if self._deadlines.heap:
-            return self._round_plain(now)
-        return self._round_fcfs(now)  # the common case, one frame less
+        out = self._round_plain(now) if self._deadlines.heap else self._round_fcfs(now)
+        if out and (mall.running or rst.running):  # it started the first malleable/restartable one
+            self._arm_elastic(now)
+        return out
+
+    def _arm_elastic(self, now: float) -> None:
+        """Keep ``next_wakeup`` no later than the first look a running malleable action (its
+        estimate: it may grow after) or restartable one (its restart check) is due: a round that
+        granted the first of them did not take the branch that arms it."""
+        wake = self._rst.next_due()
+        for a in self._mall.running.values():
+            if now < a.est_end and (wake is None or a.est_end < wake):
+                wake = a.est_end
+        if wake is not None and (self.next_wakeup is None or wake < self.next_wakeup):
+            self.next_wakeup = wake
 
     def _arm_deadlines(self) -> None:
         """Keep ``next_wakeup`` no later than the earliest deadline of a queued action."""
@@ -738,7 +750,8 @@ class Scheduler:
         wq = self._queue
         if direct and not wq.n and a.eres is None:
             self.rounds += 1
-            self.next_wakeup = None
+            if not (self._mall.running or self._rst.running):  # else their grow/restart look stays
+                self.next_wakeup = None
             if self._decide_single(a, now):
                 out.append(self._grant(a, 0, now, queued=False))
                 return a

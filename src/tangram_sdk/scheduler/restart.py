@@ -159,6 +159,13 @@ class Restarts:
             heapq.heappop(due)
         return due[0][0] if due else None
 
+    def next_due(self) -> float | None:
+        """When the next restart check is due (None: none)."""
+        due, look = self.due, self.look
+        while due and look.get(due[0][1]) != due[0][0]:
+            heapq.heappop(due)
+        return due[0][0] if due else None
+
     def _consider(self, a: Action, g: Grant, free: set[int], out: list[Decision], now: float,
                   size_of: Callable[[Action], tuple[int, float]], most: int) -> bool:
         """Restart ``a`` now if that pays (see the module docstring); True if it was. ``most``:
