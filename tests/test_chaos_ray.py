@@ -171,6 +171,45 @@ async def _timed(coro: Any, bound: float) -> tuple[BaseException | None, float]:
     return None, time.monotonic() - t0
 
 
+async def test_a_slow_control_store_lookup_is_bounded_and_off_the_loop(cluster: Any, monkeypatch: Any) -> None:
+    """Connecting looks the actor up in Ray's control store (GCS). A slow or frozen GCS (a head
+    node swapping, a GCS restart) used to block the event loop for the whole lookup, ignoring
+    connect_timeout, and stopped every other link's heartbeats on that loop. Now the lookup runs
+    in a thread under connect_timeout, ending in SchedulerBrokenError, and the loop keeps going."""
+    cl = deploy("slowgcs", namespace=NS, pool=Pool(cpus=1))
+    real = ray.get_actor
+
+    def slow(*args: Any, **kwargs: Any) -> Any:
+        time.sleep(4.0)
+        return real(*args, **kwargs)
+
+    try:
+        monkeypatch.setattr(ray, "get_actor", slow)
+        beats: list[float] = []
+
+        async def ticker() -> None:
+            while True:
+                beats.append(time.monotonic())
+                await asyncio.sleep(0.05)
+
+        tk = asyncio.create_task(ticker())
+        t0 = time.monotonic()
+        with pytest.raises(SchedulerBrokenError, match="control store took over 1 s"):
+            await RemoteTangram.connect("slowgcs", namespace=NS, connect_timeout=1.0)
+        elapsed = time.monotonic() - t0
+        tk.cancel()
+        assert elapsed < 3.0, elapsed
+        assert max(b - a for a, b in zip(beats, beats[1:])) < 0.5  # the loop was never blocked
+        monkeypatch.setattr(ray, "get_actor", real)
+        tg = await RemoteTangram.connect("slowgcs", namespace=NS)
+        async with tg.acquire(ActionSpec(kind="x", cpus=1)):
+            pass
+        await tg.aclose()
+    finally:
+        monkeypatch.setattr(ray, "get_actor", real)
+        cl.shutdown()
+
+
 async def test_frozen_actor_every_wait_ends_in_a_project_error_within_its_bound(cluster: Any) -> None:
     """SIGSTOP the scheduler actor: a held lease is revoked (LeaseLostError) within the client's
     silence limit, a queued acquire fails the same way, reconnecting fails with

@@ -343,7 +343,10 @@ async def _agent_call(rt: RemoteTangram, agent: str, method: str, args: tuple[An
     what = f"node agent {rt.namespace}/{agent}"
     bound = limit + _AGENT_GRACE if isinstance(limit, (int, float)) and math.isfinite(limit) and limit >= 0 else None
     try:
-        ref = getattr(rt._agent(agent), method).remote(*args)
+        handle = rt._agents.get(agent)
+        if handle is None:  # a control-store lookup: off the loop (see RemoteTangram._connect)
+            handle = await asyncio.to_thread(rt._agent, agent)
+        ref = getattr(handle, method).remote(*args)
         return await within(_awaitable(ref), bound,
                             lambda: f"{what} did not answer lease.{method} within {bound:g} s "
                                     "(its timeout plus a grace): frozen or unreachable")
@@ -599,11 +602,6 @@ class RemoteTangram:
         ray = _ensure_ray(self.namespace)
         if self._caller is None:
             self._caller = ray.get_runtime_context().get_node_id()
-        try:
-            actor = ray.get_actor(self.name, namespace=self.namespace)
-        except ValueError:
-            raise TangramError(f"no Tangram named {self.name!r} in namespace {self.namespace!r}; "
-                               f"call tangram_sdk.ray.deploy() first") from None
         what = f"the Tangram scheduler actor {self.namespace}/{self.name}"
         bound = self.connect_timeout
         loop = asyncio.get_running_loop()
@@ -613,7 +611,19 @@ class RemoteTangram:
             return f"{what} did not answer {step} within {bound:g} s (frozen, overloaded, or its node is unreachable)"
 
         try:
-            ep = await within(_awaitable(actor.endpoint.remote()), bound, lambda: late("the endpoint request"))
+            # the lookup asks Ray's control store: in a thread, under the same bound (on the loop,
+            # a slow or frozen GCS stalled it, and every other link's heartbeats with it)
+            actor = await within(asyncio.to_thread(ray.get_actor, self.name, namespace=self.namespace),
+                                 bound, lambda: f"the lookup of {what} in Ray's control store took over "
+                                                f"{bound:g} s (a slow or restarting GCS)")
+        except TimeoutError as exc:
+            raise SchedulerBrokenError(str(exc)) from None
+        except ValueError:
+            raise TangramError(f"no Tangram named {self.name!r} in namespace {self.namespace!r}; "
+                               f"call tangram_sdk.ray.deploy() first") from None
+        try:
+            ep = await within(_awaitable(actor.endpoint.remote()), max(0.0, deadline - loop.time()),
+                          lambda: late("the endpoint request"))
         except TimeoutError as exc:
             raise SchedulerBrokenError(str(exc)) from None
         except Exception as exc:  # noqa: BLE001 - ActorDiedError and the like
