@@ -80,6 +80,36 @@ def _node(stats: dict[str, Any]) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------------------------- tests
+def test_a_pool_in_an_anonymous_namespace_ends_with_its_job(cluster_address: str) -> None:
+    # a driver with a plain ray.init() (no namespace: Ray gives the job a random one) uses a pool
+    # named in config through the adapters, then exits: no later job can reach that namespace, so
+    # the detached scheduler actor and its agents must not stay on the cluster (they did, ~130 MiB
+    # each, one set per job)
+    job = (
+        "import asyncio, sys, ray\n"
+        "ray.init(address=sys.argv[1], log_to_driver=False,\n"
+        "         runtime_env={'env_vars': {'TANGRAM_JOB_POLL': '0.3'}})\n"
+        "print(ray.get_runtime_context().namespace, flush=True)\n"
+        "from tangram_sdk import ActionSpec\n"
+        "from tangram_sdk.integrations import action, shutdown\n"
+        "async def main():\n"
+        "    async with action(ActionSpec(kind='x', cpus=1), runtime={'pool': {'name': 'jobpool', 'cpus': 2}}):\n"
+        "        pass\n"
+        "    await shutdown()\n"
+        "asyncio.run(main())\n"
+    )
+    from ray.util import list_named_actors
+
+    out = subprocess.run([sys.executable, "-c", job, cluster_address], capture_output=True, text=True, timeout=90)
+    assert out.returncode == 0, out.stderr[-3000:]
+    namespace = out.stdout.split()[0]
+
+    def left() -> list[Any]:
+        return [a for a in list_named_actors(all_namespaces=True) if a["namespace"] == namespace]
+
+    assert _poll(left, lambda v: v == [], 30) == []
+
+
 def test_processes_share_one_pool_and_the_quotas(cluster_address: str, tmp_path: Path) -> None:
     t0 = time.monotonic()
     rate, burst = 20.0, 2

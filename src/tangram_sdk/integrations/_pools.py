@@ -25,6 +25,7 @@ import asyncio
 import contextlib
 import json
 import sys
+import uuid
 import threading
 import weakref
 from collections.abc import Mapping
@@ -280,14 +281,25 @@ def _namespace(defn: PoolDef) -> str:
     return str(ns) if ns else "tangram"
 
 
+def _anonymous(namespace: str) -> bool:
+    """Ray names a job's namespace with a random UUID when ``ray.init()`` is given none."""
+    try:
+        return str(uuid.UUID(namespace)) == namespace
+    except ValueError:
+        return False
+
+
 def _deploy(defn: PoolDef, namespace: str) -> None:
     """Get or create the job's actor for ``defn`` (blocking; run in a thread)."""
     from ..ray import deploy
 
     assert defn.pool is not None
     node_pool = attrs.evolve(defn.pool, quotas=None)
-    cluster = deploy(defn.name, namespace=namespace, quotas=defn.pool.quota_map, pool=node_pool,
-                     **dict(defn.options))
+    opts = dict(defn.options)
+    if defn.namespace is None and _anonymous(namespace):
+        # a plain ray.init(): no later job can reach this namespace, so the pool ends with the job
+        opts.setdefault("ends_with_job", True)
+    cluster = deploy(defn.name, namespace=namespace, quotas=defn.pool.quota_map, pool=node_pool, **opts)
     for label, node in cluster.statistics()["nodes"].items():
         have = node.get("pool")
         if node.get("alive") and isinstance(have, Pool) and have != node_pool:

@@ -113,6 +113,21 @@ class _AgentManager(BaseManager):
                                   until=until)
 
 
+_JOB_POLL = float(os.environ.get("TANGRAM_JOB_POLL", "5"))  # seconds between looks at the job table
+
+
+def _job_dead(job: str) -> bool:
+    """Whether Ray's job table says ``job`` has ended (False when it cannot tell)."""
+    try:
+        from ray._private import state  # no public API reads one job's state without the dashboard
+
+        jobs = state.jobs()  # type: ignore[no-untyped-call]
+        return any(j.get("JobID") == job and bool(j.get("IsDead")) for j in jobs)
+    except Exception:  # noqa: BLE001 - a private API: never end a pool on a guess
+        log.debug("cannot read Ray's job table", exc_info=True)
+        return False
+
+
 async def _ray_call(ref: Any) -> Any:
     return await ref
 
@@ -280,8 +295,10 @@ class SchedulerActor:
         check_invariants: bool = False,
         fingerprint: str = "",
         agent_timeout: float | None = 120.0,
+        ends_with_job: bool = False,
     ) -> None:
         self.name = name
+        self.ends_with_job = ends_with_job
         self.agent_timeout = agent_timeout
         self._specs: dict[bytes, ActionSpec] = {}
         self.namespace = namespace
@@ -331,7 +348,23 @@ class SchedulerActor:
             self._host, self._port = host, self._server.sockets[0].getsockname()[1]
             self._ray_node_id = ray.get_runtime_context().get_node_id()
             self._reaper = loop.create_task(self._reap())
+            if self.ends_with_job:
+                self._spawn(self._end_with_job(ray.get_runtime_context().get_job_id()), name="job watch")
             self._started = True
+
+    async def _end_with_job(self, job: str) -> None:
+        """Shut down (agents included) and exit once the job that created this detached actor has
+        ended: in an anonymous namespace nothing could reach it again."""
+        while True:
+            await asyncio.sleep(_JOB_POLL)
+            if await asyncio.to_thread(_job_dead, job):
+                break
+        log.info("the Ray job %s that created Tangram %s/%s has ended: shutting down", job, self.namespace, self.name)
+        try:
+            await self.shutdown()
+        finally:
+            ray = require()
+            ray.kill(ray.get_runtime_context().current_actor)
 
     def _new_conn(self) -> asyncio.Protocol:
         return _Conn(self, next(self._cids)).proto

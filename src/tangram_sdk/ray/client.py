@@ -177,6 +177,7 @@ def deploy(
     scheduler_node: str | None = None,
     timeout: float = 60.0,
     agent_timeout: float | None = 120.0,
+    ends_with_job: bool = False,
     options: SchedulerOptions | None = None,
     **scheduler_options: Any,
 ) -> TangramCluster:
@@ -197,7 +198,10 @@ def deploy(
     wait for the actor and for each node's agent to start (SchedulerBrokenError after that; the
     returned cluster's calls use it too). ``agent_timeout``: seconds the actor waits for an agent's
     apply/release (a grant's cpuset write or GPU restore) before failing that action with
-    ManagerError. Bad arguments are SpecError naming the argument, raised before anything starts;
+    ManagerError. ``ends_with_job``: the actor (detached, so no worker's death takes the pool with
+    it) shuts itself and its agents down once the Ray job that created it has ended; meant for an
+    anonymous namespace (a plain ``ray.init()``), where no later job can reach it and it would
+    otherwise stay on the cluster for good (the adapters set it there). Bad arguments are SpecError naming the argument, raised before anything starts;
     a first deploy that fails (a pool callable that raises on an agent...) leaves no actor behind.
 
     Deploying again with the same configuration returns the running actor (adding missing nodes);
@@ -248,7 +252,8 @@ def deploy(
         max_concurrency=100_000, max_restarts=0,
         # hard: a soft affinity was seen to land on another node now and then
         scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=here, soft=False),
-    ).remote(name, namespace, quotas, scheduler_options, ttl, heartbeat, check_invariants, fp, agent_timeout)
+    ).remote(name, namespace, quotas, scheduler_options, ttl, heartbeat, check_invariants, fp, agent_timeout,
+             bool(ends_with_job))
     what = f"the Tangram scheduler actor {namespace}/{name}"
     try:
         ep = _ray_get(actor.endpoint.remote(), timeout, what)
