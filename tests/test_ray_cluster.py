@@ -539,6 +539,41 @@ async def test_length_hints_cross_to_the_actor(cluster_address: str) -> None:
         cl.shutdown()
 
 
+def test_deploying_a_name_again_with_another_definition_is_refused(cluster_address: str,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    from tangram_sdk import TangramError
+
+    rid = ray.get_runtime_context().get_node_id()
+    cl = deploy("again", namespace=NS, nodes={"n0": rid}, pool=Pool(cpus=2))
+    try:
+        # a restarted trainer asking for more cores silently got the old pool
+        with pytest.raises(TangramError, match="node 'n0' holding"):
+            deploy("again", namespace=NS, nodes={"n0": rid}, pool=Pool(cpus=4))
+        for kw in ({"agent_timeout": 1.0}, {"check_invariants": True}):
+            with pytest.raises(TangramError, match="another configuration"):
+                deploy("again", namespace=NS, nodes={"n0": rid}, pool=Pool(cpus=2), **kw)
+        assert deploy("again", namespace=NS, nodes={"n0": rid}, pool=Pool(cpus=2)).statistics()["nodes"]["n0"]["alive"]
+        # two concurrent first deploys both see no actor; the one that fails later (a node gone)
+        # must not kill the actor the other made and serves from
+        real = ray.get_actor
+        calls = []
+
+        def not_yet(*args: Any, **kwargs: Any) -> Any:
+            calls.append(args)
+            if len(calls) == 1:  # deploy's own look; get_if_exists then finds the running one
+                raise ValueError("no such actor (as a concurrent first call saw it)")
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(ray, "get_actor", not_yet)
+        with pytest.raises(TangramError):
+            deploy("again", namespace=NS, nodes={"gone": "f" * 56}, pool=Pool(cpus=2), timeout=20)
+        monkeypatch.setattr(ray, "get_actor", real)
+        assert cl.statistics()["nodes"]["n0"]["alive"]  # still serving
+    finally:
+        monkeypatch.undo()
+        cl.shutdown()
+
+
 async def test_link_loss_and_scheduler_death(cluster_address: str) -> None:
     from tangram_sdk import TangramError
     from tangram_sdk.ray import LeaseLostError, TangramCluster

@@ -296,9 +296,11 @@ class SchedulerActor:
         fingerprint: str = "",
         agent_timeout: float | None = 120.0,
         ends_with_job: bool = False,
+        creator: str = "",
     ) -> None:
         self.name = name
         self.ends_with_job = ends_with_job
+        self.creator = creator  # the token of the deploy() call that made this actor
         self.agent_timeout = agent_timeout
         self._specs: dict[bytes, ActionSpec] = {}
         self.namespace = namespace
@@ -378,7 +380,7 @@ class SchedulerActor:
         """Where clients connect, with the secret they must present first (handed out over Ray)."""
         await self._ensure_started()
         return {"host": self._host, "port": self._port, "token": self._token,
-                "fingerprint": self.fingerprint, **self._config()}
+                "fingerprint": self.fingerprint, "creator": self.creator, **self._config()}
 
     async def shutdown(self) -> None:
         """Fail every waiter, drop every client, stop every agent (their managers close)."""

@@ -10,6 +10,7 @@ import logging
 import math
 import os
 import pickle
+import secrets
 import time
 from collections.abc import Callable, Mapping, Sequence
 from types import TracebackType
@@ -38,9 +39,10 @@ log = logging.getLogger("tangram_sdk.ray")
 PoolSource = Pool | Callable[[], Pool] | None
 
 
-def _fingerprint(quotas: Mapping[str, Quota], options: Mapping[str, Any], ttl: float, hb: float) -> str:
+def _fingerprint(quotas: Mapping[str, Quota], options: Mapping[str, Any], ttl: float, hb: float,
+                 agent_timeout: float | None = 120.0, check_invariants: bool = False) -> str:
     return repr((sorted((k, repr(v)) for k, v in quotas.items()), sorted((k, repr(v)) for k, v in options.items()),
-                 float(ttl), float(hb)))
+                 float(ttl), float(hb), agent_timeout, bool(check_invariants)))
 
 
 def _seconds(name: str, value: Any, *, positive: bool = True) -> float:
@@ -205,7 +207,11 @@ def deploy(
     a first deploy that fails (a pool callable that raises on an agent...) leaves no actor behind.
 
     Deploying again with the same configuration returns the running actor (adding missing nodes);
-    a different configuration raises TangramError (``shutdown()`` it first).
+    a different configuration (quotas, options, ``ttl``, ``heartbeat``, ``agent_timeout``,
+    ``check_invariants``, or a ``Pool`` other than a running node's) raises TangramError
+    (``shutdown()`` it first); ``managers`` factories and pool callables cannot be compared and
+    are not. Of two concurrent first calls, one makes the actor and the other attaches; the one
+    that fails later never kills it.
     """
     for arg, value in (("name", name), ("namespace", namespace)):
         if not isinstance(value, str) or not value:
@@ -245,7 +251,8 @@ def deploy(
         created = False
     except ValueError:
         created = True  # this call creates it: a failure below must not leave it registered
-    fp = _fingerprint(quotas, scheduler_options, ttl, heartbeat)
+    fp = _fingerprint(quotas, scheduler_options, ttl, heartbeat, agent_timeout, check_invariants)
+    token = secrets.token_hex(8)  # tells this call's actor from one a concurrent first deploy made
     here = scheduler_node or ray.get_runtime_context().get_node_id()
     actor = ray.remote(SchedulerActor).options(
         name=name, namespace=namespace, lifetime="detached", get_if_exists=True, num_cpus=0,
@@ -253,10 +260,13 @@ def deploy(
         # hard: a soft affinity was seen to land on another node now and then
         scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=here, soft=False),
     ).remote(name, namespace, quotas, scheduler_options, ttl, heartbeat, check_invariants, fp, agent_timeout,
-             bool(ends_with_job))
+             bool(ends_with_job), token)
     what = f"the Tangram scheduler actor {namespace}/{name}"
     try:
         ep = _ray_get(actor.endpoint.remote(), timeout, what)
+        # both of two concurrent first calls see no actor; get_if_exists gives them one, made by
+        # one of them: the other must never kill it when it fails later (the first serves from it)
+        created = created and ep.get("creator") == token
         if ep["fingerprint"] != fp:
             created = False  # someone else's actor: never kill it
             raise TangramError(
@@ -277,6 +287,16 @@ def deploy(
                                 f"({type(exc).__name__}: {exc})") from None
         for ref in refs:
             _ray_get(ref, timeout, f"{what}: adding a node")
+        if not created:  # a running actor keeps its nodes' pools: asking for others is a clash
+            nodes_now = cluster.statistics()["nodes"]
+            for label in labels:
+                want = pool.get(label) if isinstance(pool, Mapping) else pool
+                have = nodes_now.get(label, {}).get("pool") if label in nodes_now else None
+                if isinstance(want, Pool) and isinstance(have, Pool) and have != want:
+                    raise TangramError(
+                        f"a Tangram named {name!r} already runs in namespace {namespace!r} with node {label!r} "
+                        f"holding {have.describe()}, not {want.describe()}; shut it down first "
+                        f"(TangramCluster.get(...).shutdown())")
     except BaseException:
         if created:
             ray.kill(actor)
