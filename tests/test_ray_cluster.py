@@ -574,6 +574,25 @@ def test_deploying_a_name_again_with_another_definition_is_refused(cluster_addre
         cl.shutdown()
 
 
+async def test_aclose_while_the_first_acquire_connects_leaves_no_link(cluster_address: str) -> None:
+    from tangram_sdk.errors import RuntimeClosedError
+
+    cl = deploy("closing", namespace=NS, pool=Pool(cpus=2))
+    try:
+        tg = RemoteTangram("closing", namespace=NS)
+        t = asyncio.create_task(tg.acquire(ActionSpec(kind="x", cpus=1)).__aenter__())
+        await asyncio.sleep(0)  # connecting
+        await tg.aclose()
+        with pytest.raises(RuntimeClosedError):  # was granted on the closed handle, its link kept
+            await asyncio.wait_for(t, 30)
+        assert _poll(lambda: cl.statistics()["clients"], lambda c: c == 0, 5) == 0
+        with pytest.raises(RuntimeClosedError):
+            async with tg.acquire(ActionSpec(kind="y", cpus=1), timeout=2):
+                pass
+    finally:
+        cl.shutdown()
+
+
 async def test_link_loss_and_scheduler_death(cluster_address: str) -> None:
     from tangram_sdk import TangramError
     from tangram_sdk.ray import LeaseLostError, TangramCluster

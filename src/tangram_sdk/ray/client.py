@@ -669,6 +669,9 @@ class RemoteTangram:
             if isinstance(exc, OSError):
                 raise SchedulerBrokenError(f"cannot connect to {what} at {ep['host']}:{ep['port']}: {exc}") from exc
             raise
+        if self._closing:  # aclose() ran while this connected: the link must not outlive it
+            link.abort()
+            raise RuntimeClosedError("this RemoteTangram was closed while it connected")
         link.hb = loop.create_task(link.heartbeat(float(ep["heartbeat"]), float(ep["ttl"])))
         self._link = link
         return link
