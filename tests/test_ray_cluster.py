@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import json
 import os
 import random
@@ -206,6 +207,26 @@ def test_a_dead_or_frozen_client_gives_its_units_back(cluster_address: str) -> N
         print(f"frozen client released after {waited:.2f} s (ttl 1.5 s)")
         assert _poll(cl.check_invariants, lambda e: e == [], 5) == []
     finally:
+        cl.shutdown()
+    # a killed client whose forked child is alive: the child closed its copy of the socket at the
+    # fork, so the actor still sees the end of file at once (it waited for the TTL)
+    cl = deploy("crashfork", namespace=NS, pool=Pool(cpus=2), ttl=8.0, heartbeat=1.0)
+    child = 0
+    try:
+        p = _spawn(cluster_address, "holdfork", "crashfork", 2)
+        assert p.stdout is not None
+        child = int(p.stdout.readline().split()[1])
+        assert p.stdout.readline().strip() == "HELD"
+        t = time.monotonic()
+        p.send_signal(signal.SIGKILL)
+        p.wait()
+        s = _poll(cl.statistics, lambda s: _node(s)["cpus_free"] == 2, 10)
+        waited = time.monotonic() - t
+        assert _node(s)["cpus_free"] == 2 and s["expired_clients"] == 0 and waited < 4.0, (waited, s)
+    finally:
+        if child:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(child, signal.SIGKILL)
         cl.shutdown()
 
 
@@ -833,8 +854,14 @@ async def _client_share(name: str, out: str, seed: int) -> None:
         Path(out + ".rate").write_text("\n".join(map(repr, times)) + "\n")
 
 
-async def _client_hold(name: str, cpus: int) -> None:
+async def _client_hold(name: str, cpus: int, fork: bool = False) -> None:
     async with RemoteTangram(name, namespace=NS) as tg, tg.acquire(ActionSpec(kind="hold", cpus=cpus)):
+        if fork:  # a forked child (a ProcessPoolExecutor worker) outliving its parent
+            child = os.fork()
+            if child == 0:
+                time.sleep(60)
+                os._exit(0)
+            print(f"CHILD {child}", flush=True)
         print("HELD", flush=True)
         await asyncio.sleep(3600)
 
@@ -850,3 +877,5 @@ if __name__ == "__main__":
         asyncio.run(_client_tokens(rest[0], rest[1]))
     elif mode == "hold":
         asyncio.run(_client_hold(rest[0], int(rest[1])))
+    elif mode == "holdfork":
+        asyncio.run(_client_hold(rest[0], int(rest[1]), fork=True))

@@ -5,6 +5,7 @@ from any process on any node of the Ray cluster)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import math
@@ -12,6 +13,7 @@ import os
 import pickle
 import secrets
 import time
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from types import TracebackType
 from typing import Any
@@ -404,6 +406,24 @@ def _apply_resize(lease: Lease, cpus: Sequence[int], units: int) -> None:
     lease._resized()
 
 
+_OPEN_LINKS: weakref.WeakSet[_Link] = weakref.WeakSet()
+
+
+def _close_links_in_child() -> None:
+    """A forked child (a ProcessPoolExecutor worker, multiprocessing's default on Linux) inherits
+    the links' sockets: close its copies, or the actor sees no end of file when the parent dies
+    and keeps the parent's leases until its TTL."""
+    for link in list(_OPEN_LINKS):
+        transport = link.proto.transport
+        sock = None if transport is None else transport.get_extra_info("socket")
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                os.close(sock.fileno())
+
+
+os.register_at_fork(after_in_child=_close_links_in_child)
+
+
 class _Link:
     """One authenticated connection to the scheduler actor."""
 
@@ -674,6 +694,7 @@ class RemoteTangram:
             raise RuntimeClosedError("this RemoteTangram was closed while it connected")
         link.hb = loop.create_task(link.heartbeat(float(ep["heartbeat"]), float(ep["ttl"])))
         self._link = link
+        _OPEN_LINKS.add(link)
         return link
 
     def acquire(self, spec: ActionSpec, *, timeout: float | None = None, node: str | None = None,
