@@ -171,6 +171,33 @@ async def _timed(coro: Any, bound: float) -> tuple[BaseException | None, float]:
     return None, time.monotonic() - t0
 
 
+def test_silent_connections_without_the_token_are_dropped_after_the_ttl(cluster: Any) -> None:
+    """A port probe or a client frozen mid-handshake never sends the token: each pinned a file
+    descriptor in the job-wide actor for good. Now they are dropped after the TTL."""
+    import socket
+
+    cl = deploy("probes", namespace=NS, pool=Pool(cpus=1), ttl=1.0, heartbeat=0.2)
+    socks: list[socket.socket] = []
+    try:
+        ep = ray.get(cl.actor.endpoint.remote(), timeout=30)
+        for _ in range(10):
+            socks.append(socket.create_connection((ep["host"], ep["port"]), timeout=5))
+        deadline = time.monotonic() + 10
+        closed = 0
+        for sk in socks:
+            sk.settimeout(max(0.1, deadline - time.monotonic()))
+            try:
+                closed += sk.recv(1) == b""
+            except (TimeoutError, OSError) as exc:
+                closed += not isinstance(exc, TimeoutError)  # a reset is a close too
+        assert closed == len(socks)
+        assert cl.statistics()["clients"] == 0
+    finally:
+        for sk in socks:
+            sk.close()
+        cl.shutdown()
+
+
 async def test_a_slow_control_store_lookup_is_bounded_and_off_the_loop(cluster: Any, monkeypatch: Any) -> None:
     """Connecting looks the actor up in Ray's control store (GCS). A slow or frozen GCS (a head
     node swapping, a GCS restart) used to block the event loop for the whole lookup, ignoring

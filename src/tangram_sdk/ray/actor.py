@@ -260,6 +260,7 @@ class _Conn:
                 return
             self.authed = True
             self.proto.max_frame = _wire.MAX_FRAME
+            self.actor._unauthed.pop(self.id, None)
             self.actor._conns[self.id] = self
             self.send(("welcome", self.actor._config()))
             return
@@ -278,6 +279,7 @@ class _Conn:
         if self.closed:
             return
         self.closed = True
+        self.actor._unauthed.pop(self.id, None)
         self.actor._on_conn_lost(self, exc)
 
 
@@ -322,6 +324,7 @@ class SchedulerActor:
         self._node_locks: dict[str, asyncio.Lock] = {}
         self._lost_nodes: list[dict[str, Any]] = []
         self._conns: dict[int, _Conn] = {}
+        self._unauthed: dict[int, _Conn] = {}
         self._cids = itertools.count(1)
         self._gids = itertools.count(1)
         self._gen = itertools.count(1)
@@ -369,7 +372,9 @@ class SchedulerActor:
             ray.kill(ray.get_runtime_context().current_actor)
 
     def _new_conn(self) -> asyncio.Protocol:
-        return _Conn(self, next(self._cids)).proto
+        conn = _Conn(self, next(self._cids))
+        self._unauthed[conn.id] = conn  # until its token: a silent one is dropped after ttl
+        return conn.proto
 
     def _config(self) -> dict[str, Any]:
         return {"ttl": self.ttl, "heartbeat": self.heartbeat, "name": self.name,
@@ -606,6 +611,11 @@ class SchedulerActor:
                     log.warning("client %s (pid %s) silent for %.1f s > ttl %.1f s: releasing its leases",
                                 conn.id, conn.info.get("pid"), now - conn.last_seen, self.ttl)
                     conn.proto.transport.abort()
+            for conn in list(self._unauthed.values()):  # a probe, or a client frozen mid-handshake
+                if now - conn.last_seen > self.ttl:
+                    self._unauthed.pop(conn.id, None)
+                    if conn.proto.transport is not None:
+                        conn.proto.transport.abort()
 
     @staticmethod
     def _split(spec: ActionSpec) -> tuple[ActionSpec | None, ActionSpec | None]:
