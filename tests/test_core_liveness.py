@@ -128,3 +128,23 @@ def test_the_first_malleable_or_restartable_grant_arms_its_look(mode: str) -> No
                          Submitted(2, ActionSpec(kind="f", cpus=1, duration=100.0))], 0.0)
     assert granted(out, 1) and granted(out, 2)
     assert s.next_wakeup is not None  # was None: an idle core and nobody to look at it
+
+
+def test_a_call_waiting_for_a_busy_warm_copy_is_looked_at_again() -> None:
+    # the wait pays while the copy's holder is expected to end soon; once it overruns (assumed
+    # half done, so its remainder grows with its age), restoring on the idle GPU pays: the core
+    # must look again by itself, not wait for the holder's release
+    from tangram_sdk.scheduler import ServiceResidency
+
+    s = Scheduler(Pool(gpus=2))
+    spec = ActionSpec(kind="call", gpus=1, service="s", duration=1.0)
+    s.handle(ServiceResidency("s", (0,), True, restore_s=5.0), 0.0)
+    assert granted(s.handle(Submitted(1, spec), 0.0), 1)  # warm on GPU 0
+    assert s.handle(Submitted(2, spec), 0.1) == []  # waits for the warm copy rather than restore
+    out: list = []  # type: ignore[type-arg]
+    looks = 0
+    while not granted(out, 2):
+        assert s.next_wakeup is not None and looks < 20  # was None: it waited for the release
+        looks += 1
+        out = s.handle(Tick(), s.next_wakeup)
+    assert out[0].gpus == (1,) and out[0].restore and s.running == 2

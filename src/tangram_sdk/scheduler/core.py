@@ -466,6 +466,20 @@ class Scheduler:
             self._arm_elastic(now)
         return out
 
+    def _arm_gpu_wait(self, now: float) -> None:
+        """A service call chose to wait for a busy warm copy: the choice changes with time (a
+        holder that overran its estimate is assumed half done, so its expected remainder grows
+        with its age until restoring elsewhere pays). Look again when the first holder is due to
+        end, or, once overdue, when it has aged another quarter: a handful of looks per overrun."""
+        wake = self.next_wakeup
+        for h in self._gpu_holder:
+            if h is None:
+                continue
+            t = h.est_end if h.est_end > now else now + max(0.05, 0.25 * (now - h.started))
+            if wake is None or t < wake:
+                wake = t
+        self.next_wakeup = wake
+
     def _arm_elastic(self, now: float) -> None:
         """Keep ``next_wakeup`` no later than the first look a running malleable action (its
         estimate: it may grow after) or restartable one (its restart check) is due: a round that
@@ -539,6 +553,8 @@ class Scheduler:
             L.refill(now)
         adm = self._admission.scan(now, self.rounds)
         self.next_wakeup = adm.wake
+        if adm.svc_blocked and self._gpu_holder:
+            self._arm_gpu_wait(now)
         self._blocked_last = adm.blocked
         self._round_now = now
         self._time_sensitive = adm.wake is not None or adm.svc_blocked
@@ -611,6 +627,8 @@ class Scheduler:
             elif self._place.should_wait_for_resident(a, cell, now):
                 lack = [f"svc:{a.spec.service}:{a.gpu_min}"]
         if lack:
+            if self._gpu_holder and lack[0].startswith("svc:"):
+                self._arm_gpu_wait(now)
             self._blocked_last = set(lack)
             self._time_sensitive = self.next_wakeup is not None or bool(a.spec.service)
             self._need_round = False
