@@ -12,6 +12,8 @@ import asyncio
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
+import anyio
+
 __all__ = ["finish"]
 
 T = TypeVar("T")
@@ -23,13 +25,19 @@ async def finish(coro: Coroutine[Any, Any, T] | asyncio.Future[T]) -> tuple[asyn
     caller must raise ``asyncio.CancelledError`` once it has settled its own state."""
     task: asyncio.Future[T] = asyncio.ensure_future(coro)
     cancelled = False
-    while not task.done():
-        try:
-            await asyncio.shield(task)
-        except asyncio.CancelledError:
-            if task.done() and task.cancelled():
-                raise
-            cancelled = True
-        except BaseException:  # the task's own error: read it below
-            break
+    # an anyio scope re-delivers its cancel at every await until the task leaves it: without its
+    # own shield this loop spun (~80,000 wake-ups a second) and swallowed those cancels, so the
+    # scope no longer recognised the one it is owed and let a CancelledError escape move_on_after.
+    # Shielded, the anyio cancel waits for the caller's next checkpoint (where the scope catches
+    # it); a plain Task.cancel() still lands here and is reported.
+    with anyio.CancelScope(shield=True):
+        while not task.done():
+            try:
+                await asyncio.shield(task)
+            except asyncio.CancelledError:
+                if task.done() and task.cancelled():
+                    raise
+                cancelled = True
+            except BaseException:  # the task's own error: read it below
+                break
     return task, cancelled
