@@ -104,9 +104,10 @@ class Tangram:
         self._timer_at: float | None = None
         self._task: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._close_done: asyncio.Future[None] | None = None  # set by the first aclose, done when it is
         self._clock: Callable[[], float] = time.monotonic  # the loop's clock, set on entry
         self._checked: dict[int, ActionSpec] = {}  # specs already checked, by identity
-        self._state = "new"  # new -> open -> closed
+        self._state = "new"  # new -> starting -> open -> closed
         self._broken: BaseException | None = None
         self._started_managers: list[Manager] = []
         self._cleanups: set[asyncio.Task[None]] = set()  # manager releases still running
@@ -137,10 +138,13 @@ class Tangram:
         self._clock = time.monotonic if plain else loop_time
         self._wake = asyncio.Event()
         ctx = ManagerContext(pool=self.pool, post=self._post)
+        self._state = "starting"
         try:
             for m in self.managers:
                 await m.start(ctx)
                 self._started_managers.append(m)
+                if self._state == "closed":  # aclose() ran meanwhile: it must not be undone
+                    raise RuntimeClosedError("the Tangram was closed while it started")
         except BaseException:
             await self._close_managers()
             self._state = "closed"
@@ -162,10 +166,24 @@ class Tangram:
         cleanup (park, evict). Then the managers close.
         If the caller is cancelled while waiting, those holders are cancelled the same way, the
         managers still close, and CancelledError propagates."""
+        loop = asyncio.get_running_loop()
+        if self._loop is not None and loop is not self._loop:
+            raise UsageError("aclose() was awaited on another event loop than the Tangram's; close it on "
+                             "its own loop (from another thread: asyncio.run_coroutine_threadsafe)")
         if self._state == "closed":
+            done = self._close_done
+            if done is not None and not done.done():
+                await asyncio.shield(done)  # a close is under way: return when it has finished
             return
         limit = check_timeout(cancel_after, "cancel_after")
         self._state = "closed"
+        self._close_done = loop.create_future()
+        try:
+            await self._aclose(limit)
+        finally:
+            self._close_done.set_result(None)
+
+    async def _aclose(self, limit: float | None) -> None:
         closed = RuntimeClosedError("the Tangram was closed while this action was queued")
         for w in self._waiters.values():
             fut = w.fut
@@ -508,10 +526,13 @@ class Tangram:
         not fed."""
         if self._state != "closed" or self._broken is not None or type(ev) not in (Released, Cancelled):
             return
+        now = self._clock()
         try:
-            self._core.handle(ev, self._clock())
+            self._core.handle(ev, now)
         except KeyError:  # an id the core no longer knows (released before the close): nothing to do
-            pass
+            return
+        for obs in self.observers:  # metrics and timelines see the action leave too (no decisions)
+            obs((ev,), now, ())
 
     def _settle_round(self) -> None:
         """After a round: handle what it queued, and keep the timer on the core's next wake-up."""
@@ -663,7 +684,7 @@ class Tangram:
         if self._state != "open":
             raise RuntimeClosedError(
                 "this Tangram is not running; use `async with Tangram(pool) as tangram:`"
-                if self._state == "new" else "this Tangram has been closed"
+                if self._state in ("new", "starting") else "this Tangram has been closed"
             )
 
     def _submit(self, w: _Waiter, now: float) -> Grant | asyncio.Future[Grant]:

@@ -101,6 +101,9 @@ class _ThreadActionFailed(Exception):
     """Raised inside the holder task so the runtime records a failed action."""
 
 
+_SLICE = 0.25  # seconds a blocked thread waits before checking that the loop still runs
+
+
 class SyncTangram:
     """Blocking access to a Tangram (or a RemoteTangram) from threads that are not its event loop.
 
@@ -156,10 +159,14 @@ class SyncTangram:
             with contextlib.suppress(BaseException):
                 loop.run_until_complete(host())
             with contextlib.suppress(BaseException):  # what asyncio.run does before closing a loop
-                left = asyncio.all_tasks(loop)
-                for t in left:
-                    t.cancel()
-                loop.run_until_complete(asyncio.gather(*left, return_exceptions=True))
+                for _ in range(3):  # a thread's acquire handed over meanwhile starts here, then ends
+                    loop.run_until_complete(asyncio.sleep(0))
+                    left = asyncio.all_tasks(loop)
+                    if not left:
+                        break
+                    for t in left:
+                        t.cancel()
+                    loop.run_until_complete(asyncio.gather(*left, return_exceptions=True))
                 loop.run_until_complete(loop.shutdown_asyncgens())
             loop.close()
 
@@ -197,7 +204,19 @@ class SyncTangram:
 
     def _call(self, coro: Any) -> Any:
         self._check_thread()
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
+        return self._wait(asyncio.run_coroutine_threadsafe(coro, self.loop))
+
+    def _wait(self, fut: concurrent.futures.Future[Any]) -> Any:
+        """``fut.result()``, in slices that notice the loop closing: work handed to a loop that
+        stops before running it is dropped with the loop, and its future never resolves (a thread
+        that called acquire() while close() ran hung there for good)."""
+        # (not `except TimeoutError` around result(): since 3.11 that is also what an acquire that
+        # timed out raises through the future, and the loop would spin on it)
+        while not fut.done():
+            concurrent.futures.wait([fut], timeout=_SLICE)
+            if self.loop.is_closed() and not fut.done():
+                raise RuntimeClosedError("the SyncTangram's event loop closed while this thread waited")
+        return fut.result()
 
     def _check_thread(self) -> None:
         try:
@@ -248,13 +267,17 @@ class SyncTangram:
                         return
                 raise
 
-        task = asyncio.run_coroutine_threadsafe(hold(), self.loop)
         try:
-            lease = granted.result()
+            task = asyncio.run_coroutine_threadsafe(hold(), self.loop)
+        except RuntimeError:  # closed between the check and here
+            raise RuntimeClosedError("the SyncTangram's event loop is closed") from None
+        try:
+            lease = self._wait(granted)
         except BaseException:
-            task.cancel()  # e.g. KeyboardInterrupt while queued: stop waiting on the loop too
+            with contextlib.suppress(RuntimeError):  # the loop may be closed already
+                task.cancel()  # e.g. KeyboardInterrupt while queued: stop waiting on the loop too
             with contextlib.suppress(BaseException):
-                task.result()
+                self._wait(task)
             raise
         try:
             yield lease
@@ -264,4 +287,4 @@ class SyncTangram:
         finally:
             # the loop outlives every holder (close() waits for them), so it is still running here
             self.loop.call_soon_threadsafe(leave[0].set)
-            task.result()  # returns once the runtime has released the grant
+            self._wait(task)  # returns once the runtime has released the grant
