@@ -93,13 +93,14 @@ def test_an_elastic_range_beyond_the_pool_is_cut_to_it() -> None:
     s.check_invariants()
 
 
-def test_an_efficiency_failing_past_1024_is_refused_on_a_larger_pool() -> None:
+@pytest.mark.parametrize("cores", [1100, 2048])  # the range cut to the pool, or the pool as large
+def test_an_efficiency_failing_past_1024_is_refused_on_a_larger_pool(cores: int) -> None:
     def eff(m: int) -> float:
         if m > 1024:
             raise ValueError(f"not profiled at {m}")
         return 1.0
 
-    s = Scheduler(Pool(cpus=1100))
+    s = Scheduler(Pool(cpus=cores))
     out = s.submit(1, ActionSpec(kind="x", cpus=1, elastic=Elasticity("cpu", max_units=2048, efficiency=eff)), 0.0)
     assert isinstance(out[0], Reject) and "efficiency model raised at m=1025" in out[0].reason
     # the core goes on: nothing of it is queued

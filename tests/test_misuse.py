@@ -146,3 +146,35 @@ def test_sync_close_waits_for_a_thread_holding_a_lease() -> None:
     th.join(10)
     assert out == ["left normally"]  # was: RuntimeError('Event loop is closed') in the holder
     assert waited >= 0.1  # close returned once the holder had left, not at once
+
+
+async def test_a_none_spec_is_a_spec_error_and_the_tangram_goes_on() -> None:
+    # without managers the checked-specs cache answered "checked" for None (a miss looked like a
+    # hit), and the core then died on it: every later acquire got SchedulerBrokenError
+    async with Tangram(Pool(cpus=1)) as t:
+        for bad in (None, "k", {"kind": "k"}):
+            with pytest.raises(SpecError, match="needs an ActionSpec"):
+                async with t.acquire(bad):  # type: ignore[arg-type]
+                    pass
+            with pytest.raises(SpecError, match="needs an ActionSpec"):
+                await t.acquire_lease(bad)  # type: ignore[arg-type]
+            with pytest.raises(SpecError, match="needs an ActionSpec"):
+                t.feasibility(bad)  # type: ignore[arg-type]
+            with pytest.raises(SpecError, match="needs an ActionSpec"):
+                t.shortage(bad)  # type: ignore[arg-type]
+        assert t.statistics().state == "open"
+        async with t.acquire(SPEC) as lease:
+            assert lease.cpus == (0,)
+
+
+async def test_a_bad_observer_or_posted_event_is_refused_before_it_can_break_the_tangram() -> None:
+    for bad in (None, "print", 5):
+        with pytest.raises(SpecError, match="observers must be callables"):
+            Tangram(Pool(cpus=1), observers=[bad])  # type: ignore[list-item]
+    async with Tangram(Pool(cpus=1)) as t:
+        for ev in (None, "tick", SPEC):
+            with pytest.raises(SpecError, match="post\\(\\) takes a scheduler event"):
+                t.post(ev)  # type: ignore[arg-type]
+        async with t.acquire(SPEC):
+            pass
+        assert t.statistics().state == "open"

@@ -47,13 +47,15 @@ from .options import SchedulerOptions, merge_options
 from .pool import Pool
 from .resources import MEMORY
 from .scheduler import (Cancelled, Decision, Event, Grant, Observer, Reject, Released, Resize, Scheduler, Submitted,
-                        Tick, TokensUsed)
+                        ServiceResidency, Tick, TokensUsed)
 from .snapshot import RuntimeStatistics
 from .spec import ActionSpec
 
 __all__ = ["Tangram", "Observer"]
 
 log = logging.getLogger("tangram_sdk")
+_EVENT_TYPES = (Submitted, Released, Cancelled, Tick, ServiceResidency, TokensUsed)
+_MISSING = object()  # not a spec: the checked-specs cache's miss (a None spec is not checked)
 
 _RESIZE_WAIT_S = 30.0  # leaving waits this long for a manager's resize in flight, then cancels it
 # seconds between retries of a manager's resize that raised, then it gives up (logged): a shrink it
@@ -91,6 +93,9 @@ class Tangram:
         self.pool = pool
         self.managers: tuple[Manager, ...] = tuple(managers)
         self.observers: list[Observer] = list(observers)
+        for obs in self.observers:  # called on every round: a bad one would break the Tangram there
+            if not callable(obs):
+                raise SpecError(f"observers must be callables (events, now, decisions), got {obs!r}")
         self._batch = batch
         try:
             self._core = Scheduler(pool, options=options, **scheduler_options)
@@ -374,6 +379,8 @@ class Tangram:
 
     def feasibility(self, spec: ActionSpec) -> str | None:
         """Why ``spec`` can never be granted by this pool (None: it can be)."""
+        if not isinstance(spec, ActionSpec):
+            raise SpecError(f"feasibility() needs an ActionSpec, got {type(spec).__name__}")
         return self._core.feasibility(spec)
 
     def check_invariants(self) -> None:
@@ -384,6 +391,9 @@ class Tangram:
     def post(self, ev: Event) -> None:
         """Feed an event to the core (what :class:`ManagerContext`'s ``post`` does): e.g. a
         ServiceResidency a node agent reported. Ignored once the Tangram is closed."""
+        if type(ev) not in _EVENT_TYPES:  # a wrong object would break the scheduler task on its round
+            raise SpecError(f"post() takes a scheduler event ({', '.join(t.__name__ for t in _EVENT_TYPES)}), "
+                            f"got {type(ev).__name__}")
         self._post(ev)
 
     def __repr__(self) -> str:
@@ -394,13 +404,13 @@ class Tangram:
     # ------------------------------------------------------------------------------ internals
     def _check_spec(self, spec: ActionSpec) -> None:
         checked = self._checked
-        if checked.get(id(spec)) is not spec:  # rollouts acquire the same few spec objects again
+        if checked.get(id(spec), _MISSING) is not spec:  # rollouts acquire the same few spec objects again
             key = spec
             if isinstance(spec, ActionSpec) and (spec.group is not None or spec.container is not None):
                 # a copy per trajectory (the adapters' group, a sandbox): what the pool decides does
                 # not depend on either, so the core's one stripped object stands for all of them
                 key = self._core.without_container(spec)
-            if checked.get(id(key)) is not key:
+            if checked.get(id(key), _MISSING) is not key:
                 self._check_against_pool(key)
                 if len(checked) > 1024:
                     checked.clear()
@@ -427,6 +437,8 @@ class Tangram:
 
     def shortage(self, spec: ActionSpec) -> str:
         """``waited for 2 cpus + api x1 (cpus 0/4 free, api 1/1 used, 3 queued)``."""
+        if not isinstance(spec, ActionSpec):
+            raise SpecError(f"shortage() needs an ActionSpec, got {type(spec).__name__}")
         need: list[str] = []
         have: list[str] = []
         L = self._core.ledger
@@ -691,7 +703,7 @@ class Tangram:
         """Register ``w`` and submit its spec: the grant when the core made it inline (the
         uncontended fast path: no future is created), else the future a later round resolves."""
         spec = w.spec
-        if self.managers or self._checked.get(id(spec)) is not spec:  # _check_spec's cache, inline
+        if self.managers or self._checked.get(id(spec), _MISSING) is not spec:  # _check_spec's cache, inline
             self._check_spec(spec)
         aid = w.aid = next(self._ids)
         self._waiters[aid] = w

@@ -733,7 +733,7 @@ class Scheduler:
             # trajectory would split the market)
             spec = self.without_container(spec)
         el = spec.elastic
-        if el is not None and el.max_units > self._unit_cap[el.resource]:
+        if el is not None and (el.max_units > self._unit_cap[el.resource] or el.max_units > 1024):
             capped = self._capped(spec)  # never priced or planned beyond what the pool holds
             if isinstance(capped, str):
                 self.rejected += 1
@@ -794,8 +794,8 @@ class Scheduler:
             return hit
         el = spec.elastic
         assert el is not None
-        cap = max(self._unit_cap[el.resource], spec.cpus if el.resource == "cpu" else spec.gpus, 1)
-        capped = attrs.evolve(spec, elastic=attrs.evolve(el, max_units=cap))
+        cap = min(el.max_units, max(self._unit_cap[el.resource], spec.cpus if el.resource == "cpu" else spec.gpus, 1))
+        capped = spec if cap == el.max_units else attrs.evolve(spec, elastic=attrs.evolve(el, max_units=cap))
         for m in range(1025, cap + 1):  # what the spec's own check left unchecked
             try:
                 e = el.efficiency.efficiency(m)
