@@ -89,3 +89,29 @@ async def test_prometheus_bound_to_runtime() -> None:
             text = prometheus_client.generate_latest(reg).decode()
             assert 'tangram_resource_units{resource="cpus",state="used"} 3.0' in text
             assert "tangram_running 1.0" in text
+
+
+async def test_prometheus_built_on_its_source_exports_busy_cores_and_top_reads_zero() -> None:
+    # the constructor form bound the source and then reset the busy-cores reader (no busy gauge);
+    # top read a completed count of 0 as missing ("n/a")
+    prometheus_client = pytest.importorskip("prometheus_client")
+    from tangram_sdk.top import from_prometheus
+
+    reg = prometheus_client.CollectorRegistry()
+    async with Tangram(Pool(cpus=2)) as tangram:
+        PrometheusMetrics(tangram, registry=reg)
+        text = prometheus_client.generate_latest(reg).decode()
+        assert "tangram_resource_busy_units" in text
+        assert from_prometheus(text)["completed"] == 0
+
+
+async def test_runtime_statistics_reads_the_core_counters_as_attributes() -> None:
+    # docs/api.md lists them as fields; s.completed raised AttributeError (only s["completed"] worked)
+    async with Tangram(Pool(cpus=1)) as tangram:
+        async with tangram.acquire(ActionSpec(kind="x", cpus=1)):
+            pass
+        s = tangram.statistics()
+        for name in ("submitted", "granted", "released", "cancelled", "rejected", "failed", "completed",
+                     "rounds", "evictions", "mean_act_s", "mean_queue_s", "mean_exec_s", "resident_services"):
+            assert getattr(s, name) == s[name] == getattr(s.core, name), name
+        assert s.completed == s.granted == 1

@@ -132,8 +132,7 @@ class PrometheusMetrics:
         self.namespace = namespace
         self.registry = registry if registry is not None else pc.REGISTRY
         self._stats: Callable[[], dict[str, Any]] | None = None
-        if source is not None:
-            self.bind(source)
+        self._busy: CpuBusy | None = None
         ns = namespace
         self.events = pc.Counter(f"{ns}_events", "Scheduler input events", ["type"], registry=None)
         self.decisions = pc.Counter(f"{ns}_decisions", "Scheduler decisions", ["type"], registry=None)
@@ -142,7 +141,8 @@ class PrometheusMetrics:
                                 registry=None)
         self._sub: dict[int, tuple[str, float]] = {}
         self.live = LiveStats()
-        self._busy: CpuBusy | None = None
+        if source is not None:  # last: binding sets the busy-cores reader this constructor resets
+            self.bind(source)
         self.registry.register(self)
 
     def bind(self, source: Any) -> None:

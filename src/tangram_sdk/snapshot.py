@@ -105,6 +105,22 @@ class RuntimeStatistics(Snapshot):
     resizes: int = 0
     resize_failures: int = 0
 
+    # the core's counters and means as attributes too (docs/api.md lists them as fields; they were
+    # reachable only as s.core.X or through the dict access that goes away)
+    submitted = property(lambda self: self.core.submitted, doc="actions submitted (the core's count)")
+    granted = property(lambda self: self.core.granted, doc="actions granted")
+    released = property(lambda self: self.core.released, doc="actions released")
+    cancelled = property(lambda self: self.core.cancelled, doc="waiters that left before a grant")
+    rejected = property(lambda self: self.core.rejected, doc="actions refused (infeasible, deadline)")
+    failed = property(lambda self: self.core.failed, doc="released with failed=True")
+    completed = property(lambda self: self.core.completed, doc="released normally")
+    rounds = property(lambda self: self.core.rounds, doc="scheduling rounds run")
+    evictions = property(lambda self: self.core.evictions, doc="planner evictions")
+    mean_act_s = property(lambda self: self.core.mean_act_s, doc="mean action completion time, s")
+    mean_queue_s = property(lambda self: self.core.mean_queue_s, doc="mean queueing time, s")
+    mean_exec_s = property(lambda self: self.core.mean_exec_s, doc="mean execution time, s")
+    resident_services = property(lambda self: self.core.resident_services, doc="warm service copies")
+
     @classmethod
     def from_core(cls, core: SchedulerStats, *, state: str, waiters: int, quarantined: int,
                   resizes: int = 0, resize_failures: int = 0) -> RuntimeStatistics:

@@ -105,6 +105,11 @@ def parse_prometheus(text: str) -> dict[str, list[tuple[dict[str, str], float]]]
     return out
 
 
+def _first(*values: float | None) -> float | None:
+    """The first value that is there (0 is a value: ``a or b`` took it for missing)."""
+    return next((v for v in values if v is not None), None)
+
+
 def _one(m: dict[str, list[tuple[dict[str, str], float]]], name: str, **labels: str) -> float | None:
     for lab, v in m.get(name, ()):
         if all(lab.get(k) == x for k, x in labels.items()):
@@ -149,7 +154,7 @@ def from_prometheus(text: str, ns: str = "tangram") -> dict[str, Any]:
     if f"{ns}_queued_by_kind" not in m:
         missing = "this exporter predates the per-kind and per-service metrics: upgrade tangram-sdk there"
     return {"resources": resources, "running": _one(m, f"{ns}_running"), "queued": _one(m, f"{ns}_queued"),
-            "completed": _one(m, f"{ns}_completed_total") or _one(m, f"{ns}_completed"),
+            "completed": _first(_one(m, f"{ns}_completed_total"), _one(m, f"{ns}_completed")),
             "kinds": kinds, "per_kind": f"{ns}_queued_by_kind" in m,
             "act": act, "services": services, "per_service": any(k in m for k in (f"{ns}_service_restores", f"{ns}_service_restores_total")), "notes": notes,
             "missing": missing}
