@@ -178,3 +178,15 @@ async def test_a_bad_observer_or_posted_event_is_refused_before_it_can_break_the
         async with t.acquire(SPEC):
             pass
         assert t.statistics().state == "open"
+
+
+async def test_a_wall_clock_deadline_is_refused_not_waited_on_for_ever() -> None:
+    # deadlines are loop.time() values; time.time() + 0.2 is ~55 years after the loop's clock and
+    # never fired: the acquire just waited
+    async with Tangram(Pool(cpus=1)) as t:
+        with pytest.raises(SpecError, match="not time.time"):
+            async with t.acquire(SPEC, deadline=time.time() + 0.2):
+                pass
+        loop_deadline = asyncio.get_running_loop().time() + 5
+        async with t.acquire(SPEC, deadline=loop_deadline) as lease:
+            assert lease.cpus == (0,)

@@ -248,6 +248,23 @@ async def test_lease_run_pins_the_subprocess_to_the_lease_cores():
     assert ncpu >= 1
 
 
+@pytest.mark.looptime(False)  # real subprocesses
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="needs Linux sched_setaffinity")
+async def test_lease_run_says_when_the_pool_names_cores_this_process_cannot_use():
+    # Pool(cpus=N) on a machine (or a container) with fewer cores: the pin failed inside the shim
+    # and the user saw their command "exit 1" with the shim's traceback
+    allowed = sorted(os.sched_getaffinity(0))
+    outside = max(allowed) + 1
+    async with Tangram(Pool(cpus=(outside,))) as t:
+        async with t.acquire(ActionSpec(kind="x", cpus=1)) as lease:
+            with pytest.raises(SpecError, match=rf"cores \[{outside}\] are not available to this process"):
+                await lease.run(["true"])
+    async with Tangram(Pool(cpus=allowed)) as t:
+        async with t.acquire(ActionSpec(kind="x", cpus=1)) as lease:
+            r = await lease.run(["no-such-command-tangram"], timeout=30)  # the shell's 127, one line
+            assert r.exit_code == 127 and r.stderr == b"no-such-command-tangram: No such file or directory\n"
+
+
 @pytest.mark.looptime(False)  # real subprocesses under real timeouts
 async def test_lease_run_feeds_stdin_as_bytes_or_text():
     async with Tangram(Pool(cpus=sorted(os.sched_getaffinity(0)))) as t:

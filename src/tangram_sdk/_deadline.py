@@ -139,10 +139,26 @@ def _finite(value: object, kind_error: str, range_error: str, positive: bool = F
     return x
 
 
+# a deadline this far past the loop's clock is not one: almost surely time.time() given for
+# loop.time() (which counts from boot), and it would silently never fire
+_FAR_S = 1e6
+
+
 def check_deadline(deadline: object) -> float | None:
-    """A deadline is an absolute time on the loop's clock (a finite number), or None."""
-    return _finite(deadline, "deadline must be a loop.time() value (a number) or None",
-                   "deadline must be a finite loop.time() value")
+    """A deadline is an absolute time on the loop's clock (a finite number), or None; one more
+    than ~11 days past the running loop's ``time()`` is refused as a wall-clock time."""
+    d = _finite(deadline, "deadline must be a loop.time() value (a number) or None",
+                "deadline must be a finite loop.time() value")
+    if d is not None:
+        try:
+            now = asyncio.get_running_loop().time()
+        except RuntimeError:  # no loop here: nothing to compare with
+            return d
+        if d - now > _FAR_S:
+            raise SpecError(f"deadline {deadline!r} is {d - now:.3g} s after the event loop's clock: deadlines "
+                            "are loop.time() values (asyncio.get_running_loop().time() + seconds), not "
+                            "time.time()")
+    return d
 
 
 def check_expected(value: object) -> float | None:

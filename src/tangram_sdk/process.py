@@ -30,6 +30,7 @@ from typing import Literal
 
 import attrs
 
+from ._cpuset import format_cpuset
 from ._deadline import check_timeout
 from .errors import ActionOOMError, CgroupError, SpecError
 from .managers import _cgroup
@@ -90,7 +91,8 @@ _SHIM = (
     "  f=os.open(m[3:],os.O_WRONLY);os.write(f,str(os.getpid()).encode());os.close(f)\n"
     " elif m[:3]=='as:':\n"
     "  import resource;n=int(m[3:]);resource.setrlimit(resource.RLIMIT_AS,(n,n))\n"
-    " os.execvp(a[0],a)\n"
+    " try:os.execvp(a[0],a)\n"
+    " except OSError as e:os.write(2,(a[0]+': '+e.strerror+'\\n').encode());os._exit(127 if isinstance(e,FileNotFoundError) else 126)\n"
     "for g in (signal.SIGINT,signal.SIGTERM,signal.SIGHUP):signal.signal(g,lambda n,f:os.kill(p,n))\n"
     "while 1:\n"
     " try:_,st,ru=os.wait4(p,0);break\n"
@@ -356,6 +358,19 @@ async def _read_bounded(stream: asyncio.StreamReader | None, limit: int, kept: b
             truncated = True
 
 
+def _check_usable(cpus: Sequence[int]) -> None:
+    """A pool may name cores this process cannot run on (``Pool(cpus=4)`` on a 2-core container):
+    say so, rather than let the pin fail inside the shim as the command's own exit 1."""
+    if not cpus or not hasattr(os, "sched_getaffinity"):
+        return
+    allowed = os.sched_getaffinity(0)
+    missing = sorted(set(cpus) - allowed)
+    if missing:
+        raise SpecError(f"the lease's cores {missing} are not available to this process (it may run on "
+                        f"{format_cpuset(sorted(allowed))}): build the Pool from the cores you have, "
+                        "e.g. Pool(cpus=sorted(os.sched_getaffinity(0)))")
+
+
 async def run_pinned(
     cmd: Sequence[str],
     cpus: Sequence[int],
@@ -377,6 +392,7 @@ async def run_pinned(
     limit = check_timeout(timeout)
     feed = check_stdin(stdin)
     check_max_output(max_output)
+    _check_usable(cpus)
     scope = MemoryScope(memory) if isinstance(memory, int) and not isinstance(memory, bool) else memory
     if scope is not None and not isinstance(scope, MemoryScope):
         raise SpecError(f"memory must be None, bytes or a MemoryScope, got {memory!r}")
