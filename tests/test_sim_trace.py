@@ -88,6 +88,25 @@ async def test_record_from_runtime_then_replay(tmp_path) -> None:  # type: ignor
     assert [round(e - s, 6) for s, e in zip(r.submit, r.end)] == pytest.approx([2.02] * 3)
 
 
+async def test_a_recorded_group_is_the_trajectory_when_no_container_is_named(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    # the adapters name the trajectory with group=; recorded without it, 3 trajectories x 3 actions
+    # replayed as 9 one-action trajectories (not closed-loop any more)
+    pool = Pool(cpus=4)
+    path = tmp_path / "rec.jsonl"
+    with TraceRecorder(path, pool=pool) as rec:
+        async with Tangram(pool, observers=[rec]) as tangram:
+
+            async def trajectory(name: str) -> None:
+                for _ in range(3):
+                    async with tangram.acquire(ActionSpec(kind="tool", cpus=1, group=name)):
+                        await asyncio.sleep(0.5)
+
+            await asyncio.gather(*(trajectory(f"traj-{i}") for i in range(3)))
+    wl = trace_workload(path)
+    assert wl.n_actions == 9 and len(wl.trajectories) == 3
+    assert sorted(len(t.acts) for t in wl.trajectories) == [3, 3, 3]
+
+
 def test_cli_compare_json_and_plot(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
     out = tmp_path / "o.json"
     plots = tmp_path / "plots"

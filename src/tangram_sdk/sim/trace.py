@@ -240,7 +240,9 @@ class TraceRecorder:
 
     Times are seconds since the first action arrived (not the runtime clock, which counts from
     boot). ``duration`` is the measured run time scaled back to the spec's minimum units, so a replay under
-    another policy rescales it; ``traj`` is the spec's ``container`` (one sandbox per trajectory).
+    another policy rescales it; ``traj`` is the spec's ``container`` (one sandbox per trajectory), else
+    its ``group`` (what the framework adapters set to the trajectory): without either a replay
+    cannot keep the trajectories closed-loop.
     Works as a simulator observer too. Call :meth:`close` (or use it as a context manager) to flush.
     """
 
@@ -303,8 +305,9 @@ class TraceRecorder:
                 el["table"] = {str(m): eff.efficiency(m) for m in range(1, min(spec.elastic.max_units, 64) + 1)}
             line["elastic"] = el
             line["units"] = units
-        if spec.container:
-            line["traj"] = spec.container
+        traj = spec.container or spec.group  # the sandbox, else what the adapters name (the trajectory)
+        if traj:
+            line["traj"] = traj
         if failed:
             line["failed"] = True
         self._write(line)
