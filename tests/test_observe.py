@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from typing import Any
 
 import pytest
 
@@ -115,3 +116,54 @@ async def test_runtime_statistics_reads_the_core_counters_as_attributes() -> Non
                      "rounds", "evictions", "mean_act_s", "mean_queue_s", "mean_exec_s", "resident_services"):
             assert getattr(s, name) == s[name] == getattr(s.core, name), name
         assert s.completed == s.granted == 1
+
+
+@pytest.mark.looptime(False)  # a scraping thread beside the loop: real time
+async def test_prometheus_scrapes_from_another_thread_under_load_never_fail() -> None:
+    # collect() runs on the exporter's HTTP thread while the loop's observer changes the live
+    # statistics: scrapes failed with "dictionary changed size during iteration"
+    import threading
+
+    prometheus_client = pytest.importorskip("prometheus_client")
+    reg = prometheus_client.CollectorRegistry()
+    prom = PrometheusMetrics(registry=reg)
+    errors: list[BaseException] = []
+    stop = threading.Event()
+
+    def scrape() -> None:
+        while not stop.is_set():
+            try:
+                prometheus_client.generate_latest(reg)
+            except BaseException as exc:  # noqa: BLE001 - what a scrape would report
+                errors.append(exc)
+
+    import sys
+
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1e-5)  # hand the GIL over often, so the scrape lands mid-update
+    try:
+        await _churn_while(prom, scrape, stop)
+    finally:
+        sys.setswitchinterval(switch)
+    assert not errors, errors[:3]
+
+
+async def _churn_while(prom: PrometheusMetrics, scrape: Any, stop: Any) -> None:
+    import threading
+
+    async with Tangram(Pool(cpus=2), observers=[prom]) as tangram:
+        prom.bind(tangram)
+        th = threading.Thread(target=scrape)
+        th.start()
+
+        async def one(i: int) -> None:
+            async with tangram.acquire(ActionSpec(kind=f"k{i % 7}", cpus=1)):
+                await asyncio.sleep(0)
+
+        t_end = asyncio.get_running_loop().time() + 1.0
+        i = 0
+        while asyncio.get_running_loop().time() < t_end:
+            await asyncio.gather(*(one(i + j) for j in range(40)))
+            i += 40
+        stop.set()
+        th.join(10)

@@ -123,22 +123,27 @@ class LiveStats:
         overhead (restores) and execution (s) of completed actions; ``services``: restores,
         evictions and restore seconds per GPU service."""
         now = time.monotonic() - self._offset
+        # a Prometheus scrape calls this on its HTTP thread while the loop's observer changes the
+        # dicts: iterate copies (dict.copy() runs without letting another thread in), or a scrape
+        # fails with "dictionary changed size during iteration"
+        waiting, kind_of, running = self._waiting.copy(), self._kind.copy(), self._running_kind.copy()
+        restores, evictions, restore_s = self.restores.copy(), self.evictions.copy(), self.restore_s.copy()
         kinds: dict[str, dict[str, Any]] = {}
-        for aid, t in self._waiting.items():
-            k = kinds.setdefault(self._kind.get(aid, "?"), {"queued": 0, "running": 0, "oldest_wait_s": 0.0})
+        for aid, t in waiting.items():
+            k = kinds.setdefault(kind_of.get(aid, "?"), {"queued": 0, "running": 0, "oldest_wait_s": 0.0})
             k["queued"] += 1
             k["oldest_wait_s"] = max(k["oldest_wait_s"], now - t)
-        for kind in self._running_kind.values():
+        for kind in running.values():
             kinds.setdefault(kind, {"queued": 0, "running": 0, "oldest_wait_s": 0.0})["running"] += 1
         n = self.completed
-        restore_total = sum(self.restore_s.values())
+        restore_total = sum(restore_s.values())
         act: dict[str, float | None] = {"queue_s": None, "overhead_s": None, "exec_s": None, "act_s": None}
         if n:
             overhead = restore_total / n
             act = {"queue_s": self._sum_queue / n, "overhead_s": overhead,
                    "exec_s": max(0.0, self._sum_hold / n - overhead),
                    "act_s": (self._sum_queue + self._sum_hold) / n}
-        services = {s: {"restores": self.restores.get(s, 0), "evictions": self.evictions.get(s, 0),
-                        "restore_s": self.restore_s.get(s, 0.0)}
-                    for s in sorted(set(self.restores) | set(self.evictions))}
+        services = {s: {"restores": restores.get(s, 0), "evictions": evictions.get(s, 0),
+                        "restore_s": restore_s.get(s, 0.0)}
+                    for s in sorted(set(restores) | set(evictions))}
         return {"kinds": kinds, "act": act, "completed": n, "services": services}
