@@ -346,7 +346,9 @@ async def test_nodes_containers_and_node_loss(cluster_address: str, monkeypatch:
                 assert "node 'B' left the pool" in str(outcome[tag])
             s = await tg.statistics()
             assert s["nodes"]["B"]["alive"] is False and s["lost_nodes"][0]["node"] == "B"
-            assert s["held"] == 0 and s["lost"] == 2 and s["nodes"]["A"]["cpus_free"] == 2
+            # h0's exec fails as the agent dies (NodeLostError from the call), and its release can
+            # reach the actor before the node's loss does: counted released, not lost, then
+            assert s["held"] == 0 and s["lost"] in (1, 2) and s["nodes"]["A"]["cpus_free"] == 2
             with pytest.raises(NodeLostError):
                 async with tg.acquire(ActionSpec(kind="t", cpus=1), node="B"):
                     pass
