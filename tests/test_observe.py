@@ -167,3 +167,16 @@ async def _churn_while(prom: PrometheusMetrics, scrape: Any, stop: Any) -> None:
             i += 40
         stop.set()
         th.join(10)
+
+
+def test_a_bounded_timeline_stays_bounded() -> None:
+    # max_actions bounded the spans, but every round added a counter entry (~180 MB over a soak)
+    from tangram_sdk.scheduler import Grant, Released, Submitted
+
+    tl = Timeline(max_actions=10)
+    spec = ActionSpec(kind="x", cpus=1)
+    for i in range(2000):
+        tl((Submitted(i, spec),), float(i), (Grant(i, cpus=(0,)),))
+        tl((Released(i),), i + 0.5, ())
+        tl((), i + 0.7, ())  # a round that changes nothing
+    assert len(tl._spans) == 10 and len(tl._counters) <= 80

@@ -66,8 +66,14 @@ class Timeline:
             elif isinstance(d, Reject):
                 self._submitted.pop(d.action_id, None)
                 self._kind.pop(d.action_id, None)
-        queued = len(self._submitted) - len(self._granted)
-        self._counters.append((now, len(self._granted), queued))
+        running = len(self._granted)
+        queued = len(self._submitted) - running
+        counters = self._counters
+        # only changes, and (with max_actions) no more of them than the kept actions can make
+        # (each changes the counts ~3 times): one entry per round grew without bound (~100 B each)
+        if not counters or counters[-1][1] != running or counters[-1][2] != queued:
+            if self.max_actions is None or len(counters) < 8 * self.max_actions:
+                counters.append((now, running, queued))
 
     def to_chrome(self, *, now: float | None = None) -> dict[str, Any]:
         """The trace as a dict ``{"traceEvents": [...]}`` (timestamps in microseconds).
