@@ -97,3 +97,16 @@ def test_a_simulated_policy_takes_the_same_options() -> None:
     assert fifo.lanes[0].depth == 5 and fifo.lanes[0].elastic is False
     with pytest.raises(SpecError, match="given both"):
         make_policy("tangram", Pool(cpus=8), options=SchedulerOptions(window=3), window=4)
+
+
+@pytest.mark.parametrize("bad", [
+    {"default_duration": 0}, {"default_duration": -1.0}, {"default_duration": float("nan")},
+    {"alpha": 5}, {"alpha": -0.5}, {"duration_alpha": 2}, {"price_smoothing": 2},
+    {"mu_grid": ()}, {"mu_grid": (-1,)}, {"elastic": "no"}, {"window": "8"}, {"load_target": float("inf")},
+])
+def test_an_option_out_of_range_or_of_the_wrong_type_is_a_spec_error_naming_it(bad: dict) -> None:  # type: ignore[type-arg]
+    # these were taken silently (default_duration=nan changed a grant from 4 cores to 2) or failed
+    # deep inside as a bare TypeError
+    (name,) = bad
+    with pytest.raises(SpecError, match=name):
+        Scheduler(Pool(cpus=2), **bad)

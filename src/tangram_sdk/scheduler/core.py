@@ -47,6 +47,7 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
+from ..errors import SpecError
 from ..options import SchedulerOptions, merge_options
 from ..pool import Pool
 from ..snapshot import Snapshot
@@ -176,6 +177,32 @@ class Scheduler:
         gpu_instances: str = "tp",
         gpu_regime_window: float = 60.0,
     ) -> None:
+        # types as SchedulerOptions checks them (a Scheduler built from keywords took window="8"
+        # to a bare TypeError, elastic="no" silently), then the ranges
+        SchedulerOptions(window=window, depth=depth, scan_limit=scan_limit, elastic=elastic, lookahead=lookahead,
+                         default_duration=default_duration, default_restore_s=default_restore_s, alpha=alpha,
+                         duration_alpha=duration_alpha, learn_efficiency=learn_efficiency, mu_grid=mu_grid,
+                         max_evictions=max_evictions, lookahead_cap=lookahead_cap, skip_rounds=skip_rounds,
+                         gpu_slots=gpu_slots, planner=planner, load_target=load_target,
+                         price_horizon=price_horizon, price_smoothing=price_smoothing, max_price=max_price,
+                         objective=objective, start_or_wait=start_or_wait, restart_gain=restart_gain,
+                         restore_horizon=restore_horizon, gpu_instances=gpu_instances,
+                         gpu_regime_window=gpu_regime_window)
+        mu_grid = tuple(float(x) for x in mu_grid)
+        for name, ok, want in (
+            ("default_duration", 0 < default_duration < math.inf, "a finite number of seconds > 0"),
+            ("default_restore_s", 0 <= default_restore_s < math.inf, "a finite number of seconds >= 0"),
+            ("alpha", 0 < alpha <= 1, "in (0, 1]"),
+            ("duration_alpha", 0 < duration_alpha <= 1, "in (0, 1]"),
+            ("price_smoothing", 0 <= price_smoothing <= 1, "in [0, 1]"),
+            ("mu_grid", bool(mu_grid) and all(x >= 0 for x in mu_grid), "non-empty, prices >= 0"),
+            ("max_evictions", max_evictions >= 0, ">= 0"),
+            ("lookahead_cap", lookahead_cap >= 1, ">= 1"),
+            ("load_target", 0 < load_target < math.inf, "finite and > 0"),
+            ("price_horizon", 0 <= price_horizon < math.inf, "a finite number of seconds >= 0"),
+        ):
+            if not ok:  # NaN fails every comparison above, so it lands here too
+                raise SpecError(f"scheduler option {name} must be {want}, got {locals()[name]!r}")
         if window < 1 or depth < 0 or scan_limit < 1:
             raise ValueError("window and scan_limit must be >= 1, depth >= 0")
         if gpu_slots is not None and not gpu_slots > 0:
