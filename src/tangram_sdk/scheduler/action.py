@@ -176,7 +176,8 @@ def feasibility(spec: ActionSpec, pool: Pool, ledger: Ledger, cells: tuple[int, 
         key = "#" + name
         if key not in ledger.tokens:
             weighted = sorted(k[1:] for k in ledger.tokens if k.startswith("#"))
-            return f"tokens of quota {name!r}: the pool has no token-rate limit by that name (has {weighted})"
+            return (f"tokens of quota {name!r}: the pool has no token-rate limit by that name (has {weighted}); "
+                    f"declare one: Pool(quotas={{{name!r}: Quota(tokens_per_s=..., token_burst=...)}})")
         b = ledger.q_bucket[key]
         if b is not None and n > b:
             return f"tokens of quota {name!r}: {n} tokens exceed its token burst {b}"
