@@ -180,3 +180,17 @@ def test_a_bounded_timeline_stays_bounded() -> None:
         tl((Released(i),), i + 0.5, ())
         tl((), i + 0.7, ())  # a round that changes nothing
     assert len(tl._spans) == 10 and len(tl._counters) <= 80
+
+
+async def test_a_new_exporter_replaces_the_stale_one_of_its_namespace() -> None:
+    # a new Tangram per epoch or a re-run notebook cell: both exporters were scraped (duplicate
+    # families, top reading the stale one) and the registry kept the old Tangram alive
+    prometheus_client = pytest.importorskip("prometheus_client")
+    reg = prometheus_client.CollectorRegistry()
+    async with Tangram(Pool(cpus=4)) as first:
+        PrometheusMetrics(first, registry=reg)
+    async with Tangram(Pool(cpus=8)) as second:
+        PrometheusMetrics(second, registry=reg)
+        text = prometheus_client.generate_latest(reg).decode()
+        assert text.count("# TYPE tangram_running gauge") == 1
+        assert 'tangram_resource_units{resource="cpus",state="free"} 8.0' in text

@@ -13,8 +13,10 @@ same ``(events, now, decisions)`` signature)::
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -23,6 +25,9 @@ from .scheduler.decisions import Decision, Grant, Reject
 from .scheduler.events import Cancelled, Event, Released, Submitted
 
 __all__ = ["PrometheusMetrics", "Timeline"]
+
+# the live exporter per (registry, namespace): see PrometheusMetrics.__init__
+_EXPORTERS: weakref.WeakValueDictionary[tuple[int, str], PrometheusMetrics] = weakref.WeakValueDictionary()
 
 
 class Timeline:
@@ -149,6 +154,15 @@ class PrometheusMetrics:
         self.live = LiveStats()
         if source is not None:  # last: binding sets the busy-cores reader this constructor resets
             self.bind(source)
+        # describe() gives the registry nothing to check duplicates by: a second exporter of the same
+        # namespace (a new Tangram per epoch, a re-run notebook cell) was exported beside the first,
+        # stale one, which it also kept alive. The newest replaces it.
+        key = (id(self.registry), namespace)
+        old = _EXPORTERS.get(key)
+        if old is not None:
+            with contextlib.suppress(KeyError):
+                self.registry.unregister(old)
+        _EXPORTERS[key] = self
         self.registry.register(self)
 
     def bind(self, source: Any) -> None:
