@@ -190,3 +190,11 @@ async def test_a_wall_clock_deadline_is_refused_not_waited_on_for_ever() -> None
         loop_deadline = asyncio.get_running_loop().time() + 5
         async with t.acquire(SPEC, deadline=loop_deadline) as lease:
             assert lease.cpus == (0,)
+
+
+def test_a_manager_or_tangram_that_is_not_one_is_refused_where_it_is_given() -> None:
+    for bad in (None, "docker", object()):
+        with pytest.raises(SpecError, match="Manager protocol"):
+            Tangram(Pool(cpus=1), managers=[bad])  # type: ignore[list-item]
+        with pytest.raises(SpecError, match="SyncTangram needs a Tangram"):
+            SyncTangram(bad)  # type: ignore[arg-type]

@@ -92,6 +92,10 @@ class Tangram:
         names = sorted(merge_options(options, scheduler_options))  # SpecError: not options, or both ways
         self.pool = pool
         self.managers: tuple[Manager, ...] = tuple(managers)
+        for m in self.managers:  # a bare AttributeError at start (or at the first grant) otherwise
+            missing = [n for n in ("start", "check", "apply", "release", "aclose") if not callable(getattr(m, n, None))]
+            if missing:
+                raise SpecError(f"managers must implement the Manager protocol; {m!r} has no {', '.join(missing)}")
         self.observers: list[Observer] = list(observers)
         for obs in self.observers:  # called on every round: a bad one would break the Tangram there
             if not callable(obs):

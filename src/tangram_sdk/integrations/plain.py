@@ -116,6 +116,8 @@ class SyncTangram:
     """
 
     def __init__(self, tangram: AnyTangram, *, loop: asyncio.AbstractEventLoop | None = None) -> None:
+        if not callable(getattr(tangram, "acquire", None)):
+            raise SpecError(f"SyncTangram needs a Tangram (or a RemoteTangram), got {type(tangram).__name__}")
         if loop is None:
             try:
                 loop = asyncio.get_running_loop()
