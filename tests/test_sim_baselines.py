@@ -91,3 +91,17 @@ def test_cli_param_overrides_a_workload_parameter_and_rejects_bad_ones(capsys: p
             rc = exc.code  # type: ignore[assignment]
         assert rc == 2
         assert needle in capsys.readouterr().err
+
+
+def test_a_misspelt_workload_parameter_is_an_error_naming_it() -> None:
+    # test_max_cpu=32 (for test_max_cpus) used to run the defaults without a word
+    from tangram_sdk import SpecError
+    from tangram_sdk.sim.workloads import ai_coding, deepsearch, mopd
+
+    with pytest.raises(SpecError, match=r"ai_coding: unknown parameter\(s\) \['test_max_cpu'\]"):
+        ai_coding(4, nodes=1, cores=8, test_max_cpu=32)
+    with pytest.raises(SpecError, match="deepsearch: unknown"):
+        deepsearch(4, judge_work=1.0)
+    with pytest.raises(SpecError, match="mopd: unknown"):
+        mopd(4, teacher=3)
+    assert ai_coding(4, nodes=1, cores=8, test_max_cpus=32).params["test_max_cpus"] == 32

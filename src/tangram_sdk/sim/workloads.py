@@ -14,6 +14,7 @@ from typing import Any
 import attrs
 import numpy as np
 
+from ..errors import SpecError
 from ..pool import Pool, Quota
 from ..spec import ActionSpec, Amdahl, Elasticity
 from .engine import Act, Trajectory
@@ -82,7 +83,7 @@ CODING = dict(
 def ai_coding(batch: int = 1280, *, nodes: int = 15, cores: int = 256, seed: int = 0,
               **over: Any) -> Workload:
     """SWE-style coding agents: decode -> shell/test action -> decode ... on a CPU sandbox pool."""
-    p = {**CODING, **over}
+    p = _params(CODING, over, "ai_coding")
     if not 0.0 <= p["test_frac"] <= 1.0:
         raise ValueError(f"test_frac is a fraction of actions, in [0, 1]; got {p['test_frac']!r}")
     rng = np.random.default_rng(seed)
@@ -168,7 +169,7 @@ SEARCH = dict(
 
 def deepsearch(batch: int = 2048, *, seed: int = 0, gpus: int | None = None, **over: Any) -> Workload:
     """Search agents: decode -> web search (API quota) ... -> final GPU judge/reward call."""
-    p = {**SEARCH, **over}
+    p = _params(SEARCH, over, "deepsearch")
     if gpus is not None:
         p["gpus"] = gpus
     rng = np.random.default_rng(seed)
@@ -211,7 +212,7 @@ MOPD = dict(
 
 def mopd(batch: int = 2048, *, seed: int = 0, gpus: int | None = None, **over: Any) -> Workload:
     """Multi-teacher on-policy distillation: decode a chunk -> one teacher scores it -> decode ..."""
-    p = {**MOPD, **over}
+    p = _params(MOPD, over, "mopd")
     rng = np.random.default_rng(seed)
     k = p["teachers"]
     names = tuple(f"teacher{i}" for i in range(k))
@@ -239,6 +240,15 @@ def mopd(batch: int = 2048, *, seed: int = 0, gpus: int | None = None, **over: A
 
 WORKLOADS: dict[str, Callable[..., Workload]] = {"ai-coding": ai_coding, "deepsearch": deepsearch, "mopd": mopd}
 PARAMS: dict[str, dict[str, Any]] = {"ai-coding": CODING, "deepsearch": SEARCH, "mopd": MOPD}
+
+
+def _params(defaults: dict[str, Any], over: dict[str, Any], workload: str) -> dict[str, Any]:
+    """The workload's parameters with ``over`` applied; a name it does not have is an error (a
+    misspelt ``test_max_cpu=32`` used to run the defaults without a word)."""
+    unknown = sorted(set(over) - set(defaults))
+    if unknown:
+        raise SpecError(f"{workload}: unknown parameter(s) {unknown}; known: {sorted(defaults)}")
+    return {**defaults, **over}
 
 
 def build(name: str, batch: int | None = None, **kw: Any) -> Workload:
