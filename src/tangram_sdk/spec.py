@@ -139,6 +139,10 @@ def _to_efficiency(value: EfficiencyLike) -> Efficiency:
     raise SpecError(f"efficiency must be Amdahl(p), a {{units: E}} table or a callable, got {show(value)}")
 
 
+# an Elasticity checks its efficiency for m up to this; a larger range is checked by the scheduler
+CHECKED_UNITS = 1024
+
+
 @attrs.frozen(cache_hash=True)  # hashed on every lookup of a spec's per-trajectory copy
 class Elasticity:
     """How an action's duration shrinks with units of its one key elastic resource.
@@ -185,13 +189,21 @@ class Elasticity:
             raise SpecError(f"elastic resource must be 'cpu' or 'gpu', got {show(self.resource)}")
         if isinstance(self.max_units, bool) or not isinstance(self.max_units, int) or self.max_units < 1:
             raise SpecError(f"max_units must be an int >= 1, got {show(self.max_units)}")
-        for m in range(1, min(self.max_units, 1024) + 1):
+        problem = self.efficiency_problem(1, min(self.max_units, CHECKED_UNITS))
+        if problem is not None:
+            raise SpecError(problem)
+
+    def efficiency_problem(self, lo: int, hi: int) -> str | None:
+        """What is wrong with ``E(m)`` for ``m`` in ``lo..hi`` (None: nothing). Checked here up to
+        :data:`CHECKED_UNITS`; the scheduler checks the rest of the range it will use."""
+        for m in range(lo, hi + 1):
             try:
                 e = self.efficiency.efficiency(m)
             except Exception as exc:  # a user callable may raise anything; say which m
-                raise SpecError(f"efficiency model raised at m={m}: {show(exc)}") from exc
+                return f"efficiency model raised at m={m}: {show(exc)}"
             if not (0.0 < e <= 1.0 + 1e-9) or math.isnan(e):
-                raise SpecError(f"efficiency E({show(m)}) must be in (0, 1], got {show(e)}")
+                return f"efficiency E({show(m)}) must be in (0, 1], got {show(e)}"
+        return None
 
 
 def _nonneg_int(name: str) -> Callable[[Any, Any, Any], None]:

@@ -51,7 +51,7 @@ from ..errors import SpecError
 from ..options import SchedulerOptions, merge_options
 from ..pool import Pool
 from ..snapshot import Snapshot
-from ..spec import ActionSpec
+from ..spec import CHECKED_UNITS, ActionSpec
 from .action import Action, Shape, dur_min, shape_of, spec_dur_min
 from .admission import Admission
 from .decisions import Decision, Grant, Reject
@@ -760,7 +760,7 @@ class Scheduler:
             # trajectory would split the market)
             spec = self.without_container(spec)
         el = spec.elastic
-        if el is not None and (el.max_units > self._unit_cap[el.resource] or el.max_units > 1024):
+        if el is not None and (el.max_units > self._unit_cap[el.resource] or el.max_units > CHECKED_UNITS):
             capped = self._capped(spec)  # never priced or planned beyond what the pool holds
             if isinstance(capped, str):
                 self.rejected += 1
@@ -823,13 +823,9 @@ class Scheduler:
         assert el is not None
         cap = min(el.max_units, max(self._unit_cap[el.resource], spec.cpus if el.resource == "cpu" else spec.gpus, 1))
         capped = spec if cap == el.max_units else attrs.evolve(spec, elastic=attrs.evolve(el, max_units=cap))
-        for m in range(1025, cap + 1):  # what the spec's own check left unchecked
-            try:
-                e = el.efficiency.efficiency(m)
-            except Exception as exc:  # noqa: BLE001 - a user callable may raise anything
-                return f"{spec.kind}: efficiency model raised at m={m}: {exc!r}"
-            if not (0.0 < e <= 1.0 + 1e-9) or math.isnan(e):
-                return f"{spec.kind}: efficiency E({m}) must be in (0, 1], got {e!r}"
+        problem = el.efficiency_problem(CHECKED_UNITS + 1, cap)  # what the spec's own check left out
+        if problem is not None:
+            return f"{spec.kind}: {problem}"
         if len(self._capped_memo) > 4096:
             self._capped_memo.clear()
         self._capped_memo[spec] = capped
