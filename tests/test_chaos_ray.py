@@ -442,6 +442,22 @@ async def test_a_raising_efficiency_callable_fails_only_its_spec_in_the_shared_a
         cl.shutdown()
 
 
+# ------------------------------------------------------------------------------ restart at once
+async def test_shutdown_then_deploy_again_at_once_makes_a_new_actor(cluster: Any) -> None:
+    """A job restarting its pool (shutdown, deploy) must never attach to the dying actor: shutdown
+    returns once the name is free. Old code returned right after ray.kill, which only sends the
+    request; a CI run found a killed actor still registered by its name a moment later."""
+    first = None
+    for _ in range(3):
+        cl = deploy("restart", namespace=NS, pool=Pool(cpus=1))
+        assert cl.actor._ray_actor_id != first  # a new actor each time, never the dying one
+        first = cl.actor._ray_actor_id
+        assert cl.statistics()["nodes"]
+        cl.shutdown()
+        with pytest.raises(TangramError, match="deploy"):
+            TangramCluster.get("restart", namespace=NS)
+
+
 # ------------------------------------------------------------------------------ bad arguments
 async def test_bad_arguments_are_project_errors_naming_the_argument(cluster: Any) -> None:
     cl = deploy("args", namespace=NS, pool=Pool(cpus=1))

@@ -94,6 +94,27 @@ def _ensure_ray(namespace: str) -> Any:
     return ray
 
 
+def _kill(actor: Any, name: str, namespace: str, timeout: float) -> bool:
+    """Kill ``actor`` and wait (at most ``timeout`` s) until its name is free again.
+
+    ``ray.kill`` only sends the request: for a moment after it ``ray.get_actor`` still returns
+    the dying actor, and a ``deploy()`` with ``get_if_exists`` would attach to it and fail. True
+    once the name is free or held by another actor (a later deploy's), False at the deadline."""
+    ray = require()
+    ray.kill(actor)
+    mine = actor._ray_actor_id
+    end = time.monotonic() + timeout
+    while True:
+        try:
+            if ray.get_actor(name, namespace=namespace)._ray_actor_id != mine:
+                return True
+        except ValueError:
+            return True
+        if time.monotonic() >= end:
+            return False
+        time.sleep(0.02)
+
+
 class TangramCluster:
     """A handle on a deployed scheduler actor (sync methods: call them from driver code).
 
@@ -151,16 +172,19 @@ class TangramCluster:
     def shutdown(self) -> None:
         """Stop the scheduler: waiters fail, clients are dropped, agents close their managers.
 
-        The actor is killed in any case; when it did not finish its shutdown within ``timeout``
-        (frozen, or an agent hung closing its managers) this raises SchedulerBrokenError after the
-        kill, saying so: containers or GPU copies may then not have been parked/evicted."""
-        ray = require()
+        The actor is killed in any case, and this returns once its name is free, so a
+        ``deploy()`` right after makes a new one. When it did not finish its shutdown within
+        ``timeout`` (frozen, or an agent hung closing its managers) this raises
+        SchedulerBrokenError after the kill, saying so: containers or GPU copies may then not have
+        been parked/evicted."""
         try:
             self._call("shutdown")
         except SchedulerBrokenError as exc:
-            ray.kill(self.actor)
+            _kill(self.actor, self.name, self.namespace, self.timeout)
             raise SchedulerBrokenError(f"{exc}; killed it (agents may not have closed their managers)") from None
-        ray.kill(self.actor)
+        if not _kill(self.actor, self.name, self.namespace, self.timeout):
+            raise SchedulerBrokenError(f"the Tangram scheduler actor {self.namespace}/{self.name} was killed but "
+                                       f"its name was still registered after {self.timeout:g} s")
 
     def __repr__(self) -> str:
         return f"<TangramCluster {self.namespace}/{self.name}>"
@@ -300,8 +324,8 @@ def deploy(
                         f"holding {have.describe()}, not {want.describe()}; shut it down first "
                         f"(TangramCluster.get(...).shutdown())")
     except BaseException:
-        if created:
-            ray.kill(actor)
+        if created:  # gone before the error reaches the caller: a retry makes a new actor
+            _kill(actor, name, namespace, timeout)
         raise
     return cluster
 
