@@ -325,6 +325,41 @@ async def test_lease_run_timeout_and_cancel_kill_the_command():
         whole(t)
 
 
+def _alive(tag: str) -> list[str]:
+    return [a for a in os.popen("ps -eo stat=,args=").read().splitlines() if tag in a and not a.startswith("Z")]
+
+
+@pytest.mark.looptime(False)  # real subprocesses, real timeouts
+async def test_lease_run_ends_what_the_command_left_in_its_process_group():
+    """A shell that starts a background job and exits: the job held the output pipes and kept
+    running on the lease's cores after a timeout or cancel (the group kill was skipped once the
+    command itself had exited), and with no timeout lease.run waited for it. Now the command's end
+    is the action's end: its group is killed, at once, in all three cases."""
+    import time
+
+    async with Tangram(Pool(cpus=1)) as t:
+        async with t.acquire(ActionSpec(kind="x", cpus=1)) as lease:
+            t0 = time.monotonic()
+            r = await lease.run(["sh", "-c", "sleep 41 & echo started"], timeout=30)
+            assert r.ok and r.stdout == b"started\n" and not r.truncated and not r.timed_out, r
+            assert time.monotonic() - t0 < 3
+            t0 = time.monotonic()
+            r = await lease.run(["sh", "-c", "sleep 42 & echo started; sleep 43"], timeout=0.5)
+            assert r.timed_out and r.stdout == b"started\n" and not r.truncated, r
+            assert time.monotonic() - t0 < 3  # not the 5 s drain of a pipe someone still holds
+            task = asyncio.create_task(lease.run(["sh", "-c", "sleep 44 & sleep 45"]))
+            await asyncio.sleep(0.5)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            for _ in range(100):  # reaped: a bound, not a settle time
+                if not any(_alive(f"sleep {n}") for n in range(41, 46)):
+                    break
+                await asyncio.sleep(0.05)
+            assert not any(_alive(f"sleep {n}") for n in range(41, 46)), os.popen("ps -eo stat=,args=").read()
+        whole(t)
+
+
 # ------------------------------------------------------------------------------ acquire_lease / release
 async def test_acquire_lease_and_release_hold_across_calls_like_async_with():
     t = await Tangram(Pool(cpus=2)).start()

@@ -32,7 +32,7 @@ import attrs
 
 from ._cpuset import format_cpuset
 from ._deadline import check_timeout
-from .errors import ActionOOMError, CgroupError, SpecError
+from .errors import ActionOOMError, CgroupError, ManagerError, SpecError
 from .managers import _cgroup
 
 __all__ = ["ExecResult", "MemoryScope", "PinnedGroups", "check_argv", "memory_enforcement", "repin_group",
@@ -97,7 +97,7 @@ _SHIM = (
     "while 1:\n"
     " try:_,st,ru=os.wait4(p,0);break\n"
     " except InterruptedError:pass\n"
-    "os.write(w,repr(ru.ru_utime+ru.ru_stime).encode());os.close(w)\n"
+    "os.write(w,repr(ru.ru_utime+ru.ru_stime).encode())\n"
     "if os.WIFSIGNALED(st):\n"
     " g=os.WTERMSIG(st)\n"
     " if g!=signal.SIGKILL:signal.signal(g,signal.SIG_DFL)\n"
@@ -457,20 +457,32 @@ async def _run(argv: list[str], cpus: Sequence[int], mem_arg: str, limit: float 
             proc.stdin.close()
         readers = asyncio.gather(_read_bounded(proc.stdout, max_output, out),
                                  _read_bounded(proc.stderr, max_output, err))
-        # asyncio.wait, not wait_for: it never returns a result in place of a cancel
-        done, _ = await asyncio.wait([readers], timeout=limit)
-        if not done:
-            timed_out = True
-            _kill_group(proc)
+        ended = _shim_end(r_fd)
+        try:
+            # the command's end (the shim's exit closes r_fd's other end), not its output's: a
+            # background child it left in its group would hold the pipes, and the lease, for as
+            # long as it runs (and proc.wait() waits for the pipes too).
+            # asyncio.wait, not wait_for: it never returns a result in place of a cancel
+            done, _ = await asyncio.wait([ended], timeout=limit)
+            timed_out = not done
+            _kill_group(proc)  # what is left of its process group ends with it
             done, _ = await asyncio.wait([readers], timeout=_DRAIN_S)
-        if done:
-            t1, t2 = readers.result()
-            truncated = t1 or t2
-        else:  # a detached grandchild still holds the pipes: keep what came
-            readers.cancel()
-            truncated = True
-        code = await proc.wait()
-        cpu_s = _read_cpu(r_fd)  # the shim has exited: its write end is closed, this cannot block
+            if done:
+                t1, t2 = readers.result()
+                truncated = t1 or t2
+            else:  # a detached grandchild (its own session) still holds the pipes: keep what came
+                truncated = True
+                transport = getattr(proc, "_transport", None)
+                if transport is not None:
+                    transport.close()  # our ends of its pipes: proc.wait() would wait for them
+            code = await _exit_code(proc, argv)
+            cpu_s = _parse_cpu(ended.result() if ended.done() and not ended.cancelled() else b"")
+        finally:
+            asyncio.get_running_loop().remove_reader(r_fd)
+            for fut in (readers, ended):
+                if not fut.done():
+                    fut.cancel()
+            await asyncio.gather(readers, ended, return_exceptions=True)  # retrieved: no stray warning
     except BaseException:
         _kill_group(proc)
         raise
@@ -486,17 +498,54 @@ async def _run(argv: list[str], cpus: Sequence[int], mem_arg: str, limit: float 
     )
 
 
-def _read_cpu(fd: int) -> float | None:
+def _shim_end(fd: int) -> asyncio.Future[bytes]:
+    """Resolves with what the shim wrote (its command's CPU seconds) once it has exited: it is the
+    only writer of ``fd``'s pipe and never closes it itself, so EOF is its exit, after which a
+    group kill cannot change its status."""
+    loop = asyncio.get_running_loop()
+    fut: asyncio.Future[bytes] = loop.create_future()
+    got = bytearray()
+    os.set_blocking(fd, False)
+
+    def readable() -> None:
+        try:
+            chunk = os.read(fd, 64)
+        except BlockingIOError:
+            return
+        except OSError:
+            chunk = b""
+        if chunk:
+            got.extend(chunk)
+            return
+        loop.remove_reader(fd)
+        if not fut.done():
+            fut.set_result(bytes(got))
+
+    loop.add_reader(fd, readable)
+    return fut
+
+
+async def _exit_code(proc: asyncio.subprocess.Process, argv: Sequence[str]) -> int:
+    """The shim's exit status: it has exited (or was SIGKILLed), the child watcher reaps it at once."""
+    for _ in range(int(_DRAIN_S / 0.005)):
+        if proc.returncode is not None:
+            return proc.returncode
+        await asyncio.sleep(0.005)
+    raise ManagerError(f"{list(argv[:3])}: its process {proc.pid} was not reaped {_DRAIN_S:g} s after it "
+                       f"exited or was killed (stuck in the kernel?)", resource=f"pid {proc.pid}")
+
+
+def _parse_cpu(raw: bytes) -> float | None:
     try:
-        raw = os.read(fd, 64)
         return float(raw) if raw else None
-    except (OSError, ValueError):
+    except ValueError:
         return None
 
 
 def _kill_group(proc: asyncio.subprocess.Process) -> None:
-    if proc.returncode is not None:
-        return
+    """SIGKILL the command's process group, also after its leader (the shim) has exited: children
+    left in the group would otherwise run on, on cores the lease is about to give back. (The group's
+    id cannot be reused while any member lives.)"""
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
