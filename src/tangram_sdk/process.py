@@ -463,11 +463,11 @@ async def _run(argv: list[str], cpus: Sequence[int], mem_arg: str, limit: float 
             # background child it left in its group would hold the pipes, and the lease, for as
             # long as it runs (and proc.wait() waits for the pipes too).
             # asyncio.wait, not wait_for: it never returns a result in place of a cancel
-            done, _ = await asyncio.wait([ended], timeout=limit)
-            timed_out = not done
+            exited, _ = await asyncio.wait([ended], timeout=limit)
+            timed_out = not exited
             _kill_group(proc)  # what is left of its process group ends with it
-            done, _ = await asyncio.wait([readers], timeout=_DRAIN_S)
-            if done:
+            drained, _ = await asyncio.wait([readers], timeout=_DRAIN_S)
+            if drained:
                 t1, t2 = readers.result()
                 truncated = t1 or t2
             else:  # a detached grandchild (its own session) still holds the pipes: keep what came
