@@ -161,6 +161,49 @@ async def test_removed_container_raises_docker_error(started_manager: DockerCpuM
         await pool.aclose()
 
 
+async def test_a_name_recreated_for_a_new_container_is_looked_up_again(started_manager: DockerCpuManager,
+                                                                      docker_engine: str) -> None:
+    """Specs name a sandbox (``container="sb-1"``); the user removes it and creates a new one
+    under the same name. The manager kept the name bound to the first container's id, so every
+    later action failed on the dead id, forever, and the new container was never parked. Now the
+    action that finds the old one gone fails (DockerError naming it), and the next one runs in the
+    new container."""
+    m = started_manager
+    name = f"tangram-renamed-{os.getpid()}"
+
+    async def run_one() -> str:
+        cid = await m.client.create(docker_engine, ["sleep", "3600"], name=name)
+        await m.client.start(cid)
+        return cid
+
+    first = await run_one()
+    try:
+        grant, lease = make_lease(1, name, HOST_CPUS[:1])
+        await m.apply(grant, lease)
+        assert lease.attachment("container") == first
+        await m.release(grant, lease)
+        await m.client.remove(first)
+        second = await run_one()
+        grant, lease = make_lease(2, name, HOST_CPUS[:1])
+        with pytest.raises(DockerError) as ei:  # this one still meets the old id
+            await m.apply(grant, lease)
+        assert first in (ei.value.resource or "") + str(ei.value)
+        await m.release(grant, lease)
+        for aid in (3, 4):
+            grant, lease = make_lease(aid, name, HOST_CPUS[:1])
+            await m.apply(grant, lease)
+            try:
+                assert lease.attachment("container") == second
+                assert await _allowed(lease) == format_cpuset(HOST_CPUS[:1])
+            finally:
+                await m.release(grant, lease)
+        info = await m.client.inspect(second)
+        assert (info.cpuset, info.cpu_quota) == (format_cpuset(m.park_cpus), 1000)  # parked
+        assert m.statistics()["granted"] == 0
+    finally:
+        await m.client.remove(name)
+
+
 async def test_release_of_vanished_container_is_quiet(started_manager: DockerCpuManager, docker_engine: str) -> None:
     m = started_manager
     pool = await SandboxPool.create(m, image=docker_engine, count=1)

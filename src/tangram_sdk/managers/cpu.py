@@ -325,10 +325,11 @@ class DockerCpuManager:
                 # memory first: a limit the container cannot meet refuses the action before its
                 # cores change, and the cores are the part that must never be left granted
                 await self._settle_memory(box)
-            except BaseException:
+            except BaseException as exc:
                 box.active.pop(aid, None)
                 box.mem.pop(aid, None)
                 await self._restore_memory_quietly(box)
+                self._forget_if_gone(box, exc)
                 raise
             try:
                 await self._set(box, self._granted_cpus(box), len(self._granted_cpus(box)) * self.period_us)
@@ -337,6 +338,7 @@ class DockerCpuManager:
                 box.mem.pop(aid, None)
                 if _unchanged(exc):
                     await self._restore_memory_quietly(box)
+                    self._forget_if_gone(box, exc)
                     raise
                 # the daemon may have given (or, frozen, may still give) the container these
                 # cores: they stay out of the pool until it is verifiably parked; the release
@@ -588,6 +590,13 @@ class DockerCpuManager:
     @staticmethod
     def _granted_cpus(box: _Box) -> tuple[int, ...]:
         return tuple(sorted({c for cpus in box.active.values() for c in cpus}))
+
+    def _forget_if_gone(self, box: _Box, exc: BaseException) -> None:
+        """A container that is gone is forgotten, by every name it was known by: a container
+        created again under the same name is looked up (and parked) afresh on its next use,
+        instead of every later action failing on the old id."""
+        if isinstance(exc, DockerError) and _gone(exc) and not box.active:
+            self._forget(box)
 
     def _forget(self, box: _Box) -> None:
         for k in [k for k, b in self._boxes.items() if b is box]:
