@@ -422,6 +422,29 @@ async def test_unreachable_daemon_is_a_clear_error() -> None:
     await m.aclose()
 
 
+async def test_park_cpus_are_checked_and_a_failed_start_closes_its_session(docker_engine: str) -> None:
+    """``park_cpus=[-1]`` or ``[1.5]`` passed the constructor and start(), then every create and
+    every grant failed with the daemon's HTTP 400; and a manager whose start() refused its
+    configuration left its HTTP session open (the runtime closes only managers that started)."""
+    import gc
+    import warnings
+
+    for bad in ([-1], [1.5], [True], [0, 0]):
+        with pytest.raises(SpecError, match="park_cpus"):
+            DockerCpuManager(park_cpus=bad)  # type: ignore[arg-type]
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        for _ in range(3):
+            m = DockerCpuManager(park_cpus=format_cpuset([max(HOST_CPUS) + 64]))  # a core the host lacks
+            with pytest.raises(SpecError, match="park_cpus names"):
+                await m.start(ManagerContext(Pool(cpus=HOST_CPUS[:1]), post=lambda e: None))
+            del m
+        gc.collect()
+        await asyncio.sleep(0)
+    unclosed = [str(w.message) for w in seen if "nclosed" in str(w.message)]
+    assert not unclosed, unclosed
+
+
 async def test_hung_daemon_times_out() -> None:
     path = Path(tempfile.mkdtemp()) / "hung.sock"
     srv = socket.socket(socket.AF_UNIX)

@@ -59,13 +59,14 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import attrs
 
-from .._cpuset import format_cpuset, parse_cpuset
+from .._cpuset import _MAX_CPU, format_cpuset, parse_cpuset
 from .._deadline import check_timeout
 from ..errors import ActionOOMError, CgroupError, DockerError, QuarantineError, SpecError, UsageError
 from . import _cgroup
 from ._cgroup import MemoryBusyError, MemoryLimits
 from ._docker import KILLED, DockerClient, is_memory_busy, is_not_found, never_sent, validate_ref
 from ._limits import CreationGate
+from ..pool import _id_list
 from ..snapshot import Snapshot
 from .base import ManagerContext, Offer
 
@@ -198,7 +199,8 @@ class DockerCpuManager:
         self.backend: Backend = backend
         self._park_given: tuple[int, ...] | None = None
         if park_cpus is not None:
-            self._park_given = parse_cpuset(park_cpus) if isinstance(park_cpus, str) else tuple(sorted(park_cpus))
+            self._park_given = (parse_cpuset(park_cpus) if isinstance(park_cpus, str)
+                                else tuple(sorted(_id_list("park_cpus", "core ids", park_cpus, _MAX_CPU))))
             if not self._park_given:
                 raise SpecError("park_cpus must name at least one core")
         self.park_quota_us = park_quota_us
@@ -274,6 +276,13 @@ class DockerCpuManager:
         """Reach the daemon (DockerError if not), choose the backend, re-park known containers."""
         self._ctx = ctx
         self._closed = False
+        try:
+            await self._start(ctx)
+        except BaseException:
+            await self.client.close()  # the runtime closes only managers that started
+            raise
+
+    async def _start(self, ctx: ManagerContext) -> None:
         await self.client.ping()
         ncpu = await self.client.ncpu()
         if ncpu > 0:  # a pool naming cores the host lacks would fail later, at create/update (HTTP 400)
