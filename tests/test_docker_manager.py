@@ -230,6 +230,46 @@ async def test_exec_timeout_kills_the_command(started_manager: DockerCpuManager,
         await m.release(grant, lease)
 
 
+async def _docker_cli(*args: str) -> None:
+    proc = await asyncio.create_subprocess_exec("docker", *args, stdout=asyncio.subprocess.DEVNULL,
+                                                stderr=asyncio.subprocess.PIPE)
+    _, err = await proc.communicate()
+    assert proc.returncode == 0, (args, err)
+
+
+@pytest.mark.parametrize("what", ["stop", "rm", "pause"])
+async def test_a_container_stopped_removed_or_paused_under_a_running_exec_is_a_docker_error(
+        manager_factory: Any, docker_engine: str, what: str) -> None:
+    """Stopped or removed while a command ran in it, the container's end came back as the
+    command's own exit 137 (indistinguishable from its OOM kill); paused, the exec (no timeout)
+    never returned and held its cores. Now each is a DockerError naming the container, the pause
+    within about half of ``api_timeout``."""
+    m: DockerCpuManager = await manager_factory("auto", api_timeout=2.0)
+    pool = await SandboxPool.create(m, image=docker_engine, count=1)
+    cid = pool[0].id
+    try:
+        grant, lease = make_lease(1, cid, HOST_CPUS[:1])
+        await m.apply(grant, lease)
+        try:
+            task = asyncio.ensure_future(lease.exec(["sh", "-c", "echo up; exec sleep 57"]))
+            await asyncio.sleep(0.5)
+            assert not task.done()
+            t0 = time.monotonic()
+            await _docker_cli(*{"stop": ("stop", "-t", "0"), "rm": ("rm", "-f"), "pause": ("pause",)}[what], cid)
+            with pytest.raises(DockerError, match={"stop": "was stopped", "rm": "was removed",
+                                                   "pause": "was paused"}[what]) as ei:
+                await asyncio.wait_for(task, 20)
+            assert cid in (ei.value.resource or "") or ei.value.resource == cid[:12], ei.value
+            assert time.monotonic() - t0 < 8
+        finally:
+            if what == "pause":
+                await _docker_cli("unpause", cid)
+            await m.release(grant, lease)
+        assert m.statistics()["granted"] == 0
+    finally:
+        await pool.aclose()
+
+
 async def test_exec_cancellation_kills_the_command(manager_factory: Any, docker_engine: str) -> None:
     m: DockerCpuManager = await manager_factory("auto")
     async with await SandboxPool.create(m, image=docker_engine, count=1) as pool:

@@ -58,6 +58,7 @@ _REF_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 _IMAGE_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_./:@+-]{0,254}")
 _FULL_ID_RE = re.compile(r"[0-9a-f]{64}")
 KILLED = 137  # the exit code of a SIGKILLed command, as Docker reports it
+_STOP_SEEN_S = 0.3  # after an exec killed by SIGKILL: how long a stop/removal may take to show
 _KILL_BOUND = 0.3  # seconds for the exec inspect that finds the command's pid after a timeout
 _STDIN_POLL = 0.25  # seconds between checks that a command fed stdin still runs (see exec)
 _START_BOUND = 1.0  # seconds to wait for a started exec's pid to appear (a start still in flight
@@ -485,7 +486,7 @@ class DockerClient:
                             logging.getLogger(__name__).debug("exec stdin: %r", writer.exception())
 
             task = asyncio.ensure_future(pump())
-            watchdog = asyncio.ensure_future(self._watch_daemon())
+            watchdog = asyncio.ensure_future(self._watch_daemon(ref))
             finished = killed = False
             try:
                 wait = None if deadline is None else max(0.0, deadline - loop.time())
@@ -496,13 +497,19 @@ class DockerClient:
                     finished = code is not None
                     if code is None:
                         return timed_out_result(bytes(out), bytes(err), truncated=truncated)
+                    if code == KILLED:  # its own SIGKILL (or an OOM kill), or the container's end?
+                        await self._check_still_running(ref)
                     return ExecResult(exit_code=code, stdout=bytes(out), stderr=bytes(err),
                                       duration_s=time.monotonic() - started, truncated=truncated)
                 answered = await self._kill(ex, ref, cid, before, procs)
                 killed = True
+                if watchdog.done() and watchdog.result() == "paused":
+                    raise DockerError(
+                        f"Docker exec: container {ref!r} was paused while the command ran; the command "
+                        f"was killed (it ends when the container is unpaused)", resource=ref, status=409)
                 if watchdog.done():  # the daemon stopped answering while the command ran
                     raise DockerError(
-                        f"Docker exec: container {ref!r}: the daemon did not answer a ping within "
+                        f"Docker exec: container {ref!r}: the daemon did not answer within "
                         f"{self.api_timeout:g} s while the command ran; the command was killed",
                         resource=ref, connection=True)
                 await asyncio.wait([task], timeout=_DRAIN_BOUND)  # the output after the kill
@@ -520,18 +527,47 @@ class DockerClient:
                         t.cancel()
                 await asyncio.wait([task, watchdog])
 
-    async def _watch_daemon(self) -> None:
-        """Return once the daemon misses a ping for ``api_timeout`` (a frozen daemon); runs beside
-        every exec (cancelled when it ends). Refused connections are not its business: the exec
-        stream itself breaks then."""
+    async def _watch_daemon(self, ref: str) -> str:
+        """Runs beside every exec (cancelled when it ends): returns "frozen" once the daemon misses
+        an inspect of the container for ``api_timeout``, "paused" once the container is found
+        paused (its command then never ends, holding the action's cores). Refused connections and
+        a container that went away are not its business: the exec stream itself ends then."""
         every = max(0.5, self.api_timeout / 2)
         while True:
             await asyncio.sleep(every)
             try:
-                await self.ping(timeout=self.api_timeout)
+                info = await self.inspect(ref)
             except DockerError as exc:
                 if is_timeout(exc):
-                    return
+                    return "frozen"
+                continue
+            if info.status == "paused":
+                return "paused"
+
+    async def _check_still_running(self, ref: str) -> None:
+        """An exec that ended SIGKILLed: DockerError naming the container when it was stopped or
+        removed meanwhile (its processes were killed with it), not a result that looks like the
+        command's own kill. The daemon marks the container a few tens of ms after the exec's
+        stream ends, so a container still running is looked at for up to ``_STOP_SEEN_S``."""
+        loop = asyncio.get_running_loop()
+        end = loop.time() + _STOP_SEEN_S
+        while True:
+            try:
+                info = await self.inspect(ref)
+            except DockerError as exc:
+                if not is_not_found(exc):
+                    return  # the result stands; the next call meets the daemon's trouble
+                raise DockerError(f"Docker exec: container {ref!r} was removed while the command ran (it was "
+                                  f"killed)", resource=ref, status=404) from None
+            if info.status in ("removing", "dead"):
+                raise DockerError(f"Docker exec: container {ref!r} was removed while the command ran (it was "
+                                  f"killed)", resource=info.id, status=404)
+            if info.status not in ("running", "paused"):
+                raise DockerError(f"Docker exec: container {ref!r} was stopped while the command ran (it was "
+                                  f"killed; the container is {info.status})", resource=info.id)
+            if loop.time() >= end:
+                return
+            await asyncio.sleep(0.03)
 
     async def _exit_code(self, ex: Any, ref: str, deadline: float | None) -> int | None:
         """The exec's exit code; the stream can end a moment before the daemon records it. None
