@@ -270,6 +270,34 @@ async def test_a_container_stopped_removed_or_paused_under_a_running_exec_is_a_d
         await pool.aclose()
 
 
+async def test_exec_and_run_refuse_the_same_bad_environments(manager_factory: Any, docker_engine: str) -> None:
+    """Docker took ``env={"A=B": "c"}`` as A=B=c, ``{"X": None}`` as the text "None" and ``{"": "v"}``
+    as an OCI failure (exit 126), where lease.run raised TypeError/ValueError: one SpecError rule
+    for both, before anything runs. A memory limit under Docker's 6 MiB is refused at submit
+    (check) on either backend, not by the API backend's update."""
+    from tangram_sdk.lease import Lease
+
+    m: DockerCpuManager = await manager_factory("auto")
+    async with await SandboxPool.create(m, image=docker_engine, count=1) as pool:
+        grant, lease = make_lease(1, pool[0].id, HOST_CPUS[:1])
+        await m.apply(grant, lease)
+        local = Lease(2, ActionSpec(kind="x", cpus=1), cpus=HOST_CPUS[:1], gpus=(), units=0, memory=0, quotas=(),
+                      queued_s=0.0, granted_at=0.0)
+        try:
+            for bad in ({"A=B": "c"}, {"X": None}, {"": "v"}, {"X": "a\x00b"}, {1: "x"}, ["A=1"]):
+                for run in (lease.exec, local.run):
+                    with pytest.raises(SpecError, match="env"):
+                        await run(["true"], env=bad, timeout=30)  # type: ignore[arg-type]
+            r = await lease.exec(["sh", "-c", "echo $A"], env={"A": "b=c"}, timeout=30)
+            assert r.ok and r.stdout == b"b=c\n", r  # a value may hold '='
+        finally:
+            await m.release(grant, lease)
+    for mem in (1, 4 * 2**20):
+        with pytest.raises(SpecError, match="6 MiB"):
+            m.check(ActionSpec(kind="x", cpus=1, memory=mem, container="box"))
+    m.check(ActionSpec(kind="x", cpus=1, memory=6 * 2**20, container="box"))
+
+
 async def test_exec_cancellation_kills_the_command(manager_factory: Any, docker_engine: str) -> None:
     m: DockerCpuManager = await manager_factory("auto")
     async with await SandboxPool.create(m, image=docker_engine, count=1) as pool:

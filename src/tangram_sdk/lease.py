@@ -11,7 +11,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Union
 
 from .errors import ManagerError
-from .process import ExecResult, MemoryScope, PinnedGroups, run_pinned
+from .process import ExecResult, MemoryScope, PinnedGroups, check_env, run_pinned
 from .spec import ActionSpec, malleable_workers
 
 if TYPE_CHECKING:
@@ -238,6 +238,7 @@ class Lease:
         ``workdir=``/``user=`` as for ``docker exec``. A command killed for memory raises
         ActionOOMError. On a restartable lease a restart kills it and runs it again (``timeout``
         counts per run)."""
+        env = check_env(env)  # before the merge below: a SpecError, not Docker's reading of it
         fn = self.attachment("exec")
         if not thread_caps:
             kw["thread_caps"] = False  # a remote lease's agent must not add them back
@@ -266,6 +267,7 @@ class Lease:
         ``thread_caps=False``. ``lease.memory`` > 0 holds the command to that many bytes where
         the platform allows (``tangram_sdk.process.memory_enforcement()``); a command
         killed for memory raises ActionOOMError."""
+        env = check_env(env)
         memory = None
         if self.memory > 0:
             if self._memscope is None:

@@ -223,6 +223,23 @@ def check_argv(cmd: Sequence[str]) -> list[str]:
     return argv
 
 
+def check_env(env: Mapping[str, str] | None) -> dict[str, str] | None:
+    """An environment: str names (non-empty, no ``=`` or NUL) to str values (no NUL). The same
+    rule for lease.run and lease.exec: Docker took ``{"A=B": "c"}`` as ``A=B=c`` and ``None``
+    as the text "None", where a local subprocess raised TypeError."""
+    if env is None:
+        return None
+    if not isinstance(env, Mapping):
+        raise SpecError(f"env must be a mapping of names to values, got {type(env).__name__}")
+    out = dict(env)
+    for k, v in out.items():
+        if not isinstance(k, str) or not k or "=" in k or "\x00" in k:
+            raise SpecError(f"env names must be non-empty strings without '=' or NUL, got {k!r}")
+        if not isinstance(v, str) or "\x00" in v:
+            raise SpecError(f"env[{k!r}] must be a string without NUL bytes, got {v!r}")
+    return out
+
+
 def check_stdin(stdin: bytes | bytearray | memoryview | str | None) -> bytes | None:
     """A command's standard input as bytes (a str is sent as UTF-8), or None for none (the
     command reads end of file at once)."""
@@ -392,6 +409,7 @@ async def run_pinned(
     limit = check_timeout(timeout)
     feed = check_stdin(stdin)
     check_max_output(max_output)
+    env = check_env(env)
     _check_usable(cpus)
     scope = MemoryScope(memory) if isinstance(memory, int) and not isinstance(memory, bool) else memory
     if scope is not None and not isinstance(scope, MemoryScope):

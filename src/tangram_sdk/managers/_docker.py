@@ -45,7 +45,7 @@ from .._deadline import check_timeout, settle, within
 from ..errors import DockerError, SpecError
 from ..process import ExecResult
 from ..process import check_argv as _check_argv
-from ..process import check_max_output, check_stdin
+from ..process import check_env, check_max_output, check_stdin
 
 __all__ = ["LABEL", "UNLIMITED", "ContainerInfo", "DockerClient", "is_connection_error",
            "is_memory_busy", "is_not_found", "kill_tree", "never_sent", "validate_ref"]
@@ -385,6 +385,7 @@ class DockerClient:
         limit = check_timeout(timeout)
         feed = check_stdin(stdin)
         check_max_output(max_output)
+        env = check_env(env)
         loop = asyncio.get_running_loop()
         started = time.monotonic()
         deadline = None if limit is None else loop.time() + limit

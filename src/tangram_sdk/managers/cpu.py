@@ -126,6 +126,9 @@ class _Quarantine:
         self.task: asyncio.Task[None] | None = None
 
 
+MIN_MEMORY = 6 * 2**20  # the smallest memory limit the Docker Engine API accepts (bytes)
+
+
 def _gone(exc: DockerError) -> bool:
     """The container no longer exists or no longer runs: nothing is left to park."""
     return is_not_found(exc) or "not running" in str(exc)
@@ -315,6 +318,9 @@ class DockerCpuManager:
         validate_ref(spec.container)
         if spec.cpus < 1:
             raise SpecError(f"an action in container {spec.container!r} needs cpus >= 1 (got {spec.cpus})")
+        if 0 < spec.memory < MIN_MEMORY:  # the api backend's update would fail with HTTP 400; the same rule on both
+            raise SpecError(f"an action in container {spec.container!r} needs memory 0 (no limit) or >= 6 MiB "
+                            f"(Docker's minimum), got {spec.memory} bytes")
 
     async def apply(self, grant: Grant, lease: Lease) -> None:
         """Give the container exactly ``grant.cpus`` (quota = cores x period) before the action runs."""
@@ -925,7 +931,7 @@ class SandboxPool:
             raise SpecError(f"count must be an int >= 0, got {count!r}")
         if name_prefix is not None:
             validate_ref(name_prefix)
-        if memory is not None and (isinstance(memory, bool) or not isinstance(memory, int) or memory < 6 * 2**20):
+        if memory is not None and (isinstance(memory, bool) or not isinstance(memory, int) or memory < MIN_MEMORY):
             raise SpecError(f"memory must be None or an int of bytes >= 6 MiB (Docker's minimum), got {memory!r}")
         limit = manager.create_timeout if timeout is _UNSET else check_timeout(timeout)
         manager._gate.check_fits(count)
