@@ -743,26 +743,26 @@ def _refused(exc: BaseException) -> bool:
 
 
 def _translate(op: str, ref: str | None, exc: BaseException) -> DockerError:
-    where = f" container {ref!r}" if ref else ""
+    where = f": container {ref!r}" if ref else ""
     status: int | None = None
     connection = False
     if isinstance(exc, aiodocker.DockerError):
         status = exc.status
         connection = status == 900
         if status == 404:
-            msg = f"Docker {op}:{where} not found ({exc.message})"
+            msg = f"Docker {op}{where} not found ({exc.message})"
         elif status == 409:
-            msg = f"Docker {op}:{where} is not running or conflicts ({exc.message})"
+            msg = f"Docker {op}{where} is not running or conflicts ({exc.message})"
         elif connection:
-            msg = f"Docker {op}:{where}: daemon unreachable ({exc.message})"
+            msg = f"Docker {op}{where}: daemon unreachable ({exc.message})"
         else:
-            msg = f"Docker {op}:{where} failed with HTTP {status}: {exc.message}"
+            msg = f"Docker {op}{where} failed with HTTP {status}: {exc.message}"
     elif isinstance(exc, (asyncio.TimeoutError, TimeoutError)):
         connection = True
-        msg = f"Docker {op}:{where}: the daemon did not answer in time"
+        msg = f"Docker {op}{where}: the daemon did not answer in time"
     else:
         connection = True
-        msg = f"Docker {op}:{where}: daemon unreachable ({type(exc).__name__}: {exc})"
+        msg = f"Docker {op}{where}: daemon unreachable ({type(exc).__name__}: {exc})"
     err = DockerError(msg, resource=ref, status=status, connection=connection)
     err._timed_out = isinstance(exc, (asyncio.TimeoutError, TimeoutError))  # type: ignore[attr-defined]
     err._unsent = _refused(exc)  # type: ignore[attr-defined]
