@@ -139,10 +139,17 @@ async def test_steps_name_their_episode_and_carry_the_hint(tangram: Tangram) -> 
     assert [e.spec.group for e in seen] == [None, None]
     with pytest.raises(SpecError, match="hint_for"):
         torlhf.with_tangram(Env, spec=spec, hint_for=3.0)  # type: ignore[arg-type]
+    with pytest.raises(SpecError, match="already runs each step inside tangram.acquire"):
+        torlhf.with_tangram(Wrapped, spec=spec)  # twice: two acquires per step, a deadlock on a busy pool
     seen.clear()  # group_for: episodes of one task (here the label) share a group
     ByTask = torlhf.with_tangram(Env, spec=spec, group_for=lambda st: st["label"])
     await asyncio.gather(run_episode(ByTask, ["a"]), run_episode(ByTask, ["b"]))
     assert {e.spec.group for e in seen} == {"label"}
+    seen.clear()  # advice that raises is ignored (logged once): the step still runs, ungrouped, unhinted
+    Raising = torlhf.with_tangram(Env, spec=spec, group_for=lambda st: st["no-such-key"],
+                                  hint_for=lambda st: st["no-such-key"])
+    await run_episode(Raising, ["c"])
+    assert seen and all(e.expected is None for e in seen) and len({e.spec.group for e in seen}) == 1
 
 
 @needs_openrlhf

@@ -430,4 +430,48 @@ def test_bad_pool_config_fails_where_the_adapter_is_built(tool_module: Any) -> N
             with_tangram(Env, spec=ActionSpec(kind="x"), timeout=-5)
         with pytest.raises(SpecError, match="spec_for must be callable"):
             with_tangram(Env, spec_for="agent_func:step_spec")  # type: ignore[arg-type]
+        with pytest.raises(SpecError, match="can never run on pool"):
+            with_tangram(Env, spec=ActionSpec(kind="x", cpus=8), runtime={"pool": {"name": "small-o", "cpus": 2}})
+    # a static spec that can never run on the pool the same config defines: it loaded, and every
+    # call then came back "not run" to the model with reward 0 (stop 35's adapter audit)
+    for i, (pool, spec, why) in enumerate((({"cpus": 2, "quotas": {"search": {"concurrency": 1}}},
+                                            {"cpus": 1, "quotas": {"serach": 1}}, "serach"),
+                                           ({"cpus": 2}, {"cpus": 8}, "cpus"), ({"cpus": 2}, {"cpus": 1, "gpus": 1}, "gpu"),
+                                           ({"cpus": 0, "quotas": {"api": {"concurrency": 1}}}, {"cpus": 1}, "cpus"))):
+        with pytest.raises(SpecError, match="can never run on pool") as ei:
+            TangramTool(config={"type": "native", "tangram": {**base, "spec": spec,
+                                                              "pool": {"name": f"small{i}", **pool}}},
+                        tool_schema=schema)
+        assert why in str(ei.value).lower(), ei.value
+    TangramTool(config={"type": "native", "tangram": {**base, "spec": {"cpus": 2}, "pool": {"name": "fits", "cpus": 2}}},
+                tool_schema=schema)
 
+
+
+@pytest.mark.looptime(False)  # real sleeps: the holder and the shutdown race in wall time
+async def test_shutdown_waits_for_the_holders_so_a_new_pool_never_grants_their_cores() -> None:
+    """shutdown() closed the pool and returned while tool calls still held its cores; the next
+    call opened a fresh pool under the same name and granted those cores again (two holders of
+    one core). Now shutdown() returns once the holders have released, and a call meanwhile waits
+    for that before the fresh pool starts."""
+    runtime = {"pool": {"name": "sd-drain", "cpus": 1}}
+    spec = ActionSpec(kind="x", cpus=1)
+    log: list[tuple[str, float, float]] = []
+
+    async def hold(tag: str, s: float) -> None:
+        async with action(spec, runtime=runtime):
+            t0 = time.monotonic()
+            await asyncio.sleep(s)
+            log.append((tag, t0, time.monotonic()))
+
+    old = asyncio.create_task(hold("old", 0.4))
+    await asyncio.sleep(0.1)
+    closing = asyncio.create_task(shutdown())
+    await asyncio.sleep(0.05)
+    new = asyncio.create_task(hold("new", 0.05))  # opens the name again while shutdown waits
+    await closing
+    shut = time.monotonic()
+    await asyncio.gather(old, new)
+    (o0, o1), (n0, n1) = [(a, b) for tag, a, b in sorted(log, key=lambda x: x[0] != "old")]
+    assert o1 <= shut, "shutdown() returned while a holder still held its core"
+    assert o1 <= n0, f"one core held twice: old {o0:.3f}-{o1:.3f}, new {n0:.3f}-{n1:.3f}"

@@ -379,6 +379,41 @@ async def test_cancel_and_timeout_through_an_openrlhf_step(cluster: Any, scope: 
             _kill_pool(name)
 
 
+
+def test_a_loop_per_batch_leaves_no_handle_behind(cluster: Any) -> None:
+    """veRL's reward loop runs every batch under a new event loop (asyncio.run): each batch opened
+    a handle (a socket, a client at the actor) on the job-wide pool and none was ever closed: one
+    file descriptor per batch for the life of the worker. Now a loop's handles close with it."""
+    from tangram_sdk.integrations import action
+
+    name = "per-batch-loop"
+    runtime = {"pool": {"name": name, "cpus": 1}}
+    spec = ActionSpec(kind="x", cpus=1)
+
+    async def batch() -> None:
+        async with action(spec, runtime=runtime) as lease:
+            assert len(lease.cpus) == 1
+
+    def fds() -> int:
+        return len(os.listdir("/proc/self/fd"))
+
+    try:
+        asyncio.run(batch())
+        first = fds()
+        for _ in range(8):
+            asyncio.run(batch())
+        assert fds() - first <= 1, (first, fds())
+        cl = TangramCluster.get(name, namespace=NS, timeout=10)
+        for _ in range(100):  # the actor sees each close at once; the TTL (10 s) is not waited for
+            stats = cl.statistics()
+            if stats["clients"] == 0:
+                break
+            time.sleep(0.02)
+        assert stats["clients"] == 0 and stats["expired_clients"] == 0, stats  # closed, not left to expire
+    finally:
+        _kill_pool(name)
+
+
 # ---------------------------------------------------------------------------------------- attach
 async def test_config_attaches_by_name_to_a_pool_the_driver_deployed(cluster: Any) -> None:
     """What a pool mapping cannot say (managers, per-node pools) is deployed by the driver; config

@@ -83,6 +83,8 @@ def suite_hint(tool_name, instance_id, parameters, agent_data):
     if parameters.get("text") == "nan":
         HINTS["bad"] += 1
         return float("nan")
+    if parameters.get("text") == "boom":
+        return agent_data.tools_kwargs["no-such-key"]  # a KeyError in the user's hint
     return None if agent_data is None else agent_data.tools_kwargs.get("suite_s")
 
 def repo_group(tool_name, instance_id, parameters, agent_data):
@@ -223,11 +225,15 @@ async def test_calls_name_their_trajectory_and_carry_the_hint(
         for _ in range(2):
             resp, _, _ = await call_in(loop, tool.name, {"text": "nan"}, b)
             assert resp.text.startswith("echo nan")  # a bad hint never fails the call
+        for _ in range(2):  # nor one that raises (it failed the call with a bare "'no-such-key'")
+            resp, _, _ = await call_in(loop, tool.name, {"text": "boom"}, b)
+            assert resp.text.startswith("echo boom"), resp.text
     groups = [e.spec.group for e in seen]
     assert groups[0] == groups[2] != groups[1] == groups[3] == groups[4] and None not in groups
-    assert [e.expected for e in seen] == [40.0, None, 40.0, None, None, None]
+    assert [e.expected for e in seen] == [40.0, None, 40.0, None, None, None, None, None]
     assert tool_module.HINTS["bad"] == 2
     assert len([r for r in caplog.records if "hint_for returned nan" in r.getMessage()]) == 1
+    assert len([r for r in caplog.records if "hint_for raised KeyError" in r.getMessage()]) == 1
 
     off = write_yaml(tmp_path / "off.yaml", tool_module.__name__, {"spec": ELASTIC, "group": "none"})
     (plain,) = initialize_tools_from_config(str(off))
@@ -318,6 +324,12 @@ async def test_subclass_with_execute_with_lease_and_bad_config(tangram: Tangram)
     plain = TangramTool(config={"type": "native", "tangram": {"spec": {"cpus": 1}}}, tool_schema=schema)
     with pytest.raises(SpecError, match="wraps"):
         await plain.execute("id", {})
+    # wrapped twice (tangram_tool of a Tangram tool, or `wraps` naming one): each call acquired
+    # inside its own acquire and six calls on two cores deadlocked; now refused where it is built
+    with pytest.raises(SpecError, match="already runs each call inside tangram.acquire"):
+        tverl.tangram_tool(Sandbox, spec=ActionSpec(kind="x", cpus=1))
+    with pytest.raises(SpecError, match="already runs each call inside tangram.acquire"):
+        TangramTool(config={"type": "native", "tangram": {"spec": {"cpus": 1}, "wraps": Sandbox}}, tool_schema=schema)
 
 
 @needs_verl

@@ -162,6 +162,23 @@ def hint_or_none(label: str, value: object) -> float | None:
     return None
 
 
+def advice(label: str, what: str, fn: Callable[..., Any] | None, *args: Any) -> Any:
+    """``fn(*args)`` for advice (a ``hint_for`` or ``group_for``: what lengths to expect, what to
+    learn them by), or None. One that raises is logged at WARNING once per label and ignored: it
+    must not fail the call it was meant to help (a KeyError in a hint once made the tool fail)."""
+    if fn is None:
+        return None
+    try:
+        return fn(*args)
+    except Exception as exc:  # noqa: BLE001 - user code; the call goes on without the advice
+        key = f"{label}:{what}"
+        if key not in _bad_hints:
+            _bad_hints.add(key)
+            log.warning("%s: %s raised %s: %s; it is ignored for this call (further failures of %s are not logged)",
+                        label, what, type(exc).__name__, exc, what)
+        return None
+
+
 def pool_from_mapping(data: Mapping[str, Any]) -> Pool:
     """Build a Pool from YAML: ``cpus``, ``numa``, ``gpus``, ``gpu_cells``, ``memory``,
     ``resources: {name: capacity | {capacity, unit}}`` and ``quotas: {name: {concurrency, rate, burst}}``."""

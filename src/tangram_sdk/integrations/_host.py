@@ -110,6 +110,20 @@ def runtime_source(runtime: Any, *, where: str = "runtime") -> RuntimeSource | N
                     f"to one, got {runtime!r}")
 
 
+def check_spec_fits(spec: ActionSpec | None, source: Any, where: str) -> None:
+    """A static spec against a pool defined in the same config, where the config is read: one
+    that can never run there (a misspelt quota, more cores or GPUs than the pool has) is a
+    configuration mistake, a SpecError at start-up, not every call's "not run" result to the
+    model (argument-dependent specs are still judged per call)."""
+    if spec is None or not isinstance(source, PoolDef) or source.pool is None:
+        return
+    from ..scheduler import Scheduler
+
+    reason = Scheduler(source.pool, **dict(source.options)).feasibility(spec)
+    if reason is not None:
+        raise SpecError(f"{where}: its spec can never run on pool {source.name!r} ({source.pool.describe()}): {reason}")
+
+
 # factories: per loop, by import path or identity
 _made: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, Any]] = weakref.WeakKeyDictionary()
 _made_locks: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock] = weakref.WeakKeyDictionary()

@@ -152,11 +152,30 @@ class _Hosted:
 
 
 class _Local:
-    __slots__ = ("defn", "host")
+    __slots__ = ("closing", "defn", "host")
 
     def __init__(self, defn: PoolDef, host: _Hosted) -> None:
         self.defn = defn
         self.host = host
+        #: set by close_loop_pools until the closed pool's holders have released: a new pool of
+        #: the same name waits for it (it would grant the cores they still hold)
+        self.closing: asyncio.Future[None] | None = None
+
+
+async def _drained(tangram: Tangram) -> None:
+    """Until no action holds a lease of the closed ``tangram`` (its holders finish normally)."""
+    while tangram.running:
+        await asyncio.sleep(0.02)
+
+
+async def _close_with_loop(handle: Any) -> None:
+    """Kept on the loop a job-wide handle serves: closes it when the loop shuts down
+    (``asyncio.run`` cancels every task at its end), so a worker that runs each batch under a new
+    loop (veRL's reward loop) leaves no socket behind per batch."""
+    try:
+        await asyncio.Event().wait()
+    finally:
+        await handle.aclose()
 
 
 #: name -> the process's pool of that name (outside Ray, or scope: process)
@@ -167,6 +186,8 @@ _defined: dict[str, PoolDef] = {}
 _remote: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[tuple[str | None, str], Any]] = (
     weakref.WeakKeyDictionary())
 _locks: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock] = weakref.WeakKeyDictionary()
+#: per event loop: the tasks that close its job-wide handles when the loop shuts down
+_keepers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, list[asyncio.Task[None]]] = weakref.WeakKeyDictionary()
 _deployed: dict[tuple[str, str], PoolDef] = {}  # actors this process got-or-created, and from what
 _guard = threading.Lock()
 
@@ -255,6 +276,9 @@ async def open_pool(defn: PoolDef) -> AnyTangram:
 
 async def _process_pool(defn: PoolDef, loop: asyncio.AbstractEventLoop) -> Tangram:
     entry = _local.get(defn.name)
+    if entry is not None and entry.closing is not None and entry.host.loop is loop:
+        await asyncio.shield(entry.closing)  # shutdown() is waiting for its holders: then a fresh one
+        entry = _local.get(defn.name)
     if entry is not None and not (entry.host.alive() and (entry.host.loop is loop or entry.host.loop.is_running())):
         entry = None  # its loop is gone: a fresh one (sequential asyncio.run calls, test loops)
     if entry is not None:
@@ -328,21 +352,34 @@ async def _job_pool(defn: PoolDef, loop: asyncio.AbstractEventLoop) -> Any:
         raise
     handles = _remote.setdefault(loop, {})
     handles[key] = handles[(defn.namespace, defn.name)] = handle  # by resolved and by configured namespace
+    keeper = loop.create_task(_close_with_loop(handle), name="tangram-remote-handle")
+    _keepers.setdefault(loop, []).append(keeper)
     return handle
 
 
 async def close_loop_pools() -> None:
-    """Close this loop's pools: the process pools it hosts, and its handles on job-wide actors
-    (the actors themselves stay: other workers use them)."""
+    """Close this loop's pools: the process pools it hosts (returning once the actions holding
+    their leases have released them, so a new pool of the same name never grants cores still
+    held), and its handles on job-wide actors (the actors themselves stay: other workers use them)."""
     loop = asyncio.get_running_loop()
-    mine = [(name, e) for name, e in list(_local.items()) if e.host.loop is loop]
-    for name, _e in mine:
-        _local.pop(name, None)
+    mine = [(name, e) for name, e in list(_local.items()) if e.host.loop is loop and e.closing is None]
     for _name, e in mine:
+        e.closing = loop.create_future()
         e.host.stop.set()
-    for _name, e in mine:
-        with contextlib.suppress(BaseException):
-            await e.host.task
+    try:
+        for _name, e in mine:
+            with contextlib.suppress(BaseException):
+                await e.host.task
+        for _name, e in mine:  # a Tangram closes at once; its holders finish normally, on its cores
+            await _drained(e.host.tangram)
+    finally:
+        for name, e in mine:
+            if _local.get(name) is e:
+                _local.pop(name, None)
+            assert e.closing is not None
+            e.closing.set_result(None)
+    for keeper in _keepers.pop(loop, None) or []:
+        keeper.cancel()
     for handle in {id(h): h for h in (_remote.pop(loop, None) or {}).values()}.values():
         with contextlib.suppress(Exception):
             await handle.aclose()

@@ -26,8 +26,8 @@ from .._deadline import check_timeout
 from ..errors import SpecError, TangramError
 from ..lease import Lease
 from ..spec import ActionSpec
-from ._config import SpecMapper, SpecMappingError, group_of, hint_or_none, name_of_object
-from ._host import RuntimeSource, current_lease, run_holding, runtime_source
+from ._config import SpecMapper, SpecMappingError, advice, group_of, hint_or_none, name_of_object
+from ._host import RuntimeSource, check_spec_fits, current_lease, run_holding, runtime_source
 from ._lazy import require
 
 __all__ = ["current_lease", "with_tangram"]
@@ -86,6 +86,10 @@ def with_tangram(
     base = require("openrlhf.utils.agent", framework="openrlhf", install=INSTALL).AgentInstanceBase
     if not (isinstance(instance_cls, type) and issubclass(instance_cls, base)):
         raise SpecError(f"with_tangram() needs a subclass of openrlhf AgentInstanceBase, got {instance_cls!r}")
+    if getattr(instance_cls, "__tangram_wrapped__", False):
+        raise SpecError(f"with_tangram(): {instance_cls.__name__} already runs each step inside tangram.acquire; "
+                        f"wrap the plain class once (wrapping it again holds the resources twice per step and "
+                        f"can deadlock)")
     if spec is None and spec_for is None:
         raise SpecError("with_tangram() needs spec= or spec_for=")
     if spec_for is not None and not callable(spec_for):
@@ -93,6 +97,7 @@ def with_tangram(
     timeout = check_timeout(timeout)  # a config mistake fails here, not as every step's error
     label = instance_cls.__name__
     runtime = runtime_source(runtime, where=f"with_tangram({label}, runtime=)")
+    check_spec_fits(spec if spec_for is None else None, runtime, f"with_tangram({label})")
     mapper = SpecMapper(spec=spec, spec_for=(lambda _n, states: spec_for(states)) if spec_for else None)
     original_step = instance_cls.step  # type: ignore[attr-defined]
     sig_params = inspect.signature(original_step).parameters.values()
@@ -113,11 +118,11 @@ def with_tangram(
             SpecMapper.report(label, exc)
             return _error_step(states, exc)
         if the_spec.group is None and the_spec.elastic_resource == "cpu":
-            task = None if group_for is None else group_for(st)
+            task = advice(label, "group_for", group_for, st)
             name = group_of(task) if task is not None else name_of_object(self) if group else None
             if name is not None:  # the task, else the instance (the episode: named on its first step)
                 the_spec = attrs.evolve(the_spec, group=name)
-        hint = None if hint_for is None else hint_or_none(label, hint_for(st))
+        hint = hint_or_none(label, advice(label, "hint_for", hint_for, st))
 
         async def body(lease: Lease) -> Any:
             if takes_lease:
@@ -132,4 +137,4 @@ def with_tangram(
 
     step.__doc__ = original_step.__doc__
     return type(label, (instance_cls,), {"step": step, "__module__": instance_cls.__module__,
-                                         "__doc__": instance_cls.__doc__})
+                                         "__doc__": instance_cls.__doc__, "__tangram_wrapped__": True})

@@ -36,10 +36,10 @@ from .._deadline import check_timeout
 from ..errors import SpecError, TangramError
 from ..lease import Lease
 from ..spec import ActionSpec
-from ._config import (SpecFor, SpecMapper, SpecMappingError, group_of, hint_or_none, import_object,
+from ._config import (SpecFor, SpecMapper, SpecMappingError, advice, group_of, hint_or_none, import_object,
                       name_of_object, spec_from_mapping)
 from .._protocol import is_tangram
-from ._host import RuntimeSource, action, current_lease, run_holding, runtime_source
+from ._host import RuntimeSource, action, check_spec_fits, current_lease, run_holding, runtime_source
 from ._lazy import require
 
 __all__ = [
@@ -159,6 +159,7 @@ class TangramToolMixin:
         self._tangram_mapper = SpecMapper(spec=spec, spec_for=spec_for, from_parameters=cfg.get("from_parameters"))
         where = f"tool {getattr(self, 'name', type(self).__name__)!r} tangram config"
         self._tangram_source: RuntimeSource | None = _config_source(cfg, self.tangram_runtime, where)
+        check_spec_fits(spec if spec_for is None and not cfg.get("from_parameters") else None, self._tangram_source, where)
         timeout = cfg.get("timeout", self.tangram_timeout)
         self._tangram_timeout = check_timeout(timeout)  # at build: a typo fails at start-up, not per call
         self._tangram_group = _group_mode(cfg.get("group", self.tangram_group), where)
@@ -189,14 +190,14 @@ class TangramToolMixin:
             return _error_result(self.name, exc)
         if spec.group is None and spec.elastic_resource == "cpu":
             # one task's (or else one trajectory's) calls are alike in length: learned together
-            fn = self._tangram_group_for
-            task = None if fn is None else fn(self.name, instance_id, params, kwargs.get("agent_data"))
+            task = advice(f"tool {self.name!r}", "group_for", self._tangram_group_for, self.name, instance_id,
+                          params, kwargs.get("agent_data"))
             if task is not None:
                 spec = attrs.evolve(spec, group=group_of(task))
             elif self._tangram_group is not None:
                 spec = attrs.evolve(spec, group=_trajectory_of(instance_id, kwargs))
-        hint = hint_or_none(f"tool {self.name!r}",
-                            self.tangram_expected_s(instance_id, params, kwargs.get("agent_data")))
+        hint = hint_or_none(f"tool {self.name!r}", advice(f"tool {self.name!r}", "hint_for", self.tangram_expected_s,
+                                                          instance_id, params, kwargs.get("agent_data")))
 
         async def body(lease: Lease) -> Any:
             return _with_metrics(await self.execute_with_lease(instance_id, parameters, lease, **kwargs), lease)
@@ -248,6 +249,15 @@ def _with_metrics(result: Any, lease: Lease) -> Any:
     return result
 
 
+def _not_wrapped_twice(cls: Any, where: str) -> None:
+    """A tool that already acquires per call, wrapped again, took the resources twice per call,
+    one acquire inside the other: on a busy pool every call held its outer units and waited for
+    inner ones that only other such calls held (a deadlock, found by an audit)."""
+    if isinstance(cls, type) and issubclass(cls, TangramToolMixin):
+        raise SpecError(f"{where}: {cls.__name__} already runs each call inside tangram.acquire; wrap the "
+                        f"plain tool once (wrapping it again holds the resources twice per call and can deadlock)")
+
+
 def tangram_tool(
     tool_cls: type[T],
     *,
@@ -274,6 +284,7 @@ def tangram_tool(
     """
     if not isinstance(tool_cls, type):
         raise SpecError(f"tangram_tool() needs a tool class, got {tool_cls!r}")
+    _not_wrapped_twice(tool_cls, "tangram_tool()")
     attrs_: dict[str, Any] = {
         "tangram_spec": spec,
         "tangram_spec_for": staticmethod(spec_for) if spec_for is not None else None,
@@ -313,6 +324,7 @@ def _make_tangram_tool() -> type:
             wraps = dict(config.get("tangram") or {}).get("wraps")
             if wraps is not None:
                 inner_cls = import_object(wraps) if isinstance(wraps, str) else wraps
+                _not_wrapped_twice(inner_cls, "tangram.wraps")
                 inner_config = {k: v for k, v in config.items() if k != "tangram"}
                 self._inner = inner_cls(config=inner_config, tool_schema=tool_schema)
                 tool_schema = tool_schema or self._inner.tool_schema
