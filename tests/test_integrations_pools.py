@@ -445,6 +445,13 @@ def test_bad_pool_config_fails_where_the_adapter_is_built(tool_module: Any) -> N
         assert why in str(ei.value).lower(), ei.value
     TangramTool(config={"type": "native", "tangram": {**base, "spec": {"cpus": 2}, "pool": {"name": "fits", "cpus": 2}}},
                 tool_schema=schema)
+    # two tools of one YAML defining one name two ways: the second build fails (it built, and the
+    # tool called second failed every call); the same definition again is fine
+    TangramTool(config={"type": "native", "tangram": {**base, "pool": {"name": "twice", "cpus": 2}}}, tool_schema=schema)
+    TangramTool(config={"type": "native", "tangram": {**base, "pool": {"name": "twice", "cpus": 2}}}, tool_schema=schema)
+    with pytest.raises(SpecError, match="two definitions of pool 'twice'"):
+        TangramTool(config={"type": "native", "tangram": {**base, "pool": {"name": "twice", "cpus": 3}}},
+                    tool_schema=schema)
 
 
 

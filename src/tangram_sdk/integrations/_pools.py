@@ -208,7 +208,7 @@ def _same(old: PoolDef, new: PoolDef) -> None:
         raise SpecError(
             f"two definitions of pool {new.name!r} in one process: {old.describe()} and {new.describe()}; "
             f"a name is one pool for the whole job: give every adapter the same definition, attach with "
-            f"pool: {new.name}, or use another name")
+            f"pool: {new.name}, or use another name (or await tangram_sdk.integrations.shutdown() first)")
 
 
 def register(defn: PoolDef) -> PoolDef:
@@ -220,6 +220,9 @@ def register(defn: PoolDef) -> PoolDef:
     if entry is not None and entry.host.alive():
         _same(entry.defn, defn)
     with _guard:
+        known = _defined.get(defn.name)
+        if known is not None:
+            _same(known, defn)  # two tools of one YAML defining one name two ways: at build, not at first call
         _defined[defn.name] = defn
     return defn
 
@@ -378,6 +381,8 @@ async def close_loop_pools() -> None:
                 _local.pop(name, None)
             assert e.closing is not None
             e.closing.set_result(None)
+    with _guard:
+        _defined.clear()  # a clean exit (or a test's end): the next config defines its pools anew
     for keeper in _keepers.pop(loop, None) or []:
         keeper.cancel()
     for handle in {id(h): h for h in (_remote.pop(loop, None) or {}).values()}.values():
