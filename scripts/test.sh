@@ -31,4 +31,39 @@ else
     echo "test.sh: not root, not starting dockerd; Docker tests need a reachable daemon" >&2
 fi
 
-exec .venv/bin/python -m pytest -q -p no:cacheprovider "$@"
+PYTEST=(.venv/bin/python -m pytest -q -p no:cacheprovider)
+if [ "$#" -gt 0 ]; then
+    exec "${PYTEST[@]}" "$@"
+fi
+
+# The whole suite. First the pure, deterministic CPU-bound files (the simulator, the core's
+# property tests, mypy: no clocks, no daemons), as two pytest processes side by side on the two
+# cores CI has; they take ~3 min one after the other, ~2 side by side. Then everything else in one
+# process, where tests that measure time (two cores faster than one, timeouts) have the machine
+# to themselves.
+PURE_A=(tests/test_gpu_sizing.py)
+PURE_B=(tests/test_typing.py tests/test_fuzz.py tests/test_scheduler_props.py tests/test_scheduler.py tests/test_core_never_stuck.py
+        tests/test_sim_engine.py tests/test_sim_baselines.py tests/test_sim_trace.py tests/test_sandbox_lengths.py
+        tests/test_split.py tests/test_malleable.py tests/test_purity.py tests/test_learn.py
+        tests/test_weighted_quotas.py tests/test_restart.py tests/test_pricing.py tests/test_plan_gap.py
+        tests/test_hints.py tests/test_resources.py tests/test_spec.py tests/test_options.py)
+out=$(mktemp -d)
+rc=0
+"${PYTEST[@]}" "${PURE_A[@]}" >"$out/a" 2>&1 &
+pid_a=$!
+"${PYTEST[@]}" "${PURE_B[@]}" >"$out/b" 2>&1 &
+pid_b=$!
+wait "$pid_a" || rc=1
+wait "$pid_b" || rc=1
+echo "== ${PURE_A[*]}"
+cat "$out/a"
+echo "== the other pure files (${#PURE_B[@]})"
+cat "$out/b"
+rm -rf "$out"
+ignore=()
+for f in "${PURE_A[@]}" "${PURE_B[@]}"; do
+    ignore+=("--ignore=$f")
+done
+echo "== everything else"
+"${PYTEST[@]}" "${ignore[@]}" || rc=1
+exit "$rc"
