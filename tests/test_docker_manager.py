@@ -270,6 +270,33 @@ async def test_a_container_stopped_removed_or_paused_under_a_running_exec_is_a_d
         await pool.aclose()
 
 
+async def test_a_command_that_never_started_says_so_on_stderr_as_lease_run_does(manager_factory: Any,
+                                                                              docker_engine: str) -> None:
+    """The daemon reports a command that never started (missing binary, workdir, user) as exit
+    126 with its message on *stdout*, where a grader comparing the program's output reads it as
+    the answer. Now the message is on stderr and a missing binary is 127, as lease.run reports."""
+    from tangram_sdk.lease import Lease
+
+    m: DockerCpuManager = await manager_factory("auto")
+    async with await SandboxPool.create(m, image=docker_engine, count=1) as pool:
+        grant, lease = make_lease(1, pool[0].id, HOST_CPUS[:1])
+        await m.apply(grant, lease)
+        try:
+            r = await lease.exec(["no-such-binary-xyz"], timeout=30)
+            assert (r.exit_code, r.stdout) == (127, b"") and b"no-such-binary-xyz" in r.stderr, r
+            for kw, word in (({"workdir": "/no-such-dir"}, b"/no-such-dir"), ({"user": "no-such-user"}, b"no-such-user")):
+                r = await lease.exec(["true"], timeout=30, **kw)
+                assert (r.exit_code, r.stdout) == (126, b"") and word in r.stderr, (kw, r)
+            r = await lease.exec(["sh", "-c", "echo out; echo err >&2; exit 126"], timeout=30)
+            assert (r.exit_code, r.stdout, r.stderr) == (126, b"out\n", b"err\n")  # a program's own 126 stays
+        finally:
+            await m.release(grant, lease)
+    local = Lease(2, ActionSpec(kind="x", cpus=1), cpus=HOST_CPUS[:1], gpus=(), units=0, memory=0, quotas=(),
+                  queued_s=0.0, granted_at=0.0)
+    r = await local.run(["no-such-binary-xyz"], timeout=30)
+    assert (r.exit_code, r.stdout) == (127, b"") and b"no-such-binary-xyz" in r.stderr, r
+
+
 async def test_exec_and_run_refuse_the_same_bad_environments(manager_factory: Any, docker_engine: str) -> None:
     """Docker took ``env={"A=B": "c"}`` as A=B=c, ``{"X": None}`` as the text "None" and ``{"": "v"}``
     as an OCI failure (exit 126), where lease.run raised TypeError/ValueError: one SpecError rule

@@ -500,6 +500,7 @@ class DockerClient:
                         return timed_out_result(bytes(out), bytes(err), truncated=truncated)
                     if code == KILLED:  # its own SIGKILL (or an OOM kill), or the container's end?
                         await self._check_still_running(ref)
+                    code, out, err = _start_failure(code, out, err)
                     return ExecResult(exit_code=code, stdout=bytes(out), stderr=bytes(err),
                                       duration_s=time.monotonic() - started, truncated=truncated)
                 answered = await self._kill(ex, ref, cid, before, procs)
@@ -740,6 +741,21 @@ def _refused(exc: BaseException) -> bool:
     if isinstance(exc, aiodocker.DockerError):  # aiodocker raises it from the aiohttp error
         exc = exc.__cause__ or exc.__context__ or exc
     return isinstance(exc, (aiohttp.ClientConnectorError, ConnectionRefusedError, FileNotFoundError))
+
+
+_START_FAILED = (b"OCI runtime exec failed", b"unable to find user")
+
+
+def _start_failure(code: int, out: bytearray, err: bytearray) -> tuple[int, bytearray, bytearray]:
+    """A command that never started (missing binary, bad workdir or user): the daemon reports it
+    as exit 126 with its message on the *stdout* stream, where a grader comparing the program's
+    output would read it as the answer. Moved to stderr; a missing binary is 127, as ``lease.run``
+    and a shell report it."""
+    if code not in (126, 127) or err or not out.startswith(_START_FAILED):
+        return code, out, err
+    if b"executable file not found" in out or (b"exec: " in out and b"no such file or directory" in out):
+        code = 127
+    return code, bytearray(), out
 
 
 def _translate(op: str, ref: str | None, exc: BaseException) -> DockerError:
