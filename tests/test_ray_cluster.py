@@ -435,9 +435,11 @@ async def test_declared_counted_resources_cross_to_the_actor_and_back(cluster_ad
             with pytest.raises(TimeoutError, match="slots"):  # one core is free, the one slot is not
                 async with tg.acquire(spec, timeout=0.3):
                     pass
-        with pytest.raises(InfeasibleSpecError, match="slots=2 exceeds the pool's 1 slots"):
+        with pytest.raises(InfeasibleSpecError, match="slots=2 exceeds the pool's 1 slots") as ei:
             async with tg.acquire(ActionSpec(kind="big", needs={"slots": 2})):
                 pass
+        # what an adapter hands the model: the reason, not a 56-hex Ray node id before it
+        assert str(ei.value) == "big: slots=2 exceeds the pool's 1 slots", ei.value
         s = await tg.statistics()
         for _ in range(50):  # releases are one frame each: poll briefly, with a bound
             if s["held"] == 0 and _node(s)["counted"]["slots"]["free"] == 1:

@@ -659,16 +659,16 @@ class SchedulerActor:
                 cands = [n for n in cands if n.services is None or spec.service in n.services]
         if not cands:
             raise InfeasibleSpecError(f"{spec.kind}: no live node can serve it (nodes: {sorted(self._nodes)})")
-        reasons = []
+        reasons: list[tuple[str, str]] = []
         ok = []
         for n in cands:
             r = n.rt.feasibility(spec)
             if r is None:
                 ok.append(n)
             else:
-                reasons.append(f"{n.label}: {r}")
+                reasons.append((n.label, r))
         if not ok:
-            raise InfeasibleSpecError(f"{spec.kind}: " + "; ".join(reasons))
+            raise InfeasibleSpecError(f"{spec.kind}: {_reasons(reasons)}")
         if len(ok) == 1:
             return ok[0]
 
@@ -928,3 +928,12 @@ class SchedulerActor:
         if self.granted != self.released + self.lost + held:
             errs.append(f"granted {self.granted} != released {self.released} + lost {self.lost} + held {held}")
         return errs
+
+
+def _reasons(reasons: list[tuple[str, str]]) -> str:
+    """Why no node can serve a spec, for the caller (often the model, through an adapter): one
+    reason once when every node gives it, else per node, with Ray's 56-hex node ids cut to 12."""
+    if len({r for _, r in reasons}) == 1:
+        only = reasons[0][1]
+        return only if len(reasons) == 1 else f"{only} (on each of the {len(reasons)} nodes)"
+    return "; ".join(f"{label[:12] + '...' if len(label) == 56 else label}: {r}" for label, r in reasons)
