@@ -234,8 +234,8 @@ def deploy(
 
     Deploying again with the same configuration returns the running actor (adding missing nodes);
     a different configuration (quotas, options, ``ttl``, ``heartbeat``, ``agent_timeout``,
-    ``check_invariants``, or a ``Pool`` other than a running node's) raises TangramError
-    (``shutdown()`` it first); ``managers`` factories and pool callables cannot be compared and
+    ``check_invariants``, or a ``Pool`` other than a running node's) raises SpecError (a
+    TangramError; ``shutdown()`` it first); ``managers`` factories and pool callables cannot be compared and
     are not. Of two concurrent first calls, one makes the actor and the other attaches; the one
     that fails later never kills it.
     """
@@ -295,7 +295,7 @@ def deploy(
         created = created and ep.get("creator") == token
         if ep["fingerprint"] != fp:
             created = False  # someone else's actor: never kill it
-            raise TangramError(
+            raise SpecError(  # a TangramError: a configuration clash, as two definitions in one process are
                 f"a Tangram named {name!r} already runs in namespace {namespace!r} with another configuration; "
                 f"shut it down first (TangramCluster.get(...).shutdown())")
         cluster = TangramCluster(actor, name, namespace, timeout=timeout)
@@ -319,7 +319,7 @@ def deploy(
                 want = pool.get(label) if isinstance(pool, Mapping) else pool
                 have = nodes_now.get(label, {}).get("pool") if label in nodes_now else None
                 if isinstance(want, Pool) and isinstance(have, Pool) and have != want:
-                    raise TangramError(
+                    raise SpecError(
                         f"a Tangram named {name!r} already runs in namespace {namespace!r} with node {label!r} "
                         f"holding {have.describe()}, not {want.describe()}; shut it down first "
                         f"(TangramCluster.get(...).shutdown())")
