@@ -317,16 +317,18 @@ async def test_lease_run_timeout_and_cancel_kill_the_command():
             with pytest.raises(SpecError, match="timeout"):
                 await lease.run(["true"], timeout="1")
         for _ in range(100):  # the killed commands are reaped (a bound, not a settle time)
-            ps = os.popen("ps -eo args").read()
-            if "sleep 31" not in ps and "sleep 32" not in ps:
+            if not _alive("sleep 31") and not _alive("sleep 32"):
                 break
             await asyncio.sleep(0.05)
-        assert "sleep 31" not in ps and "sleep 32" not in ps, ps
+        assert not _alive("sleep 31") and not _alive("sleep 32"), os.popen("ps -eo stat=,args=").read()
         whole(t)
 
 
-def _alive(tag: str) -> list[str]:
-    return [a for a in os.popen("ps -eo stat=,args=").read().splitlines() if tag in a and not a.startswith("Z")]
+def _alive(command: str) -> list[str]:
+    """Live processes whose whole command line is `command` (not a substring: another "sleep 420"
+    on the machine is not ours)."""
+    rows = (a.split(None, 1) for a in os.popen("ps -eo stat=,args=").read().splitlines())
+    return [r[1] for r in rows if len(r) == 2 and r[1].strip() == command and not r[0].startswith("Z")]
 
 
 @pytest.mark.looptime(False)  # real subprocesses, real timeouts
