@@ -165,6 +165,10 @@ def make_policy(name: str, pool: Pool, *, services: Sequence[str] = (), service_
         raise ValueError(f"sandbox_rate must be None or > 0, got {sandbox_rate!r}")
     if isinstance(sandbox_cpus, bool) or not isinstance(sandbox_cpus, int) or sandbox_cpus < 1:
         raise ValueError(f"sandbox_cpus must be an int >= 1 (the static sandbox's cores), got {sandbox_cpus!r}")
+    for what, v in (("iso_tp", iso_tp), ("gpus_per_service", gpus_per_service)):
+        # a negative iso_tp never finished sizing the slices; 0 divided by zero
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+            raise ValueError(f"{what} must be an int >= 1, got {v!r}")
     if name == "tangram":
         return Policy(name, [Scheduler(pool, **{"elastic": True, "lookahead": True, **sched_opts})])
     if name.startswith("fifo") and name[4:].isdigit():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import re
 import sys
@@ -34,8 +35,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--nodes", type=positive_int, default=None, help="ai-coding: CPU nodes (default 15)")
     p.add_argument("--cores", type=positive_int, default=None, help="ai-coding: cores per node (default 256)")
     p.add_argument("--gpus", type=positive_int, default=None,
-                   help="mopd/deepsearch/trace: GPU pool size (mopd default 40, deepsearch 8)")
-    p.add_argument("--cpus", type=positive_int, default=None, help="trace: CPU pool size when the trace has no pool")
+                   help="mopd/deepsearch/trace: GPU pool size (mopd default 40, deepsearch 8; a trace keeps its "
+                        "CPUs and quotas)")
+    p.add_argument("--cpus", type=positive_int, default=None, help="trace: CPU pool size (the trace's pool line, if any, keeps its GPUs and quotas)")
     p.add_argument("--iso-gpus", type=_iso_gpus, default=None, metavar="N|share",
                    help="isolated: N GPUs per service (the isolated pool is N x services; mopd default 4), "
                         "or 'share': the whole --gpus pool split in proportion to call share, >= 1 each")
@@ -80,6 +82,7 @@ def _param(text: str) -> tuple[str, Any]:
 
 
 _POLICY = re.compile(r"tangram|static|isolated|fifo[1-9][0-9]*")
+_FLAGS = {"gpus": "--gpus", "iso_gpus": "--iso-gpus"}  # parameters a flag of their own sets
 
 
 def check(args: argparse.Namespace) -> str | None:
@@ -105,11 +108,16 @@ def check(args: argparse.Namespace) -> str | None:
 
         known = PARAMS[args.workload]
         for name, value in args.param:
+            if name in _FLAGS:  # applied after the flag, it silently won (and --gpus-needed probed
+                # one pool size over and over)
+                return f"--param {name}: use {_FLAGS[name]} (it sets the same thing)"
             if name not in known:
                 return (f"--param: {args.workload} has no parameter {name!r} "
                         f"(choose from {', '.join(sorted(known))})")
             default = known[name]
             number = isinstance(value, (int, float)) and not isinstance(value, bool)
+            if number and not math.isfinite(value):  # json.loads reads NaN and Infinity
+                return f"--param {name}: expected a finite number, got {value!r}"
             if isinstance(default, bool):  # a switch (sandbox_names also takes a unit name)
                 if not isinstance(value, bool) and not (name == "sandbox_names" and isinstance(value, str)):
                     return f"--param {name}: expected true or false, got {value!r}"
@@ -132,7 +140,7 @@ def check(args: argparse.Namespace) -> str | None:
     try:
         wl = _workload(args, args.batch)
         sweep = [_workload(args, b) for b in (args.sweep_batch or ())]
-    except (ValueError, TypeError) as exc:  # TraceError included: it names the line and the field
+    except (ValueError, TypeError, ArithmeticError) as exc:  # TraceError included: it names the line
         given = ", ".join(f"{n}={v!r}" for n, v in args.param or ())
         return f"--workload {args.workload}" + (f" with --param {given}" if given else "") + f": {exc}"
     if not any(t.acts for t in wl.trajectories):
@@ -143,6 +151,8 @@ def check(args: argparse.Namespace) -> str | None:
             return f"--policy isolated needs GPU services, and {wl.name} has none"
         if args.gpus_needed:
             return f"--gpus-needed compares with the isolated baseline, which needs GPU services; {wl.name} has none"
+    if trace and args.seed:
+        return "--seed does not apply to --workload trace (a trace is one recorded run)"
     if args.iso_gpus is not None and "isolated" not in pols and not args.gpus_needed:
         return "--iso-gpus needs the isolated policy (--policy isolated or all) or --gpus-needed"
     # every policy built now (cheap, nothing runs), so one the workload cannot run fails before
@@ -151,7 +161,7 @@ def check(args: argparse.Namespace) -> str | None:
     for pol in pols + (["isolated"] if args.gpus_needed and "isolated" not in pols else []):
         try:
             policy = build_policy(wl, pol, iso_gpus=_iso(args, wl) if pol == "isolated" else None)
-        except (ValueError, TypeError) as exc:
+        except (ValueError, TypeError, ArithmeticError) as exc:
             return f"--policy {pol}: {exc}"
         why = _never_runs(wl, policy)
         if why is not None:
@@ -184,8 +194,7 @@ def _workload(args: argparse.Namespace, batch: int | None) -> Workload:
         from ..pool import Pool
         from .trace import trace_workload
 
-        pool = Pool(cpus=args.cpus or 0, gpus=args.gpus or 0) if (args.cpus or args.gpus) else None
-        wl_trace: Workload = trace_workload(args.trace, pool)
+        wl_trace: Workload = trace_workload(args.trace, cpus=args.cpus, gpus=args.gpus)
         return wl_trace
     kw: dict[str, Any] = {"seed": args.seed}
     if args.workload == "ai-coding":
@@ -203,7 +212,7 @@ def _workload(args: argparse.Namespace, batch: int | None) -> Workload:
 def _policies(args: argparse.Namespace, wl: Workload) -> list[str]:
     if args.policy == "all":
         return list(wl.policies)
-    return [p.strip() for p in args.policy.split(",") if p.strip()]
+    return list(dict.fromkeys(p.strip() for p in args.policy.split(",") if p.strip()))  # each once
 
 
 def _iso(args: argparse.Namespace, wl: Workload) -> int | None:
@@ -270,16 +279,32 @@ def run(args: argparse.Namespace) -> int:
     for pol in pols:
         try:
             r = _run(args, wl, pol)
-        except ValueError as exc:
+        except (ValueError, ArithmeticError) as exc:
             print(f"tangram simulate: policy {pol}: {exc}", file=sys.stderr)
             return 2
         results.append(r)
         rows.append(summarise(r))
     print(f"{wl.name}: {len(wl.trajectories)} trajectories, {wl.n_actions} actions, "
-          f"pool {len(wl.pool.cpus)} cpus / {len(wl.pool.gpus)} gpus, seed {args.seed}")
+          f"pool {len(wl.pool.cpus)} cpus / {len(wl.pool.gpus)} gpus"
+          + ("" if wl.name == "trace" else f", seed {args.seed}"))
     print(_table(rows))
     out["runs"] = rows
-    out["params"] = {k: v for k, v in wl.params.items() if isinstance(v, (int, float, str))}
+    # what ran: the workload's parameters (a flag's value, not the default it replaced) and the options
+    params = {k: v for k, v in wl.params.items() if isinstance(v, (int, float, str)) or v is None}
+    if wl.name != "trace":
+        for k in ("nodes", "gpus_per_node"):
+            params.pop(k, None)  # the pool below says what it was
+    out["params"] = params
+    out["pool"] = {"cpus": len(wl.pool.cpus), "gpus": len(wl.pool.gpus),
+                   "numa_nodes": len(wl.pool.numa) if wl.pool.numa else 1}
+    if "isolated" in pols or args.gpus_needed:
+        iso = _iso(args, wl)
+        params["iso_gpus"] = "share" if iso is None else iso
+    elif "iso_gpus" in params:
+        params.pop("iso_gpus")
+    out["options"] = {k: v for k, v in sorted(vars(args).items())
+                      if k not in ("built", "built_sweep", "func", "command") and
+                      (v is None or isinstance(v, (int, float, str, bool, list)))}
     sweep_rows: list[dict[str, Any]] = []
     if args.sweep_batch:
         for wb in args.built_sweep:

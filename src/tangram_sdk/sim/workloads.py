@@ -242,13 +242,57 @@ WORKLOADS: dict[str, Callable[..., Workload]] = {"ai-coding": ai_coding, "deepse
 PARAMS: dict[str, dict[str, Any]] = {"ai-coding": CODING, "deepsearch": SEARCH, "mopd": MOPD}
 
 
+# What each numeric parameter may be (every other number: finite and >= 0). A zero mean or rate
+# divided by zero, a negative restore gave an ACT below the execution time, and a negative
+# ``iso_tp`` never finished sizing the slices.
+_COUNTS = frozenset({"actions_min", "actions_max", "test_max_cpus", "sandbox_cpus", "turns_min", "turns_max",
+                     "search_concurrency", "judge_max_gpus", "gpus", "search_procs", "iso_batch", "iso_tp",
+                     "teachers", "calls_min", "calls_max", "teacher_max_gpus", "nodes", "gpus_per_node",
+                     "iso_gpus", "task_size"})  # ints >= 1
+_POSITIVE = frozenset({"test_work_mean", "shell_work_mean", "search_mean", "judge_work_mean", "work_mean",
+                       "think_mean", "decode_tok_s", "chunk_tokens", "search_rate", "sandbox_rate", "gpu_slots"})
+_FRACTIONS = {"busy_frac": (False, True), "test_frac": (True, True), "test_parallel": (True, True),
+              "true_parallel": (True, True), "judge_parallel": (True, True), "teacher_parallel": (True, True),
+              "iso_batch_cost": (False, True)}  # (0 allowed, 1 allowed)
+_MOST = 1e9  # larger than any real figure: a 1e308 overflowed to inf inside the scheduler
+
+
+def _check_value(workload: str, name: str, v: Any) -> None:
+    if v is None or isinstance(v, (bool, str)) or not isinstance(v, (int, float)):
+        return  # switches, names and optional parameters turned off: the builders check those
+    where = f"{workload}: parameter {name}"
+    if not math.isfinite(v) or abs(v) > _MOST:
+        raise ValueError(f"{where} must be a finite number of at most {_MOST:g}, got {v!r}")
+    if name in _COUNTS:
+        if not (float(v).is_integer() and v >= 1):
+            raise ValueError(f"{where} must be an integer >= 1, got {v!r}")
+    elif name in _POSITIVE:
+        if not v > 0:
+            raise ValueError(f"{where} must be > 0, got {v!r}")
+    elif name in _FRACTIONS:
+        zero, one = _FRACTIONS[name]
+        if not ((0 <= v if zero else 0 < v) and (v <= 1 if one else v < 1)):
+            raise ValueError(f"{where} must be in {'[' if zero else '('}0, 1{']' if one else ')'}, got {v!r}")
+    elif v < 0:
+        raise ValueError(f"{where} must be >= 0, got {v!r}")
+
+
 def _params(defaults: dict[str, Any], over: dict[str, Any], workload: str) -> dict[str, Any]:
     """The workload's parameters with ``over`` applied; a name it does not have is an error (a
-    misspelt ``test_max_cpu=32`` used to run the defaults without a word)."""
+    misspelt ``test_max_cpu=32`` used to run the defaults without a word), and so is a value the
+    model cannot take (a zero mean, a negative restore, a NaN)."""
     unknown = sorted(set(over) - set(defaults))
     if unknown:
         raise SpecError(f"{workload}: unknown parameter(s) {unknown}; known: {sorted(defaults)}")
-    return {**defaults, **over}
+    p = {**defaults, **over}
+    for name, v in over.items():
+        _check_value(workload, name, v)
+        if name in _COUNTS and isinstance(v, float):
+            p[name] = int(v)
+    for lo, hi in (("actions_min", "actions_max"), ("turns_min", "turns_max"), ("calls_min", "calls_max")):
+        if lo in p and p[lo] > p[hi]:
+            raise ValueError(f"{workload}: {lo} ({p[lo]}) is above {hi} ({p[hi]})")
+    return p
 
 
 def build(name: str, batch: int | None = None, **kw: Any) -> Workload:
@@ -311,6 +355,8 @@ def run_policy(wl: Workload, name: str, *, progress: Any = None, iso_gpus: int |
     isolated slices start with theirs (a rollout step follows the previous one, whose copies are
     still cached; without it a one-step simulation charges every policy but isolated a cold start).
     ``measured``: released actions report the parallelism their work got (see :func:`.simulate`).
+    ``iso_gpus`` (isolated): GPUs per service; None splits the whole pool in proportion to call
+    share (the CLI's ``--iso-gpus share``; its default is ``wl.params["iso_gpus"]``).
     ``observers``: passed to :func:`.simulate` (each sees every event batch and its decisions).
     """
     from .engine import simulate
