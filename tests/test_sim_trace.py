@@ -206,3 +206,81 @@ async def test_recorded_live_run_replays_to_the_same_step_time(tmp_path) -> None
     replay = summarise(run_policy(trace_workload(path), "tangram"))
     assert replay["actions"] == 6
     assert replay["step_s"] == pytest.approx(live_step, rel=0.05), (replay["step_s"], live_step)
+
+
+# --------------------------------------------------------------------- stop 36: a user's audit
+def test_gpus_or_cpus_resize_one_dimension_of_a_traces_pool(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    """`--gpus 16` on a recorded deepsearch trace replaced its whole pool: its search quota was
+    gone ("unknown quota 'search'"), and `--cpus` replaced a recorded pool the help said it only
+    filled in. Now each flag resizes its own dimension and the rest stays as recorded."""
+    lines = [{"pool": {"cpus": 4, "gpus": 2, "quotas": {"search": {"concurrency": 3}}}},
+             {"arrival": 0.0, "kind": "search", "quotas": {"search": 1}, "duration": 1.0, "traj": "a"},
+             {"arrival": 0.0, "kind": "judge", "gpus": 1, "duration": 1.0, "traj": "b"},
+             {"arrival": 0.0, "kind": "tool", "cpus": 1, "duration": 1.0, "traj": "c"}]
+    p = _write(tmp_path / "t.jsonl", lines)
+    wl = trace_workload(p, gpus=16)
+    assert len(wl.pool.gpus) == 16 and len(wl.pool.cpus) == 4 and dict(wl.pool.quotas)["search"].concurrency == 3
+    wl = trace_workload(p, cpus=8)
+    assert len(wl.pool.cpus) == 8 and len(wl.pool.gpus) == 2 and "search" in dict(wl.pool.quotas)
+    rc = cli_main(["simulate", "--workload", "trace", "--trace", str(p), "--gpus", "16", "--policy",
+                   "tangram,fifo1,tangram", "--no-progress"])
+    out = capsys.readouterr().out
+    assert rc == 0 and "pool 4 cpus / 16 gpus" in out and "seed" not in out.splitlines()[0]
+    assert sum(1 for x in out.splitlines() if x.split()[:1] == ["tangram"]) == 1  # a policy listed twice runs once
+    _write(tmp_path / "u.jsonl", [{"pool": {"cpus": 4, "gpu": 2}}, lines[3]])
+    with pytest.raises(TraceError, match=r"field 'pool' has unknown key\(s\) \['gpu'\]"):
+        load_trace(tmp_path / "u.jsonl")
+
+
+def test_a_recorder_under_static_is_refused_not_a_trace_of_sandboxes(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Under trajectory-static, actions run inside held sandboxes: the recorder wrote 48 sandbox
+    lines for 2078 actions, and their replay was another workload (ACT 253 s vs 4.7 s)."""
+    from tangram_sdk.sim.workloads import ai_coding
+
+    wl = ai_coding(6, nodes=1, cores=32, seed=0)
+    with TraceRecorder(tmp_path / "s.jsonl") as rec, pytest.raises(ValueError, match="record under tangram"):
+        run_policy(wl, "static", observers=[rec])
+    with TraceRecorder(tmp_path / "f.jsonl") as rec:
+        run_policy(wl, "fifo4", observers=[rec])
+    assert rec.lines == wl.n_actions
+
+
+def test_a_recorded_restore_is_overhead_not_scaled_work(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A cold TP-2 teacher call (1.5 s restore + 0.34 s of work) was written as 3.07 s of 1-GPU
+    work: the restore folded into the duration and scaled by the efficiency model. Now the
+    restore the manager reported is the line's overhead and only the work is scaled back."""
+    wl = mopd(16, gpus=6, seed=0, calls_min=2, calls_max=3)
+    path = tmp_path / "m.jsonl"
+    with TraceRecorder(path, pool=wl.pool) as rec:
+        res = run_policy(wl, "tangram", observers=[rec])
+    rows = [json.loads(x) for x in path.read_text().splitlines()[1:]]
+    assert res.restores > 0 and any("overhead" in r for r in rows)
+    truth = sorted(a.work for t in wl.trajectories for a in t.acts)
+    got = sorted(r["duration"] for r in rows)
+    assert got == pytest.approx(truth, rel=1e-3, abs=2e-3)  # the 1-GPU work, whatever the width and restores
+    over = [r["overhead"] for r in rows if "overhead" in r]
+    assert all(0 < o <= wl.restore_s["teacher0"] + 1e-6 for o in over)
+
+
+def test_isolated_slices_count_as_allocated_for_the_whole_step() -> None:
+    """Isolated servers hold their GPUs idle or not; the simulator counted them only while a call
+    ran, so isolated's GPU-seconds looked smaller than Tangram's."""
+    wl = mopd(32, gpus=10, seed=0)
+    iso = summarise(run_policy(wl, "isolated", iso_gpus=1))
+    tg = summarise(run_policy(wl, "tangram"))
+    assert iso["pool_gpus"] == 9 and iso["gpu_alloc_mean"] == pytest.approx(9.0)
+    assert iso["gpu_busy_mean"] < iso["gpu_alloc_mean"] / 10
+    assert tg["gpu_alloc_mean"] == pytest.approx(tg["gpu_busy_mean"]) and tg["gpu_s"] < iso["gpu_s"] / 10
+
+
+def test_cli_json_says_what_ran_not_the_defaults(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    """With `--gpus 10 --iso-gpus 1` the JSON said iso_gpus 4, nodes 5 x 8 GPUs (the defaults)."""
+    out = tmp_path / "o.json"
+    rc = cli_main(["simulate", "--workload", "mopd", "--batch", "8", "--gpus", "10", "--iso-gpus", "1",
+                   "--policy", "tangram,isolated", "--json", str(out), "--no-progress"])
+    assert rc == 0
+    data = json.loads(out.read_text())
+    assert data["params"]["iso_gpus"] == 1 and "nodes" not in data["params"]
+    assert data["pool"] == {"cpus": 0, "gpus": 10, "numa_nodes": 1}
+    assert data["options"]["gpus"] == 10 and data["options"]["policy"] == "tangram,isolated"
+    assert {r["policy"]: r["pool_gpus"] for r in data["runs"]} == {"tangram": 10, "isolated": 9}

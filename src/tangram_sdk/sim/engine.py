@@ -225,7 +225,19 @@ def simulate(
     done_acts = 0
     res.traj_end = [math.nan] * n_traj
     changes = res.changes
+    # isolated model servers hold their GPU slices for the whole step, busy or not: allocated from
+    # the start (as a static sandbox's cores are while its trajectory thinks); a call only makes
+    # its GPUs busy
+    dedicated = bool(getattr(policy, "service_lane", None))
+    if dedicated and res.pool_gpus:
+        changes.append(Change(0.0, 0, 0, res.pool_gpus, 0))
     hold = policy.hold
+    if hold is not None and any(getattr(o, "sees_every_action", False) for o in observers):
+        # under trajectory-static, actions run inside held sandboxes the scheduler never sees: a
+        # recorder would write the sandboxes only, and their replay would be another workload
+        raise ValueError(f"policy {policy.name!r} runs actions inside held sandboxes the scheduler does not "
+                         "see, so a TraceRecorder would record the sandboxes only: record under tangram or "
+                         "a fifo policy (its replay can then run any policy)")
     cpu_cost = policy.cpu_overhead_s
     startup = policy.hold_startup_s
     sb_rate = policy.sandbox_rate
@@ -352,9 +364,9 @@ def simulate(
         if batch > 1 and ng:
             d = phys_busy_delta[0]
             phys_busy_delta[0] = 0
-            changes.append(Change(now, nc, nc, d, d))
+            changes.append(Change(now, nc, nc, 0 if dedicated else d, d))
         else:
-            changes.append(Change(now, nc, nc, ng, ng))
+            changes.append(Change(now, nc, nc, 0 if dedicated else ng, ng))
         push(q(now + (ex + over)), _DONE, aid)
 
     def restore_cost(li: int, svc: str, gpus: tuple[int, ...], now: float) -> float:
@@ -482,9 +494,9 @@ def simulate(
                         phys_active[p] -= 1
                         if not phys_active[p]:
                             d += 1
-                    changes.append(Change(now, -nc, -nc, -d, -d))
+                    changes.append(Change(now, -nc, -nc, 0 if dedicated else -d, -d))
                 else:
-                    changes.append(Change(now, -nc, -nc, -ng, -ng))
+                    changes.append(Change(now, -nc, -nc, 0 if dedicated else -ng, -ng))
                 li = lane_of.pop(aid)
                 feed(li, Released(aid, parallelism=par_of.pop(aid, None)) if measured else Released(aid), now)
                 flush_resid(now)

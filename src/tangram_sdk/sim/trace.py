@@ -25,11 +25,13 @@ import os
 from collections.abc import Sequence
 from typing import IO, Any
 
+import attrs
+
 from ..errors import SpecError, TraceError
 from ..pool import Pool, Quota
 from ..resources import Counted
 from ..scheduler.decisions import Decision, Grant
-from ..scheduler.events import Cancelled, Event, Released, Submitted
+from ..scheduler.events import Cancelled, Event, Released, ServiceResidency, Submitted
 from ..spec import ActionSpec, Amdahl, Elasticity
 from .engine import Act, Trajectory
 
@@ -88,7 +90,8 @@ def _spec(line: int, rec: dict[str, Any]) -> ActionSpec:
                           memory=rec.get("memory", 0), quotas=rec.get("quotas"), elastic=elastic,
                           service=rec.get("service"), needs=rec.get("needs"))
     except (SpecError, TypeError, ValueError, AttributeError) as exc:
-        field = next((f for f in ("kind", "quotas", "needs", "service", "cpus", "gpus") if f in str(exc)), "spec")
+        named = [f for f in ("kind", "quotas", "needs", "service", "cpus", "gpus") if f in str(exc)]
+        field = named[0] if len(named) == 1 else "spec"  # the message names one field, or it is the spec's
         raise TraceError(f"line {line}: field {field!r}: {exc}") from None
 
 
@@ -163,6 +166,10 @@ def _record(i: int, rec: dict[str, Any]) -> ActionSpec:
 def _pool(line: int, p: Any) -> Pool:
     if not isinstance(p, dict):
         raise TraceError(f"line {line}: field 'pool' must be an object")
+    unknown = sorted(set(p) - {"cpus", "numa", "gpus", "memory", "quotas", "resources"})
+    if unknown:  # nothing is dropped silently: a misspelt "gpu" would replay on no GPUs
+        raise TraceError(f"line {line}: field 'pool' has unknown key(s) {unknown}; known: cpus, numa, gpus, "
+                         "memory, quotas, resources")
     raw_quotas = p.get("quotas") or {}
     if not isinstance(raw_quotas, dict):
         raise TraceError(f"line {line}: field 'pool.quotas' must be an object, got {raw_quotas!r}")
@@ -194,12 +201,22 @@ def _pool(line: int, p: Any) -> Pool:
         raise TraceError(f"line {line}: field 'pool': {exc}") from None
 
 
-def trace_workload(path: str | os.PathLike[str], pool: Pool | None = None) -> Any:
-    """A :class:`~.workloads.Workload` replaying the trace at ``path`` (closed loop per ``traj``)."""
+def trace_workload(path: str | os.PathLike[str], pool: Pool | None = None, *, cpus: int | None = None,
+                   gpus: int | None = None) -> Any:
+    """A :class:`~.workloads.Workload` replaying the trace at ``path`` (closed loop per ``traj``).
+
+    ``pool`` replaces the trace's pool line; ``cpus``/``gpus`` resize only that dimension of it
+    (quotas, memory and the other dimension stay as recorded; resized CPUs lose the NUMA layout).
+    """
     from .workloads import Workload
 
     tpool, rows = load_trace(path)
     pool = pool or tpool
+    if cpus is not None or gpus is not None:
+        base = pool or Pool()
+        pool = attrs.evolve(base, cpus=base.cpus if cpus is None else cpus,
+                            numa=base.numa if cpus is None else None,
+                            gpus=base.gpus if gpus is None else gpus)
     if pool is None:
         raise TraceError(f"{path}: no pool: add a first line {{\"pool\": {{...}}}} or pass --cpus/--gpus")
     groups: dict[Any, list[tuple[int, dict[str, Any], ActionSpec]]] = {}
@@ -239,17 +256,21 @@ class TraceRecorder:
         async with Tangram(pool, observers=[TraceRecorder("run.jsonl", pool=pool)]) as t: ...
 
     Times are seconds since the first action arrived (not the runtime clock, which counts from
-    boot). ``duration`` is the measured run time scaled back to the spec's minimum units, so a replay under
-    another policy rescales it; ``traj`` is the spec's ``container`` (one sandbox per trajectory), else
+    boot). ``duration`` is the measured run time, less the GPU restore its grant waited for (written
+    as ``overhead``, from the manager's report), scaled back to the spec's minimum units, so a replay
+    under another policy rescales the work and not the restore; ``traj`` is the spec's ``container`` (one sandbox per trajectory), else
     its ``group`` (what the framework adapters set to the trajectory): without either a replay
     cannot keep the trajectories closed-loop.
     Works as a simulator observer too. Call :meth:`close` (or use it as a context manager) to flush.
     """
 
+    sees_every_action = True  # the simulator refuses it under a policy that hides actions (static)
+
     def __init__(self, path: str | os.PathLike[str] | IO[str], pool: Pool | None = None) -> None:
         self._own = not hasattr(path, "write")
         self._f: IO[str] = open(path, "w", encoding="utf-8") if self._own else path  # type: ignore[arg-type,assignment]
-        self._open: dict[int, list[Any]] = {}  # aid -> [spec, arrival, grant time, units]
+        # aid -> [spec, arrival, grant time, units, (service, gpus) of a restore not yet reported, overhead]
+        self._open: dict[int, list[Any]] = {}
         self._t0: float | None = None  # the first action's arrival: every time is written relative to it
         self.lines = 0
         if pool is not None:
@@ -269,19 +290,28 @@ class TraceRecorder:
             if isinstance(ev, Submitted):
                 if self._t0 is None:
                     self._t0 = now
-                self._open[ev.action_id] = [ev.spec, now, None, 0]
+                self._open[ev.action_id] = [ev.spec, now, None, 0, None, 0.0]
             elif isinstance(ev, (Released, Cancelled)):
                 rec = self._open.pop(ev.action_id, None)
                 if rec is not None and rec[2] is not None:
                     self._finish(ev.action_id, rec, now, failed=isinstance(ev, Cancelled) or ev.failed)
+            elif isinstance(ev, ServiceResidency) and ev.resident and ev.restore_s is not None:
+                key = (ev.service, tuple(ev.gpus))
+                for rec in self._open.values():
+                    if rec[4] == key:  # the restore this action's grant waited for
+                        rec[4], rec[5] = None, float(ev.restore_s)
+                        break
         for d in decisions:
             if isinstance(d, Grant) and d.action_id in self._open:
-                self._open[d.action_id][2] = now
-                self._open[d.action_id][3] = d.units
+                rec = self._open[d.action_id]
+                rec[2], rec[3] = now, d.units
+                if d.restore and rec[0].service and d.gpus:
+                    rec[4] = (rec[0].service, tuple(d.gpus))
 
     def _finish(self, aid: int, rec: list[Any], now: float, failed: bool) -> None:
-        spec, arrival, granted, units = rec
-        ran = max(1e-9, now - granted)
+        spec, arrival, granted, units, _pending, overhead = rec
+        overhead = min(overhead, max(0.0, now - granted - 1e-9))
+        ran = max(1e-9, now - granted - overhead)
         work = ran / spec.relative_duration(units) if spec.elastic is not None and units else ran
         t0 = self._t0 or 0.0
         line: dict[str, Any] = {"id": aid, "arrival": round(arrival - t0, 6), "kind": spec.kind,
@@ -308,6 +338,8 @@ class TraceRecorder:
         traj = spec.container or spec.group  # the sandbox, else what the adapters name (the trajectory)
         if traj:
             line["traj"] = traj
+        if overhead:
+            line["overhead"] = round(overhead, 6)
         if failed:
             line["failed"] = True
         self._write(line)
