@@ -655,6 +655,30 @@ async def test_end_to_end_with_tangram(manager_factory: Any, docker_engine: str)
     assert manager.statistics()["applies"] == 64
 
 
+async def test_a_misspelt_container_fails_at_acquire_even_on_a_full_pool(docker_engine: str) -> None:
+    """The docs promise an unknown container is an error at acquire. It was looked up only when
+    the grant was applied: on a full pool the action queued, waited for cores it could never use
+    and failed (or timed out) long after. Now a new name is looked up before the action queues."""
+    from tangram_sdk import Tangram
+
+    manager = DockerCpuManager()
+    async with Tangram(Pool(cpus=list(HOST_CPUS[:1])), managers=[manager]) as tangram, \
+            await SandboxPool.create(manager, image=docker_engine, count=1) as pool:
+        async with tangram.acquire(ActionSpec(kind="hold", cpus=1, container=pool[0].id)):
+            t0 = time.monotonic()
+            with pytest.raises(DockerError, match="doesnotexist123"):
+                async with tangram.acquire(ActionSpec(kind="x", cpus=1, container="doesnotexist123"),
+                                           timeout=20):
+                    pass
+            assert time.monotonic() - t0 < 10  # the daemon's answer, not the 20 s timeout
+            assert tangram.queued == 0 and tangram.running == 1
+            with pytest.raises(SpecError):  # a malformed name: the cheap check, before any lookup
+                async with tangram.acquire(ActionSpec(kind="x", cpus=1, container="bad name!")):
+                    pass
+        async with tangram.acquire(ActionSpec(kind="x", cpus=1, container=pool[0].id)) as lease:
+            assert lease.cpus == (HOST_CPUS[0],)  # the failed lookups cost nothing
+
+
 async def test_statistics_is_a_typed_snapshot(started_manager: DockerCpuManager) -> None:
     import json
 

@@ -96,6 +96,9 @@ class Tangram:
             missing = [n for n in ("start", "check", "apply", "release", "aclose") if not callable(getattr(m, n, None))]
             if missing:
                 raise SpecError(f"managers must implement the Manager protocol; {m!r} has no {', '.join(missing)}")
+        # managers that look a spec's named resources up before it queues (an unknown container is an
+        # error at acquire, not after the wait for a grant it could never use)
+        self._resolvers = tuple(m for m in self.managers if callable(getattr(m, "resolve", None)))
         self.observers: list[Observer] = list(observers)
         for obs in self.observers:  # called on every round: a bad one would break the Tangram there
             if not callable(obs):
@@ -790,6 +793,12 @@ class _Waiter:
         if asyncio.get_running_loop() is not rt._loop:
             raise UsageError("Tangram.acquire() awaited on an event loop other than the Tangram's; from "
                              "another thread use tangram_sdk.integrations.SyncTangram")
+        if rt._resolvers:
+            rt._check_spec(self.spec)  # a malformed name is a SpecError before any lookup
+            for m in rt._resolvers:
+                await m.resolve(self.spec)  # type: ignore[attr-defined]
+            if rt._state != "open" or rt._broken is not None:  # closed during the lookup
+                rt._ensure_open()
         t0 = rt._clock()
         got = rt._submit(self, t0)
         if isinstance(got, Grant):  # granted inline, at t0: no wait, no second clock read

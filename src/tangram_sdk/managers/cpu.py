@@ -322,6 +322,15 @@ class DockerCpuManager:
             raise SpecError(f"an action in container {spec.container!r} needs memory 0 (no limit) or >= 6 MiB "
                             f"(Docker's minimum), got {spec.memory} bytes")
 
+    async def resolve(self, spec: ActionSpec) -> None:
+        """Look a container this manager has not met up at acquire, before the action queues: a
+        misspelt or stopped one is a DockerError at once, not after waiting for cores it could
+        never use. One inspect (and a park) per new name; a known name costs nothing."""
+        ref = spec.container
+        if ref is None or ref in self._boxes:
+            return
+        await self._box(ref)
+
     async def apply(self, grant: Grant, lease: Lease) -> None:
         """Give the container exactly ``grant.cpus`` (quota = cores x period) before the action runs."""
         ref = lease.spec.container
