@@ -43,3 +43,27 @@ def test_a_framework_missing_torch_names_the_torch_extra_not_the_framework(monke
     with pytest.raises(IntegrationUnavailable) as ei2:
         require_framework("no_such_framework_xyz", framework="xyz", install="pip install xyz")
     assert ei2.value.install == "pip install xyz"
+
+
+def test_a_torch_service_without_torch_is_integration_unavailable(monkeypatch: pytest.MonkeyPatch) -> None:
+    """README and api.md promise IntegrationUnavailable (with the pip command) when torch is
+    missing; registering a torch service gave a ManagerError wrapping ModuleNotFoundError, and the
+    user's factory ran first. Offloadable services (no torch) still register."""
+    from tangram_sdk import TorchGpuManager
+    from tangram_sdk.errors import IntegrationUnavailable
+
+    monkeypatch.setitem(sys.modules, "torch", None)  # as if not installed
+    m = TorchGpuManager({0: "cpu"})
+    called = []
+    with pytest.raises(IntegrationUnavailable, match=r"GPU service 'm'.*pip install 'tangram-sdk\[torch\]'") as ei:
+        m.register("m", factory=lambda: called.append(1))
+    assert ei.value.framework == "torch" and not called and isinstance(ei.value, ImportError)
+
+    class Server:
+        footprint = 0
+
+        async def wake(self, devices: object) -> None: ...
+
+        async def sleep(self) -> None: ...
+
+    m.register("srv", offloadable=Server())

@@ -49,6 +49,7 @@ from .._validate import NAME_RE
 from ..snapshot import Snapshot
 from ..spec import ActionSpec
 from . import _torch_store as ts
+from .._optional import require
 from .base import ManagerContext, Offer
 from .services import HttpSleepWake, OffloadableService
 
@@ -342,6 +343,9 @@ class TorchGpuManager:
                 raise SpecError(f"offloadable footprint must be bytes >= 0, got {fp!r}")
             self._services[name] = _OffloadService(name, offloadable)
             return
+        # a torch service without torch installed: the promised IntegrationUnavailable (an
+        # ImportError naming the extra to install), not a ManagerError wrapping ModuleNotFoundError
+        require("torch", needed_by=f"GPU service {name!r} (a torch module)")
         if factory is not None:
             try:
                 module = factory()
