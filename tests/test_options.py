@@ -110,3 +110,16 @@ def test_an_option_out_of_range_or_of_the_wrong_type_is_a_spec_error_naming_it(b
     (name,) = bad
     with pytest.raises(SpecError, match=name):
         Scheduler(Pool(cpus=2), **bad)
+
+
+def test_a_scheduler_built_directly_refuses_bad_options_with_a_spec_error() -> None:
+    """troubleshooting.md: every deliberate error is a TangramError. Scheduler(...) built directly
+    (the simulator's, a custom driver's) raised bare ValueErrors for these; Tangram wrapped them."""
+    from tangram_sdk.errors import SpecError
+    from tangram_sdk.pool import Pool
+    from tangram_sdk.scheduler import Scheduler
+
+    for bad in ({"window": 0}, {"scan_limit": 0}, {"depth": -1}, {"objective": "fast"}, {"planner": "x"},
+                {"restart_gain": 2.0}, {"gpu_slots": 0}, {"gpu_instances": "many"}, {"restore_horizon": -1.0}):
+        with pytest.raises(SpecError):
+            Scheduler(Pool(cpus=2), **bad)

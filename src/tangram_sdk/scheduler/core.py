@@ -204,9 +204,9 @@ class Scheduler:
             if not ok:  # NaN fails every comparison above, so it lands here too
                 raise SpecError(f"scheduler option {name} must be {want}, got {locals()[name]!r}")
         if window < 1 or depth < 0 or scan_limit < 1:
-            raise ValueError("window and scan_limit must be >= 1, depth >= 0")
+            raise SpecError("window and scan_limit must be >= 1, depth >= 0")
         if gpu_slots is not None and not gpu_slots > 0:
-            raise ValueError(f"gpu_slots must be None or > 0, got {gpu_slots!r}")
+            raise SpecError(f"gpu_slots must be None or > 0, got {gpu_slots!r}")
         GpuSizing.check_options(restore_horizon, gpu_instances, gpu_regime_window)
         self.restore_horizon = restore_horizon
         self.gpu_instances = gpu_instances
@@ -228,15 +228,15 @@ class Scheduler:
         self.skip_rounds = skip_rounds
         self.gpu_slots = gpu_slots
         if planner not in ("priced", "estimate"):
-            raise ValueError(f"planner must be 'priced' or 'estimate', got {planner!r}")
+            raise SpecError(f"planner must be 'priced' or 'estimate', got {planner!r}")
         if objective not in _OBJECTIVES:
-            raise ValueError(f"objective must be one of {', '.join(_OBJECTIVES)}, got {objective!r}")
+            raise SpecError(f"objective must be one of {', '.join(_OBJECTIVES)}, got {objective!r}")
         if max_price is None:
             max_price = _OBJECTIVES[objective]
         if not (load_target > 0 and price_horizon >= 0 and max_price >= 0):
-            raise ValueError("load_target must be > 0, price_horizon and max_price >= 0")
+            raise SpecError("load_target must be > 0, price_horizon and max_price >= 0")
         if not 0.0 <= restart_gain <= 1.0:
-            raise ValueError(f"restart_gain must be in [0, 1] (0: never restart), got {restart_gain!r}")
+            raise SpecError(f"restart_gain must be in [0, 1] (0: never restart), got {restart_gain!r}")
         self.objective = objective
         self.planner = planner
         self.load_target = load_target
@@ -751,7 +751,7 @@ class Scheduler:
         if aid in self._live:
             raise ValueError(f"action id {aid} submitted twice")
         if expected is not None and not (isinstance(expected, (int, float)) and 0.0 < expected < math.inf):
-            raise ValueError(f"expected must be a finite number of seconds > 0, got {expected!r}")
+            raise SpecError(f"expected must be a finite number of seconds > 0, got {expected!r}")
         self.submitted += 1
         box = spec.group or spec.container
         if box is not None:

@@ -44,6 +44,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from ..errors import SpecError
 from ..spec import ActionSpec
 from .action import Action, copy_min, spec_dur_min
 from .learn import KindStats
@@ -122,9 +123,9 @@ class GpuRegime:
     @staticmethod
     def check_options(restore_horizon: float, gpu_instances: str, regime_window: float) -> None:
         if gpu_instances not in ("tp", "replica"):
-            raise ValueError(f"gpu_instances must be 'tp' or 'replica', got {gpu_instances!r}")
+            raise SpecError(f"gpu_instances must be 'tp' or 'replica', got {gpu_instances!r}")
         if not (restore_horizon >= 0 and regime_window >= 0):
-            raise ValueError("restore_horizon and gpu_regime_window must be >= 0")
+            raise SpecError("restore_horizon and gpu_regime_window must be >= 0")
 
     def __init__(self, kinds: dict[str, KindStats], resident: Residency, gpu_holder: list[Action | None],
                  cells: tuple[int, ...], svc_queued: dict[str, int], place: Placement, *,
