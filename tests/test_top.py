@@ -222,3 +222,23 @@ def test_top_attaches_to_the_job_wide_ray_pool(tmp_path: Any) -> None:
     row = next(line.split() for line in last.splitlines() if line.strip().endswith("]") and "/cpus" in line)
     assert row[1:2] == ["2"] and row[3:4] == ["3"], last  # 2 of 3 cores allocated to the held lease
     assert "not exposed" in last or "has no per-kind" in last, last  # the gap is said, not hidden
+
+
+def test_prometheus_urls_and_label_values_read_as_written() -> None:
+    """An IPv6 endpoint was refused as "not a URL", and label values were decoded as Latin-1
+    ("café" came out "cafÃ©"); the exposition format escapes only backslash, quote and newline."""
+    import argparse
+
+    from tangram_sdk import top
+
+    def url(text: str) -> str | None:
+        args = argparse.Namespace(prometheus=text, ray=None, namespace="tangram", address="auto", once=False)
+        return top.check(args) or args.prometheus
+
+    assert url("http://[::1]:9100/metrics") == "http://[::1]:9100/metrics"
+    assert url("[::1]:9100") == "http://[::1]:9100"
+    assert url("http://[::1]/metrics") == "http://[::1]/metrics"
+    assert "port must be 1..65535, got 70000" in (url("localhost:70000") or "")
+    assert "expected a URL" in (url("http://a b") or "")
+    parsed = top.parse_prometheus('tangram_x{kind="café",q="a\\\\b \\"c\\" d\\ne"} 3\n')
+    assert parsed["tangram_x"] == [({"kind": "café", "q": 'a\\b "c" d\ne'}, 3.0)]

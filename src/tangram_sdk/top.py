@@ -49,7 +49,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="seconds to wait for the endpoint or the actor on each refresh (default 5)")
 
 
-_URL = re.compile(r"https?://[^\s/:]+(:[0-9]{1,5})?(/\S*)?")
+_URL = re.compile(r"https?://([^\s/:\[\]]+|\[[0-9a-fA-F:.]+\])(:[0-9]{1,5})?(/\S*)?")  # a name, IPv4 or [IPv6]
 
 
 def check(args: argparse.Namespace) -> str | None:
@@ -57,11 +57,12 @@ def check(args: argparse.Namespace) -> str | None:
         return "give a pool to watch: --prometheus URL or --ray NAME"
     if args.prometheus:
         url = args.prometheus if "://" in args.prometheus else f"http://{args.prometheus}"
-        if not _URL.fullmatch(url):
+        m = _URL.fullmatch(url)
+        if m is None:
             return f"argument --prometheus: expected a URL like http://host:9100/metrics, got {args.prometheus!r}"
-        port = url.split("://", 1)[1].split("/", 1)[0].rpartition(":")[2]
-        if ":" in url.split("://", 1)[1].split("/", 1)[0] and not 0 < int(port) < 65536:
-            return f"argument --prometheus: port must be 1..65535, got {port}"
+        port = m.group(2)
+        if port and not 0 < int(port[1:]) < 65536:
+            return f"argument --prometheus: port must be 1..65535, got {port[1:]}"
         args.prometheus = url
     if args.ray is not None:
         if not args.ray.strip():
@@ -100,9 +101,18 @@ def parse_prometheus(text: str) -> dict[str, list[tuple[dict[str, str], float]]]
             v = float(value)
         except ValueError:
             continue
-        lab = {k: bytes(x, "utf-8").decode("unicode_escape") for k, x in _LABEL.findall(labels or "")}
+        lab = {k: _unescape(x) for k, x in _LABEL.findall(labels or "")}
         out.setdefault(name, []).append((lab, v))
     return out
+
+
+def _unescape(value: str) -> str:
+    """A label value as the exposition format escapes it (only backslash, quote and newline):
+    ``unicode_escape`` read UTF-8 text as Latin-1 ("café" came out as "cafÃ©")."""
+    return _ESCAPE.sub(lambda m: "\n" if m.group(1) == "n" else m.group(1), value)
+
+
+_ESCAPE = re.compile(r"\\(.)", re.S)
 
 
 def _first(*values: float | None) -> float | None:
