@@ -191,7 +191,6 @@ def _never_runs(wl: Workload, policy: Any) -> str | None:
 
 def _workload(args: argparse.Namespace, batch: int | None) -> Workload:
     if args.workload == "trace":
-        from ..pool import Pool
         from .trace import trace_workload
 
         wl_trace: Workload = trace_workload(args.trace, cpus=args.cpus, gpus=args.gpus)
