@@ -7,6 +7,7 @@ pool is whole the moment a block exits: no test sleeps to let anything "settle".
 
 import asyncio
 import os
+import shutil
 import sys
 
 import pytest
@@ -359,6 +360,36 @@ async def test_lease_run_ends_what_the_command_left_in_its_process_group():
                     break
                 await asyncio.sleep(0.05)
             assert not any(_alive(f"sleep {n}") for n in range(41, 46)), os.popen("ps -eo stat=,args=").read()
+        whole(t)
+
+
+@pytest.mark.looptime(False)  # real subprocesses, real timeouts
+@pytest.mark.skipif(not sys.platform.startswith("linux") or shutil.which("setsid") is None,
+                    reason="the child subreaper is Linux's; needs setsid(1)")
+async def test_lease_run_ends_what_left_its_process_group_too():
+    """A command that starts a job in a session of its own (`setsid`, a daemon's double fork)
+    escaped the group kill and ran on, on cores given back. The shim is now the child subreaper:
+    it inherits such orphans and kills them when the command ends, times out or is cancelled."""
+    import time
+
+    async with Tangram(Pool(cpus=1)) as t:
+        async with t.acquire(ActionSpec(kind="x", cpus=1)) as lease:
+            t0 = time.monotonic()
+            r = await lease.run(["sh", "-c", "setsid sleep 51 >/dev/null 2>&1 & echo started"], timeout=30)
+            assert r.ok and r.stdout == b"started\n" and time.monotonic() - t0 < 3, r
+            r = await lease.run(["sh", "-c", "setsid sh -c 'sleep 52' >/dev/null 2>&1 & echo started; sleep 53"],
+                                timeout=0.5)
+            assert r.timed_out and r.stdout == b"started\n" and time.monotonic() - t0 < 6, r
+            task = asyncio.create_task(lease.run(["sh", "-c", "setsid sleep 54 >/dev/null 2>&1 & sleep 55"]))
+            await asyncio.sleep(0.5)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            for _ in range(100):  # reaped: a bound, not a settle time
+                if not any(_alive(f"sleep {n}") for n in range(51, 56)):
+                    break
+                await asyncio.sleep(0.05)
+            assert not any(_alive(f"sleep {n}") for n in range(51, 56)), os.popen("ps -eo stat=,args=").read()
         whole(t)
 
 

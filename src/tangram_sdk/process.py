@@ -71,12 +71,24 @@ class ExecResult:
 
 # argv: cores ("0,1", or "@<fd>": the parent pins the shim itself and writes one byte to that fd
 # once it has, so a resize can never be overtaken by the shim's own pin), memory ("cg:<cgroup.procs
-# path>" | "as:<bytes>" | "-"), CPU-time fd, then the command. The shim forks: the child joins the
-# memory cgroup (so the limit holds the command, not the shim's interpreter) and execs; the shim
-# waits with wait4, writes the command's CPU seconds (its own and its reaped descendants') to the fd
-# and exits as the child did (a signal re-raised).
+# path>" | "as:<bytes>" | "-"), CPU-time fd, then the command. The shim makes itself the child
+# subreaper (Linux) and forks: the child joins the memory cgroup (so the limit holds the command,
+# not the shim's interpreter) and execs; the shim waits with wait4, then kills what the command
+# left behind: every descendant, also one that started its own session (``setsid``, a daemon's
+# double fork), which a process-group kill misses, since as subreaper the shim inherits the orphans.
+# SIGUSR1 (the parent's timeout or cancel) SIGKILLs the command and does the same. Then it writes the
+# command's CPU seconds (its own and its reaped descendants') to the fd and exits as the child did.
 _SHIM = (
-    "import os,sys,signal\n"
+    "import os,sys,signal,time\n"
+    "p=0;u=[0]\n"
+    "def K(n,f):\n"
+    " u[0]=1\n"
+    " if p:\n"
+    "  try:os.kill(p,9)\n"
+    "  except OSError:pass\n"
+    "signal.signal(signal.SIGUSR1,K)\n"
+    "try:import ctypes;ctypes.CDLL(None,use_errno=True).prctl(36,1,0,0,0)\n"
+    "except Exception:pass\n"
     "c=sys.argv[1]\n"
     "if c[:1]=='@':\n"
     " g=int(c[1:]);os.read(g,1);os.close(g)\n"
@@ -86,18 +98,41 @@ _SHIM = (
     "m=sys.argv[2];w=int(sys.argv[3]);a=sys.argv[4:]\n"
     "p=os.fork()\n"
     "if p==0:\n"
-    " os.close(w)\n"
+    " os.close(w);signal.signal(signal.SIGUSR1,signal.SIG_DFL)\n"
     " if m[:3]=='cg:':\n"
     "  f=os.open(m[3:],os.O_WRONLY);os.write(f,str(os.getpid()).encode());os.close(f)\n"
     " elif m[:3]=='as:':\n"
     "  import resource;n=int(m[3:]);resource.setrlimit(resource.RLIMIT_AS,(n,n))\n"
     " try:os.execvp(a[0],a)\n"
     " except OSError as e:os.write(2,(a[0]+': '+e.strerror+'\\n').encode());os._exit(127 if isinstance(e,FileNotFoundError) else 126)\n"
+    "u[0] and K(0,0)\n"
     "for g in (signal.SIGINT,signal.SIGTERM,signal.SIGHUP):signal.signal(g,lambda n,f:os.kill(p,n))\n"
     "while 1:\n"
     " try:_,st,ru=os.wait4(p,0);break\n"
     " except InterruptedError:pass\n"
-    "os.write(w,repr(ru.ru_utime+ru.ru_stime).encode())\n"
+    "def T():\n"
+    " d={}\n"
+    " for x in os.listdir('/proc'):\n"
+    "  if x.isdigit():\n"
+    "   try:b=open('/proc/'+x+'/stat','rb').read();f=b[b.rindex(b')')+2:].split()\n"
+    "   except (OSError,ValueError):continue\n"
+    "   f[0]!=b'Z' and d.setdefault(int(f[1]),[]).append(int(x))\n"
+    " t=[os.getpid()];r=[]\n"
+    " while t:\n"
+    "  for k in d.get(t.pop(),()):r.append(k);t.append(k)\n"
+    " return r\n"
+    "for i in range(400):\n"
+    " try:\n"
+    "  while os.waitpid(-1,os.WNOHANG)[0]:pass\n"
+    " except ChildProcessError:break\n"
+    " r=T()\n"
+    " if not r and i:break\n"
+    " for k in r:\n"
+    "  try:os.kill(k,9)\n"
+    "  except OSError:pass\n"
+    " time.sleep(0.005)\n"
+    "try:os.write(w,repr(ru.ru_utime+ru.ru_stime).encode())\n"
+    "except OSError:pass\n"
     "if os.WIFSIGNALED(st):\n"
     " g=os.WTERMSIG(st)\n"
     " if g!=signal.SIGKILL:signal.signal(g,signal.SIG_DFL)\n"
@@ -356,6 +391,7 @@ class PinnedGroups:
 
 
 _DRAIN_S = 5.0  # after a kill: how long the output may take to end (a detached grandchild may hold it)
+_SWEEP_S = 2.0  # after a timeout or cancel: how long the shim may take to kill what the command started
 
 
 async def _read_bounded(stream: asyncio.StreamReader | None, limit: int, kept: bytearray) -> bool:
@@ -443,7 +479,7 @@ async def _run(argv: list[str], cpus: Sequence[int], mem_arg: str, limit: float 
     cores_arg = f"@{go_r}" if groups is not None else ",".join(str(c) for c in cpus)
     try:
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-c", _SHIM, cores_arg, mem_arg, str(w_fd), *argv,
+            sys.executable, "-I", "-S", "-c", _SHIM, cores_arg, mem_arg, str(w_fd), *argv,
             stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
@@ -483,7 +519,10 @@ async def _run(argv: list[str], cpus: Sequence[int], mem_arg: str, limit: float 
             # asyncio.wait, not wait_for: it never returns a result in place of a cancel
             exited, _ = await asyncio.wait([ended], timeout=limit)
             timed_out = not exited
-            _kill_group(proc)  # what is left of its process group ends with it
+            if timed_out:  # the shim kills the command and everything it started, then exits
+                _ask_shim_to_stop(proc)
+                await asyncio.wait([ended], timeout=_SWEEP_S)
+            _kill_group(proc)  # belt and braces: what is left of its process group ends with it
             drained, _ = await asyncio.wait([readers], timeout=_DRAIN_S)
             if drained:
                 t1, t2 = readers.result()
@@ -494,7 +533,9 @@ async def _run(argv: list[str], cpus: Sequence[int], mem_arg: str, limit: float 
                 if transport is not None:
                     transport.close()  # our ends of its pipes: proc.wait() would wait for them
             code = await _exit_code(proc, argv)
-            cpu_s = _parse_cpu(ended.result() if ended.done() and not ended.cancelled() else b"")
+            # killed: the shim reports what the command used until then, but a cut run's cores'
+            # worth is not its parallelism (documented: None when the command was killed)
+            cpu_s = None if timed_out else _parse_cpu(ended.result() if ended.done() and not ended.cancelled() else b"")
         finally:
             asyncio.get_running_loop().remove_reader(r_fd)
             for fut in (readers, ended):
@@ -502,7 +543,11 @@ async def _run(argv: list[str], cpus: Sequence[int], mem_arg: str, limit: float 
                     fut.cancel()
             await asyncio.gather(readers, ended, return_exceptions=True)  # retrieved: no stray warning
     except BaseException:
-        _kill_group(proc)
+        # cancelled (or failed): the cancel goes on at once; the shim kills the command and all
+        # it started (also what left the group), and if it has not exited within _SWEEP_S the
+        # group is killed (a group kill now would kill the shim before its sweep)
+        _ask_shim_to_stop(proc)
+        asyncio.get_running_loop().call_later(_SWEEP_S, _kill_group_if_alive, proc)
         raise
     finally:
         os.close(r_fd)
@@ -558,6 +603,22 @@ def _parse_cpu(raw: bytes) -> float | None:
         return float(raw) if raw else None
     except ValueError:
         return None
+
+
+def _ask_shim_to_stop(proc: asyncio.subprocess.Process) -> None:
+    """SIGUSR1 to the shim: it SIGKILLs the command, then every descendant left (see ``_SHIM``)."""
+    if proc.returncode is None:
+        try:
+            os.kill(proc.pid, signal.SIGUSR1)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def _kill_group_if_alive(proc: asyncio.subprocess.Process) -> None:
+    """The fallback of a cancel: the group kill, while the shim has not been reaped (its pid, the
+    group's id, cannot have been reused)."""
+    if proc.returncode is None:
+        _kill_group(proc)
 
 
 def _kill_group(proc: asyncio.subprocess.Process) -> None:
