@@ -679,6 +679,38 @@ async def test_a_misspelt_container_fails_at_acquire_even_on_a_full_pool(docker_
             assert lease.cpus == (HOST_CPUS[0],)  # the failed lookups cost nothing
 
 
+async def test_two_first_uses_of_a_new_container_never_park_it_under_a_running_action(docker_engine: str) -> None:
+    """Two acquires on a container the manager has not met look it up at once (stop 36). Each
+    parked it; a slow second park landed after the first action's grant, and that action ran its
+    whole life on the park cores. Now the first lookup records the container and parks it under
+    its lock, and every apply waits for that park."""
+    from tangram_sdk import Tangram
+
+    manager = DockerCpuManager()
+    async with Tangram(Pool(cpus=list(HOST_CPUS[:1])), managers=[manager]) as tangram:
+        cid = await manager.client.create(docker_engine, ["sleep", "3600"])
+        try:
+            await manager.client.start(cid)
+            park = manager._park_api
+
+            async def slow_park(box: Any) -> None:  # a daemon slow to answer the park
+                await asyncio.sleep(0.5)
+                await park(box)
+
+            manager._park_api = slow_park  # type: ignore[method-assign]
+            seen: list[str] = []
+
+            async def action() -> None:
+                async with tangram.acquire(ActionSpec(kind="x", cpus=1, container=cid)) as lease:
+                    await asyncio.sleep(0.6)  # past the slow park
+                    seen.append(await _allowed(lease))
+
+            await asyncio.gather(action(), action())
+            assert seen == [format_cpuset(HOST_CPUS[:1])] * 2, seen
+        finally:
+            await manager.client.remove(cid)
+
+
 async def test_statistics_is_a_typed_snapshot(started_manager: DockerCpuManager) -> None:
     import json
 

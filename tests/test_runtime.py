@@ -24,6 +24,7 @@ from tangram_sdk import (
     SchedulerBrokenError,
     SpecError,
     Tangram,
+    UsageError,
 )
 from tangram_sdk.testing import FakeManager
 
@@ -478,3 +479,73 @@ async def test_statistics_is_a_frozen_typed_snapshot_that_still_reads_like_the_o
             assert dict(s) == d and s == d
             assert (s.core.granted, s.core.mean_act_s) == (1, None)  # the core's own typed snapshot
         assert t.statistics().running == 0 and (await t.astatistics()).asdict() == t.statistics().asdict()
+
+
+# ------------------------------------------------------------------ lookups before queueing (resolve)
+class _SlowLookup:
+    """A manager that looks a spec's names up before it queues (as DockerCpuManager does for a
+    container it has not met), slowly."""
+
+    name = "slow-lookup"
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.log: list[str] = []
+
+    async def start(self, ctx: object) -> None: ...
+
+    def check(self, spec: ActionSpec) -> None: ...
+
+    async def resolve(self, spec: ActionSpec) -> None:
+        self.log.append("lookup")
+        try:
+            await asyncio.sleep(self.seconds)
+        except asyncio.CancelledError:
+            self.log.append("lookup cancelled")
+            raise
+        self.log.append("looked up")
+
+    async def apply(self, grant: object, lease: object) -> None: ...
+
+    async def release(self, grant: object, lease: object) -> None: ...
+
+    async def aclose(self) -> None:
+        self.log.append("closed")
+
+
+async def test_a_lookup_before_queueing_is_bounded_cancelled_and_ended_by_aclose():
+    """The lookup runs before the action queues (stop 36). A review found: aclose closed the
+    managers under a lookup in flight (which reopened a Docker session), the acquire's timeout did
+    not bound it, and one acquire context entered twice at once gave two leases (one never
+    returned). Now aclose ends lookups first, the timeout covers lookup and queue, and a second
+    entry is refused."""
+    m = _SlowLookup(1.0)
+    async with Tangram(Pool(cpus=2), managers=[m]) as t:
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        with pytest.raises(TimeoutError, match="slow-lookup did not finish looking up"):
+            async with t.acquire(ActionSpec(kind="x", cpus=1), timeout=0.3):
+                pass
+        assert loop.time() - t0 == pytest.approx(0.3, abs=0.05)
+        m.seconds = 0.2
+        async with t.acquire(ActionSpec(kind="x", cpus=1), timeout=0.5) as lease:  # 0.2 of it was the lookup
+            assert len(lease.cpus) == 1
+        cm = t.acquire(ActionSpec(kind="x", cpus=1))
+        got = await asyncio.gather(cm.__aenter__(), cm.__aenter__(), return_exceptions=True)
+        assert sum(isinstance(g, UsageError) for g in got) == 1, got
+        await cm.__aexit__(None, None, None)
+        assert t.running == 0 and t.free_cpus == 2
+        task = asyncio.create_task(t.acquire_lease(ActionSpec(kind="x", cpus=1)))
+        await asyncio.sleep(0.1)
+        task.cancel()  # the caller's cancel wins, and ends its lookup
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await asyncio.sleep(0)
+        assert m.log[-1] == "lookup cancelled"
+        m.seconds = 5.0
+        task = asyncio.create_task(t.acquire_lease(ActionSpec(kind="x", cpus=1)))
+        await asyncio.sleep(0.1)
+        await t.aclose()
+        with pytest.raises(RuntimeClosedError):
+            await task
+    assert m.log[-3:] == ["lookup", "lookup cancelled", "closed"]  # ended before the managers closed

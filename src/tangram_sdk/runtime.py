@@ -99,6 +99,7 @@ class Tangram:
         # managers that look a spec's named resources up before it queues (an unknown container is an
         # error at acquire, not after the wait for a grant it could never use)
         self._resolvers = tuple(m for m in self.managers if callable(getattr(m, "resolve", None)))
+        self._lookups: set[asyncio.Task[None]] = set()  # resolves in flight (aclose ends them first)
         self.observers: list[Observer] = list(observers)
         for obs in self.observers:  # called on every round: a bad one would break the Tangram there
             if not callable(obs):
@@ -209,6 +210,10 @@ class Tangram:
             cancelled = await settle(self._task)
             if not self._task.cancelled():
                 self._task.exception()  # a failure was already reported to waiters (SchedulerBrokenError)
+        for t in list(self._lookups):  # a lookup in flight would reopen a manager's closed connection
+            t.cancel()
+        if self._lookups:
+            cancelled |= await settle(asyncio.gather(*self._lookups, return_exceptions=True))
         cancelled = await self._wait_for_holders(limit, cancelled)
         cleanups = asyncio.gather(*self._cleanups, return_exceptions=True)
         cancelled |= await settle(cleanups)  # releases in flight finish before managers close
@@ -253,6 +258,34 @@ class Tangram:
                 cancelled = True
             finally:
                 ev.cancel()
+
+    async def _resolve(self, spec: ActionSpec, timeout: float | None) -> float | None:
+        """The managers' lookups of what ``spec`` names (a container not met yet) before it queues;
+        returns what is left of ``timeout`` for the queue. Each runs as a child task: the caller's
+        cancel ends it (and wins), the timeout bounds it (TimeoutError), and aclose ends it before
+        the managers close (RuntimeClosedError here)."""
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        for m in self._resolvers:
+            left = None if timeout is None else max(0.0, timeout - (loop.time() - start))
+            child = loop.create_task(m.resolve(spec))  # type: ignore[attr-defined]
+            self._lookups.add(child)
+            child.add_done_callback(self._lookups.discard)
+            try:
+                await asyncio.wait([child], timeout=left)
+            except BaseException:  # cancelled: so is the lookup (it holds nothing but a request)
+                child.cancel()
+                raise
+            if not child.done():
+                child.cancel()
+                raise TimeoutError(f"{spec.kind}: {getattr(m, 'name', m)} did not finish looking up what the spec "
+                                   f"names ({spec.container!r}) within {timeout:g} s")
+            if child.cancelled():  # aclose ended it
+                self._ensure_open()
+                raise RuntimeClosedError("this Tangram has been closed")
+            child.result()  # its error (DockerError: no such container), if any
+        self._ensure_open()  # closed while we looked
+        return None if timeout is None else max(0.0, timeout - (loop.time() - start))
 
     async def _close_managers(self) -> None:
         for m in reversed(self._started_managers):
@@ -793,12 +826,11 @@ class _Waiter:
         if asyncio.get_running_loop() is not rt._loop:
             raise UsageError("Tangram.acquire() awaited on an event loop other than the Tangram's; from "
                              "another thread use tangram_sdk.integrations.SyncTangram")
+        queue_timeout = self.timeout
         if rt._resolvers:
             rt._check_spec(self.spec)  # a malformed name is a SpecError before any lookup
-            for m in rt._resolvers:
-                await m.resolve(self.spec)  # type: ignore[attr-defined]
-            if rt._state != "open" or rt._broken is not None:  # closed during the lookup
-                rt._ensure_open()
+            self.aid = -1  # entered: a second entry of this context is refused while we look up
+            queue_timeout = await rt._resolve(self.spec, self.timeout)
         t0 = rt._clock()
         got = rt._submit(self, t0)
         if isinstance(got, Grant):  # granted inline, at t0: no wait, no second clock read
@@ -809,7 +841,7 @@ class _Waiter:
             try:
                 # never asyncio.wait_for here: it can return the grant and drop a cancel that
                 # lands in the same iteration (3.10/3.11); see _deadline
-                grant = await got if self.timeout is None else await wait_future(got, self.timeout, self._timed_out)
+                grant = await got if queue_timeout is None else await wait_future(got, queue_timeout, self._timed_out)
             except BaseException:
                 # a grant that landed with the cancel/timeout is given back: the core treats
                 # Cancelled as "drop from the queue" or "release the grant", whichever is true

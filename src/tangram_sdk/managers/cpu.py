@@ -647,11 +647,20 @@ class DockerCpuManager:
             raise DockerError(f"container {ref!r} is {info.status}, not running", resource=ref)
         box = self._boxes.get(info.id)
         if box is None:
-            box = _Box(info.id, self._active_backend)
+            # recorded before it is parked, and its lock taken at once (nobody else has it yet, so
+            # the acquire does not suspend): a concurrent first use (two acquires looking one new
+            # name up) finds this record and its apply waits for the park, which therefore can
+            # never land after a grant and leave the action off its cores
+            box = self._boxes[info.id] = _Box(info.id, self._active_backend)
             want = (format_cpuset(self.park_cpus), self.park_quota_us, self.period_us)
-            if (info.cpuset, info.cpu_quota, info.cpu_period) != want:
-                await self._park_api(box)
-            box = self._boxes.setdefault(info.id, box)  # a concurrent first use may have won
+            async with box.lock:
+                if (info.cpuset, info.cpu_quota, info.cpu_period) != want and not box.active:
+                    try:
+                        await self._park_api(box)
+                    except BaseException:
+                        if self._boxes.get(info.id) is box and not box.active:
+                            del self._boxes[info.id]  # not parked: the next use looks it up again
+                        raise
         self._boxes[ref] = box
         return box
 
