@@ -104,6 +104,7 @@ def _cases(tmp: Path) -> list[tuple[list[str], str]]:
          "--param gpus: use --gpus"),
         (["simulate", "--workload", "mopd", "--batch", "8", "--policy", "isolated", "--param", "iso_gpus=-2"],
          "--param iso_gpus: use --iso-gpus"),
+        (["simulate", *SMALL, "--param", "gpus=2"], "--param: ai-coding has no parameter 'gpus'"),
         (["simulate", "--workload", "trace", "--trace", str(small), "--seed", "7"],
          "--seed does not apply to --workload trace"),
         # demo

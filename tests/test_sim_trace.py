@@ -284,3 +284,21 @@ def test_cli_json_says_what_ran_not_the_defaults(tmp_path, capsys) -> None:  # t
     assert data["pool"] == {"cpus": 0, "gpus": 10, "numa_nodes": 1}
     assert data["options"]["gpus"] == 10 and data["options"]["policy"] == "tangram,isolated"
     assert {r["policy"]: r["pool_gpus"] for r in data["runs"]} == {"tangram": 10, "isolated": 9}
+
+
+def test_a_replay_pays_recorded_restores_only_where_its_policy_restores(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Recorded restores were replayed as every call's fixed overhead, isolated's too (its servers
+    keep their models resident). Now they are each service's restore time for the simulator's
+    residency model."""
+    wl = mopd(16, gpus=6, seed=0, calls_min=2, calls_max=3)
+    path = tmp_path / "m.jsonl"
+    with TraceRecorder(path, pool=wl.pool) as rec:
+        run_policy(wl, "tangram", observers=[rec])
+    replay = trace_workload(path, gpus=12)  # room for an isolated slice per service
+    assert set(replay.restore_s) <= set(wl.services) and replay.restore_s
+    assert all(0 < v <= wl.restore_s["teacher0"] + 1e-6 for v in replay.restore_s.values())
+    assert all(a.overhead == 0.0 for t in replay.trajectories for a in t.acts)
+    iso = summarise(run_policy(replay, "isolated", iso_gpus=None))
+    assert iso["overhead_mean_s"] == 0.0 and iso["restores"] == 0
+    same = summarise(run_policy(trace_workload(path), "tangram"))  # the recorded pool: it restores again
+    assert same["restores"] > 0 and same["overhead_mean_s"] > 0

@@ -108,7 +108,7 @@ def check(args: argparse.Namespace) -> str | None:
 
         known = PARAMS[args.workload]
         for name, value in args.param:
-            if name in _FLAGS:  # applied after the flag, it silently won (and --gpus-needed probed
+            if name in _FLAGS and args.workload != "ai-coding":  # applied after the flag, it silently won (and --gpus-needed probed
                 # one pool size over and over)
                 return f"--param {name}: use {_FLAGS[name]} (it sets the same thing)"
             if name not in known:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import statistics
 from collections.abc import Sequence
 from typing import IO, Any
 
@@ -226,6 +227,15 @@ def trace_workload(path: str | os.PathLike[str], pool: Pool | None = None, *, cp
     # Times relative to the first action: a trace keyed to another clock (``loop.time()`` is
     # seconds since boot) would otherwise replay as a step of the machine's uptime, mostly idle.
     t_first = min((float(rec["arrival"]) for _line, rec, _spec in rows), default=0.0)
+    # A GPU service action's recorded overhead is the restore its grant waited for (TraceRecorder):
+    # the replay gives each service its median restore and lets the simulator's residency model
+    # decide who pays it (isolated slices keep their models resident and never do), instead of
+    # charging every replayed call what the recorded run paid
+    restores: dict[str, list[float]] = {}
+    for _line, rec, spec in rows:
+        if spec.service and rec.get("overhead"):
+            restores.setdefault(spec.service, []).append(float(rec["overhead"]))
+    restore_s = {svc: float(statistics.median(v)) for svc, v in restores.items()}
     trajs = []
     services: list[str] = []
     for items in groups.values():
@@ -240,12 +250,13 @@ def trace_workload(path: str | os.PathLike[str], pool: Pool | None = None, *, cp
                 raise TraceError(f"line {line}: field 'arrival' {arr} is before the previous action of "
                                  f"traj {rec.get('traj')!r} ended ({prev_free}); give overlapping actions "
                                  "different traj ids")
-            acts.append(Act(spec, float(rec["duration"]), max(0.0, think), float(rec.get("overhead", 0.0))))
+            over = 0.0 if spec.service else float(rec.get("overhead", 0.0))
+            acts.append(Act(spec, float(rec["duration"]), max(0.0, think), over))
             prev_free = float(rec["end"]) if "end" in rec else arr + float(rec["duration"])
             if spec.service and spec.service not in services:
                 services.append(spec.service)
         trajs.append(Trajectory(tuple(acts), start, 0.0))
-    return Workload("trace", pool, tuple(trajs), services=tuple(services),
+    return Workload("trace", pool, tuple(trajs), services=tuple(services), restore_s=restore_s,
                     policies=("tangram", "fifo1", "fifo4", "fifo16") + (("isolated",) if services else ()),
                     params={"path": str(path), "actions": len(rows)})
 
