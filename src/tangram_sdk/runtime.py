@@ -301,7 +301,9 @@ class Tangram:
         """Wait for ``spec``'s resources; an async context manager yielding a :class:`Lease`.
 
         Raises SpecError / InfeasibleSpecError at once for specs this pool can never serve,
-        TimeoutError after ``timeout`` seconds of queueing, RuntimeClosedError when closed.
+        TimeoutError after ``timeout`` seconds of queueing (counted from the call: a manager's
+        lookup before queueing, a container not met yet, is within them), RuntimeClosedError
+        when closed.
         ``deadline`` (absolute, on the event loop's clock, ``loop.time()``): DeadlineError at once
         when the scheduler estimates the action cannot start by then, or when it is still queued
         then (the queue drops it; nothing is held). ``expected_s``: your estimate of this action's
