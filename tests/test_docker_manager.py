@@ -245,7 +245,9 @@ async def test_a_container_stopped_removed_or_paused_under_a_running_exec_is_a_d
     never returned and held its cores. Now each is a DockerError naming the container, the pause
     within about half of ``api_timeout``."""
     m: DockerCpuManager = await manager_factory("auto", api_timeout=2.0)
+    m.client.api_timeout = 30.0  # the setup: a container start on a busy CI machine took > 2 s
     pool = await SandboxPool.create(m, image=docker_engine, count=1)
+    m.client.api_timeout = 2.0  # the watchdog's bound under test
     cid = pool[0].id
     try:
         grant, lease = make_lease(1, cid, HOST_CPUS[:1])
@@ -267,6 +269,7 @@ async def test_a_container_stopped_removed_or_paused_under_a_running_exec_is_a_d
             await m.release(grant, lease)
         assert m.statistics()["granted"] == 0
     finally:
+        m.client.api_timeout = 30.0
         await pool.aclose()
 
 
