@@ -116,7 +116,11 @@ async def test_restore_fault_mid_run_fails_only_that_service_and_recovers() -> N
         # phase 1: healthy, both services on both devices (budget: one instance per device)
         res = await asyncio.gather(*(score(t, ("rm_a", "rm_b")[i % 2]) for i in range(40)))
         assert res == ["ok"] * 40
-        # phase 2: every rm_a restore fails; rm_b keeps running and keeps evicting rm_a's copies
+        # phase 2: every rm_a restore fails; rm_b keeps running and keeps evicting rm_a's copies.
+        # First a 2-device rm_b evicts rm_a from both devices: a copy of rm_a left warm on one
+        # device by phase 1 (an interleaving a loaded machine produced once) would spare that
+        # device every restore, and the check below that both devices were tried would fail
+        assert await score(t, "rm_b", gpus=2) == "ok"
         fault.service = "rm_a"
         jobs = [outcome(score(t, "rm_b")) for _ in range(40)] + [outcome(score(t, "rm_a")) for _ in range(20)]
         jobs += [outcome(score(t, "rm_a", gpus=2)) for _ in range(5)]  # a 2-device instance: always cold
