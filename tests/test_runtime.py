@@ -318,12 +318,17 @@ async def test_lease_run_timeout_and_cancel_kill_the_command():
                 await task
             with pytest.raises(SpecError, match="timeout"):
                 await lease.run(["true"], timeout="1")
-        for _ in range(100):  # the killed commands are reaped (a bound, not a settle time)
-            if not _alive("sleep 31") and not _alive("sleep 32"):
-                break
-            await asyncio.sleep(0.05)
-        assert not _alive("sleep 31") and not _alive("sleep 32"), os.popen("ps -eo stat=,args=").read()
+        await _all_gone("sleep 31", "sleep 32")  # the killed commands are reaped
         whole(t)
+
+
+async def _all_gone(*commands: str) -> None:
+    """Wait until no process runs any of ``commands`` (a bound, not a settle time), else fail."""
+    for _ in range(100):
+        if not any(_alive(c) for c in commands):
+            return
+        await asyncio.sleep(0.05)
+    pytest.fail(f"still running: {[c for c in commands if _alive(c)]}\n{os.popen('ps -eo stat=,args=').read()}")
 
 
 def _alive(command: str) -> list[str]:
@@ -356,11 +361,7 @@ async def test_lease_run_ends_what_the_command_left_in_its_process_group():
             task.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await task
-            for _ in range(100):  # reaped: a bound, not a settle time
-                if not any(_alive(f"sleep {n}") for n in range(41, 46)):
-                    break
-                await asyncio.sleep(0.05)
-            assert not any(_alive(f"sleep {n}") for n in range(41, 46)), os.popen("ps -eo stat=,args=").read()
+            await _all_gone(*(f"sleep {n}" for n in range(41, 46)))
         whole(t)
 
 
@@ -386,12 +387,39 @@ async def test_lease_run_ends_what_left_its_process_group_too():
             task.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await task
-            for _ in range(100):  # reaped: a bound, not a settle time
-                if not any(_alive(f"sleep {n}") for n in range(51, 56)):
-                    break
-                await asyncio.sleep(0.05)
-            assert not any(_alive(f"sleep {n}") for n in range(51, 56)), os.popen("ps -eo stat=,args=").read()
+            await _all_gone(*(f"sleep {n}" for n in range(51, 56)))
         whole(t)
+
+
+_HOPPER = ("import os,sys,time\nos.setsid()\nd=time.time()+4;n=0\nwhile time.time()<d:\n if os.fork():os._exit(0)\n"
+           " n+=1\n if n%100==0:open(sys.argv[1],'w').write(str(n))\n")
+
+
+@pytest.mark.looptime(False)  # real subprocesses
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the child subreaper is Linux's")
+async def test_lease_run_sweep_catches_a_pid_hopper_and_reaps_orphans_as_they_come(tmp_path):
+    """A review of the sweep (stop 36): a job that keeps moving to a new pid (fork, parent exits)
+    slipped between two /proc scans and ran on; orphans that ended while the command ran piled up
+    as zombies under the shim (a job that double-forks helpers would run out of pids); and the
+    command ran with SIGPIPE ignored, as Python leaves it (`yes | head -1` printed "Broken
+    pipe")."""
+    beat = tmp_path / "hop.beat"
+    async with Tangram(Pool(cpus=1)) as t:
+        async with t.acquire(ActionSpec(kind="x", cpus=1)) as lease:
+            for timeout in (None, 0.3):
+                beat.unlink(missing_ok=True)
+                r = await lease.run(["sh", "-c", f"{sys.executable} -c \"{_HOPPER}\" {beat} >/dev/null 2>&1 & "
+                                     "sleep 0.2; sleep 0.2"], timeout=timeout)
+                assert r.timed_out == (timeout is not None), r
+                await asyncio.sleep(0.3)
+                before = beat.read_text()
+                await asyncio.sleep(0.4)
+                assert beat.read_text() == before, "the hopper ran on after lease.run returned"
+            r = await lease.run(["sh", "-c", "for i in $(seq 60); do (true &); done; sleep 0.3; "
+                                 "ps -o stat= --ppid $PPID | grep -c Z || true"], timeout=30)
+            assert r.ok and r.stdout.strip() == b"0", r  # zombies under the shim while the command runs
+            r = await lease.run(["sh", "-c", "yes | head -1"], timeout=30)
+            assert r.ok and r.stdout == b"y\n" and r.stderr == b"", r
 
 
 # ------------------------------------------------------------------------------ acquire_lease / release

@@ -76,8 +76,12 @@ class ExecResult:
 # not the shim's interpreter) and execs; the shim waits with wait4, then kills what the command
 # left behind: every descendant, also one that started its own session (``setsid``, a daemon's
 # double fork), which a process-group kill misses, since as subreaper the shim inherits the orphans.
-# SIGUSR1 (the parent's timeout or cancel) SIGKILLs the command and does the same. Then it writes the
-# command's CPU seconds (its own and its reaped descendants') to the fd and exits as the child did.
+# SIGUSR1 (the parent's timeout or cancel) SIGKILLs the command and does the same. While the command
+# runs the shim reaps the orphans it inherits (else they would pile up as zombies and use up pids);
+# the sweep kills the direct children first (a process that keeps forking to a new pid becomes one
+# at each hop) and zombie leaders too (a live thread may remain), until no child is left. The
+# command gets SIGPIPE and SIGXFSZ back at their defaults (Python ignores them). Then the shim writes
+# the command's CPU seconds (its own and its reaped descendants') to the fd and exits as it did.
 _SHIM = (
     "import os,sys,signal,time\n"
     "p=0;u=[0]\n"
@@ -98,7 +102,8 @@ _SHIM = (
     "m=sys.argv[2];w=int(sys.argv[3]);a=sys.argv[4:]\n"
     "p=os.fork()\n"
     "if p==0:\n"
-    " os.close(w);signal.signal(signal.SIGUSR1,signal.SIG_DFL)\n"
+    " os.close(w)\n"
+    " for g in (signal.SIGUSR1,signal.SIGPIPE,signal.SIGXFSZ):signal.signal(g,signal.SIG_DFL)\n"
     " if m[:3]=='cg:':\n"
     "  f=os.open(m[3:],os.O_WRONLY);os.write(f,str(os.getpid()).encode());os.close(f)\n"
     " elif m[:3]=='as:':\n"
@@ -106,9 +111,11 @@ _SHIM = (
     " try:os.execvp(a[0],a)\n"
     " except OSError as e:os.write(2,(a[0]+': '+e.strerror+'\\n').encode());os._exit(127 if isinstance(e,FileNotFoundError) else 126)\n"
     "u[0] and K(0,0)\n"
-    "for g in (signal.SIGINT,signal.SIGTERM,signal.SIGHUP):signal.signal(g,lambda n,f:os.kill(p,n))\n"
+    "for g in (signal.SIGINT,signal.SIGTERM,signal.SIGHUP):signal.signal(g,lambda n,f:p and os.kill(p,n))\n"
     "while 1:\n"
-    " try:_,st,ru=os.wait4(p,0);break\n"
+    " try:\n"
+    "  q,st,ru=os.wait4(-1,0)\n"
+    "  if q==p:p=0;break\n"
     " except InterruptedError:pass\n"
     "def T():\n"
     " d={}\n"
@@ -116,7 +123,7 @@ _SHIM = (
     "  if x.isdigit():\n"
     "   try:b=open('/proc/'+x+'/stat','rb').read();f=b[b.rindex(b')')+2:].split()\n"
     "   except (OSError,ValueError):continue\n"
-    "   f[0]!=b'Z' and d.setdefault(int(f[1]),[]).append(int(x))\n"
+    "   d.setdefault(int(f[1]),[]).append(int(x))\n"
     " t=[os.getpid()];r=[]\n"
     " while t:\n"
     "  for k in d.get(t.pop(),()):r.append(k);t.append(k)\n"
@@ -125,9 +132,9 @@ _SHIM = (
     " try:\n"
     "  while os.waitpid(-1,os.WNOHANG)[0]:pass\n"
     " except ChildProcessError:break\n"
-    " r=T()\n"
-    " if not r and i:break\n"
-    " for k in r:\n"
+    " try:r=[int(x) for x in open('/proc/self/task/%d/children'%os.getpid()).read().split()]\n"
+    " except OSError:r=[]\n"
+    " for k in r+T():\n"
     "  try:os.kill(k,9)\n"
     "  except OSError:pass\n"
     " time.sleep(0.005)\n"
