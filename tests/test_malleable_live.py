@@ -346,6 +346,39 @@ async def test_a_running_lease_run_command_follows_a_grow() -> None:
         await t.release(lease)
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux") or len(os.sched_getaffinity(0)) < 2,
+                    reason="needs Linux affinity and 2 cores")
+async def test_a_resize_repins_what_left_the_command_s_process_group() -> None:
+    """A resize re-pinned the command's process group only: a job it started in a session of its
+    own (`setsid`) stayed on a core the lease no longer had until the command ended (a review,
+    stop 36). The shim is the child subreaper, so its tree holds such jobs; the re-pin walks it."""
+    from tangram_sdk.process import PinnedGroups, run_pinned
+
+    cores = sorted(os.sched_getaffinity(0))[:2]
+    groups = PinnedGroups(cores)
+    run = asyncio.create_task(run_pinned(["sh", "-c", "setsid sleep 81 & sleep 82"], cores, groups=groups))
+
+    def pids(name: str) -> list[int]:
+        return [int(x) for x in os.listdir("/proc") if x.isdigit() and _cmdline(x) == name]
+
+    await until(lambda: pids("sleep 81") and pids("sleep 82"), "both sleeps to start", 10)
+    assert groups.repin(cores[:1]) > 0
+    for name in ("sleep 81", "sleep 82"):
+        assert all(os.sched_getaffinity(p) == {cores[0]} for p in pids(name)), name
+    run.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await run
+    await until(lambda: not pids("sleep 81") and not pids("sleep 82"), "the sweep", 10)
+
+
+def _cmdline(pid: str) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode().strip()
+    except OSError:
+        return ""
+
+
 # -- workers: a malleable lease's commands start as many as it may be grown to ------------------
 _WORKERS = """
 import subprocess, sys

@@ -305,8 +305,11 @@ _REPIN_PASSES = 3  # a thread or child started while a pass runs inherits the ol
 
 
 def _group_pids(pgid: int) -> list[int]:
-    """Live pids whose process group is ``pgid`` (one pass over ``/proc``: bounded, no waits)."""
+    """Live pids of a command's tree: those in process group ``pgid`` (the shim's pid) and every
+    descendant of the shim, also one in a session of its own (``setsid``; the shim is the child
+    subreaper, so its orphans stay in its tree). One pass over ``/proc``: bounded, no waits."""
     out = []
+    kids: dict[int, list[int]] = {}
     try:
         names = os.listdir("/proc")
     except OSError:
@@ -321,8 +324,17 @@ def _group_pids(pgid: int) -> list[int]:
             continue
         # "pid (comm) state ppid pgrp ...": comm may hold spaces and parentheses, so split after the last ')'
         fields = stat[stat.rfind(b")") + 2:].split()
-        if len(fields) > 2 and fields[2] == str(pgid).encode():
+        if len(fields) < 3:
+            continue
+        if fields[2] == str(pgid).encode():
             out.append(int(name))
+        else:
+            kids.setdefault(int(fields[1]), []).append(int(name))
+    todo = [pgid, *out]
+    while todo:  # what left the group, found through its parents
+        for k in kids.pop(todo.pop(), ()):
+            out.append(k)
+            todo.append(k)
     return out
 
 
@@ -550,11 +562,13 @@ async def _run(argv: list[str], cpus: Sequence[int], mem_arg: str, limit: float 
                     fut.cancel()
             await asyncio.gather(readers, ended, return_exceptions=True)  # retrieved: no stray warning
     except BaseException:
-        # cancelled (or failed): the cancel goes on at once; the shim kills the command and all
-        # it started (also what left the group), and if it has not exited within _SWEEP_S the
-        # group is killed (a group kill now would kill the shim before its sweep)
+        # cancelled (or failed): the shim kills the command and all it started (also what left
+        # the group; a group kill now would kill the shim before its sweep), and the cancel goes
+        # on once it has been reaped (~10 ms; at most _SWEEP_S, or at once on a second cancel),
+        # then the group kill if it has not: nothing of it outlives the call or its event loop
         _ask_shim_to_stop(proc)
-        asyncio.get_running_loop().call_later(_SWEEP_S, _kill_group_if_alive, proc)
+        await _reaped(proc, _SWEEP_S)
+        _kill_group_if_alive(proc)
         raise
     finally:
         os.close(r_fd)
@@ -619,6 +633,18 @@ def _ask_shim_to_stop(proc: asyncio.subprocess.Process) -> None:
             os.kill(proc.pid, signal.SIGUSR1)
         except (ProcessLookupError, PermissionError):
             pass
+
+
+async def _reaped(proc: asyncio.subprocess.Process, limit: float) -> None:
+    """Wait (bounded) until the child watcher has reaped the shim. A second cancel ends the wait
+    at once; the caller then re-raises the first."""
+    try:
+        for _ in range(int(limit / 0.005)):
+            if proc.returncode is not None:
+                return
+            await asyncio.sleep(0.005)
+    except asyncio.CancelledError:
+        pass
 
 
 def _kill_group_if_alive(proc: asyncio.subprocess.Process) -> None:
