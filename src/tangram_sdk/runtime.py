@@ -99,7 +99,7 @@ class Tangram:
         # managers that look a spec's named resources up before it queues (an unknown container is an
         # error at acquire, not after the wait for a grant it could never use)
         self._resolvers = tuple(m for m in self.managers if callable(getattr(m, "resolve", None)))
-        self._lookups: set[asyncio.Task[None]] = set()  # resolves in flight (aclose ends them first)
+        self._lookups: set[asyncio.Future[Any]] = set()  # resolves in flight (aclose ends them first)
         self.observers: list[Observer] = list(observers)
         for obs in self.observers:  # called on every round: a bad one would break the Tangram there
             if not callable(obs):
@@ -261,14 +261,18 @@ class Tangram:
 
     async def _resolve(self, spec: ActionSpec, timeout: float | None) -> float | None:
         """The managers' lookups of what ``spec`` names (a container not met yet) before it queues;
-        returns what is left of ``timeout`` for the queue. Each runs as a child task: the caller's
+        returns what is left of ``timeout`` for the queue. A manager's ``resolve(spec)`` returns
+        the awaitable lookup, or None when there is nothing to look up. Each runs as a child task: the caller's
         cancel ends it (and wins), the timeout bounds it (TimeoutError), and aclose ends it before
         the managers close (RuntimeClosedError here)."""
         loop = asyncio.get_running_loop()
         start = loop.time()
         for m in self._resolvers:
+            lookup = m.resolve(spec)  # type: ignore[attr-defined]
+            if lookup is None:  # nothing to look up (the common case: no task, no wait)
+                continue
             left = None if timeout is None else max(0.0, timeout - (loop.time() - start))
-            child = loop.create_task(m.resolve(spec))  # type: ignore[attr-defined]
+            child = asyncio.ensure_future(lookup)
             self._lookups.add(child)
             child.add_done_callback(self._lookups.discard)
             try:

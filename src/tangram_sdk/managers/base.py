@@ -73,7 +73,9 @@ class Manager(Protocol):
     Optional, outside the protocol (so older managers still satisfy it): ``async resize(old, new,
     lease)`` applies a running malleable action's new cores (``new.cpus``, was ``old.cpus``) to
     its work (a container's cpuset, a process tree's affinity); the runtime calls it, in apply
-    order, on the managers that have it."""
+    order, on the managers that have it. ``resolve(spec)`` returns an awaitable lookup of what
+    the spec names that must succeed before it queues (DockerCpuManager: a container it has not
+    met), or None; the acquire awaits it within its timeout, so an unknown name fails at once."""
 
     name: str
 

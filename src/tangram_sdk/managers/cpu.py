@@ -53,7 +53,7 @@ import logging
 import os
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Awaitable, Iterator, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -322,14 +322,15 @@ class DockerCpuManager:
             raise SpecError(f"an action in container {spec.container!r} needs memory 0 (no limit) or >= 6 MiB "
                             f"(Docker's minimum), got {spec.memory} bytes")
 
-    async def resolve(self, spec: ActionSpec) -> None:
-        """Look a container this manager has not met up at acquire, before the action queues: a
-        misspelt or stopped one is a DockerError at once, not after waiting for cores it could
-        never use. One inspect (and a park) per new name; a known name costs nothing."""
+    def resolve(self, spec: ActionSpec) -> Awaitable[Any] | None:
+        """The lookup to await at acquire, before the action queues, of a container this manager
+        has not met (a misspelt or stopped one is a DockerError at once, not after waiting for
+        cores it could never use): one inspect, and a park, per new name. None when there is
+        nothing to look up, so a known name or no container costs the acquire nothing."""
         ref = spec.container
         if ref is None or ref in self._boxes:
-            return
-        await self._box(ref)
+            return None
+        return self._box(ref)
 
     async def apply(self, grant: Grant, lease: Lease) -> None:
         """Give the container exactly ``grant.cpus`` (quota = cores x period) before the action runs."""
