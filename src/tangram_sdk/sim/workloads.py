@@ -83,9 +83,7 @@ CODING = dict(
 def ai_coding(batch: int = 1280, *, nodes: int = 15, cores: int = 256, seed: int = 0,
               **over: Any) -> Workload:
     """SWE-style coding agents: decode -> shell/test action -> decode ... on a CPU sandbox pool."""
-    p = _params(CODING, over, "ai_coding")
-    if not 0.0 <= p["test_frac"] <= 1.0:
-        raise ValueError(f"test_frac is a fraction of actions, in [0, 1]; got {p['test_frac']!r}")
+    p = _params(CODING, over, "ai_coding")  # ranges checked there (test_frac, task_size, ...)
     rng = np.random.default_rng(seed)
     test = ActionSpec(kind="test", cpus=1, elastic=Elasticity("cpu", p["test_max_cpus"],
                                                              Amdahl(p["test_parallel"]),
@@ -110,8 +108,6 @@ def ai_coding(batch: int = 1280, *, nodes: int = 15, cores: int = 256, seed: int
         raise ValueError(f"test_traj_sigma must be in (0, test_sigma), got {ts!r}")
     a_sigma = math.sqrt(p["test_sigma"] ** 2 - ts * ts)
     su = float(p["test_worker_startup"])
-    if not (math.isfinite(su) and su >= 0):
-        raise ValueError(f"test_worker_startup must be seconds >= 0, got {su!r}")
     pc = p["test_workers_per_core"]
     if pc is not None and (isinstance(pc, bool) or not isinstance(pc, int) or pc < 1):
         raise ValueError(f"test_workers_per_core must be None or an int >= 1, got {pc!r}")
@@ -120,8 +116,6 @@ def ai_coding(batch: int = 1280, *, nodes: int = 15, cores: int = 256, seed: int
     if named not in (False, True, "group", "task"):
         raise ValueError(f"sandbox_names must be False, True, 'group' or 'task', got {named!r}")
     tsz = p["task_size"]
-    if isinstance(tsz, bool) or not isinstance(tsz, int) or tsz < 1:
-        raise ValueError(f"task_size must be an int >= 1, got {tsz!r}")
     factor = 1.0
     for i in range(batch):
         if named == "group":
@@ -257,10 +251,12 @@ _FRACTIONS = {"busy_frac": (False, True), "test_frac": (True, True), "test_paral
 _MOST = 1e9  # larger than any real figure: a 1e308 overflowed to inf inside the scheduler
 
 
-def _check_value(workload: str, name: str, v: Any) -> None:
+def _check_value(workload: str, name: str, v: Any, default: Any) -> None:
+    where = f"{workload}: parameter {name}"
+    if isinstance(v, bool) and not isinstance(default, bool):  # True is 1 to Python, not to a model
+        raise ValueError(f"{where} must be a number, got {v!r}")
     if v is None or isinstance(v, (bool, str)) or not isinstance(v, (int, float)):
         return  # switches, names and optional parameters turned off: the builders check those
-    where = f"{workload}: parameter {name}"
     if not math.isfinite(v) or abs(v) > _MOST:
         raise ValueError(f"{where} must be a finite number of at most {_MOST:g}, got {v!r}")
     if name in _COUNTS:
@@ -286,7 +282,7 @@ def _params(defaults: dict[str, Any], over: dict[str, Any], workload: str) -> di
         raise SpecError(f"{workload}: unknown parameter(s) {unknown}; known: {sorted(defaults)}")
     p = {**defaults, **over}
     for name, v in over.items():
-        _check_value(workload, name, v)
+        _check_value(workload, name, v, defaults[name])
         if name in _COUNTS and isinstance(v, float):
             p[name] = int(v)
     for lo, hi in (("actions_min", "actions_max"), ("turns_min", "turns_max"), ("calls_min", "calls_max")):
