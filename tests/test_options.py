@@ -103,6 +103,8 @@ def test_a_simulated_policy_takes_the_same_options() -> None:
     {"default_duration": 0}, {"default_duration": -1.0}, {"default_duration": float("nan")},
     {"alpha": 5}, {"alpha": -0.5}, {"duration_alpha": 2}, {"price_smoothing": 2},
     {"mu_grid": ()}, {"mu_grid": (-1,)}, {"elastic": "no"}, {"window": "8"}, {"load_target": float("inf")},
+    {"max_price": -1.0}, {"max_price": float("nan")}, {"restart_gain": 2.0}, {"planner": "x"},
+    {"objective": "fast"}, {"gpu_slots": 0.0},
 ])
 def test_an_option_out_of_range_or_of_the_wrong_type_is_a_spec_error_naming_it(bad: dict) -> None:  # type: ignore[type-arg]
     # these were taken silently (default_duration=nan changed a grant from 4 cores to 2) or failed

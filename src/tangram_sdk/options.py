@@ -5,11 +5,13 @@ Why a value and not ``**kwargs``: a typo is an error where the options are writt
 a Ray actor), the options can be stored, compared, logged (``asdict()``) and shared between a live
 Tangram and a simulated one. A field left ``None`` means "the Scheduler's default", so this class
 never restates a default (see docs/scheduler.md#knobs for what each knob does). Types are checked
-here; ranges (``window >= 1``...) by the Scheduler, both as SpecError.
+by this class, ranges (``window >= 1``...) by :func:`check_ranges` once the Scheduler has filled in
+its defaults; both raise SpecError.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from typing import Any, TypedDict
 
@@ -18,7 +20,11 @@ import attrs
 from ._validate import show
 from .errors import SpecError
 
-__all__ = ["SchedulerKeywords", "SchedulerOptions", "merge_options"]
+__all__ = ["OBJECTIVE_PRICES", "SchedulerKeywords", "SchedulerOptions", "check_ranges", "merge_options"]
+
+# objective -> the price bound it implies when max_price is not given (scheduler/moldable.py):
+# "step" keeps a floor of cores under any backlog, "act" / "balanced" let the price rise further
+OBJECTIVE_PRICES = {"act": 2.0, "balanced": 2.0, "step": 0.75}
 
 
 def _typed(kind: str) -> Any:
@@ -147,3 +153,35 @@ def merge_options(options: SchedulerOptions | None, keywords: Mapping[str, Any])
         raise SpecError(f"scheduler option(s) {both} given both in options= and as keywords")
     out.update(keywords)
     return out
+
+
+def check_ranges(values: Mapping[str, Any]) -> None:
+    """SpecError for the first option out of its range. ``values``: the Scheduler's options with its
+    defaults filled in (``max_price`` from the objective when not given; ``gpu_slots`` may be None)."""
+    v = values
+    for name, ok, want in (
+        ("default_duration", 0 < v["default_duration"] < math.inf, "a finite number of seconds > 0"),
+        ("default_restore_s", 0 <= v["default_restore_s"] < math.inf, "a finite number of seconds >= 0"),
+        ("alpha", 0 < v["alpha"] <= 1, "in (0, 1]"),
+        ("duration_alpha", 0 < v["duration_alpha"] <= 1, "in (0, 1]"),
+        ("price_smoothing", 0 <= v["price_smoothing"] <= 1, "in [0, 1]"),
+        ("mu_grid", bool(v["mu_grid"]) and all(x >= 0 for x in v["mu_grid"]), "non-empty, prices >= 0"),
+        ("max_evictions", v["max_evictions"] >= 0, ">= 0"),
+        ("lookahead_cap", v["lookahead_cap"] >= 1, ">= 1"),
+        ("load_target", 0 < v["load_target"] < math.inf, "finite and > 0"),
+        ("price_horizon", 0 <= v["price_horizon"] < math.inf, "a finite number of seconds >= 0"),
+    ):
+        if not ok:  # NaN fails every comparison above, so it lands here too
+            raise SpecError(f"scheduler option {name} must be {want}, got {v[name]!r}")
+    if v["window"] < 1 or v["depth"] < 0 or v["scan_limit"] < 1:
+        raise SpecError("window and scan_limit must be >= 1, depth >= 0")
+    if v["gpu_slots"] is not None and not v["gpu_slots"] > 0:
+        raise SpecError(f"gpu_slots must be None or > 0, got {v['gpu_slots']!r}")
+    if v["planner"] not in ("priced", "estimate"):
+        raise SpecError(f"planner must be 'priced' or 'estimate', got {v['planner']!r}")
+    if v["objective"] not in OBJECTIVE_PRICES:
+        raise SpecError(f"objective must be one of {', '.join(OBJECTIVE_PRICES)}, got {v['objective']!r}")
+    if not v["max_price"] >= 0:
+        raise SpecError(f"max_price must be None or >= 0, got {v['max_price']!r}")
+    if not 0.0 <= v["restart_gain"] <= 1.0:
+        raise SpecError(f"restart_gain must be in [0, 1] (0: never restart), got {v['restart_gain']!r}")

@@ -48,7 +48,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from ..errors import SpecError
-from ..options import SchedulerOptions, merge_options
+from ..options import OBJECTIVE_PRICES, SchedulerOptions, check_ranges, merge_options
 from ..pool import Pool
 from ..snapshot import Snapshot
 from ..spec import CHECKED_UNITS, ActionSpec
@@ -84,7 +84,6 @@ __all__ = ["Scheduler", "SchedulerStats"]
 _DEFAULT_MU_GRID = (0.0, 0.05, 0.15, 0.5, 1.5, 5.0, math.inf)
 _MAX_KINDS = 4096  # learned per-kind state kept (least recently seen forgotten beyond it)
 # objective -> default max_price (seconds of ACT one core-second may cost at most)
-_OBJECTIVES = {"act": 2.0, "balanced": 2.0, "step": 0.75}
 
 
 @attrs.frozen(eq=False)
@@ -189,24 +188,14 @@ class Scheduler:
                          restore_horizon=restore_horizon, gpu_instances=gpu_instances,
                          gpu_regime_window=gpu_regime_window)
         mu_grid = tuple(float(x) for x in mu_grid)
-        for name, ok, want in (
-            ("default_duration", 0 < default_duration < math.inf, "a finite number of seconds > 0"),
-            ("default_restore_s", 0 <= default_restore_s < math.inf, "a finite number of seconds >= 0"),
-            ("alpha", 0 < alpha <= 1, "in (0, 1]"),
-            ("duration_alpha", 0 < duration_alpha <= 1, "in (0, 1]"),
-            ("price_smoothing", 0 <= price_smoothing <= 1, "in [0, 1]"),
-            ("mu_grid", bool(mu_grid) and all(x >= 0 for x in mu_grid), "non-empty, prices >= 0"),
-            ("max_evictions", max_evictions >= 0, ">= 0"),
-            ("lookahead_cap", lookahead_cap >= 1, ">= 1"),
-            ("load_target", 0 < load_target < math.inf, "finite and > 0"),
-            ("price_horizon", 0 <= price_horizon < math.inf, "a finite number of seconds >= 0"),
-        ):
-            if not ok:  # NaN fails every comparison above, so it lands here too
-                raise SpecError(f"scheduler option {name} must be {want}, got {locals()[name]!r}")
-        if window < 1 or depth < 0 or scan_limit < 1:
-            raise SpecError("window and scan_limit must be >= 1, depth >= 0")
-        if gpu_slots is not None and not gpu_slots > 0:
-            raise SpecError(f"gpu_slots must be None or > 0, got {gpu_slots!r}")
+        if max_price is None:  # the objective's bound (an unknown objective is refused just below)
+            max_price = OBJECTIVE_PRICES.get(objective, 0.0)
+        check_ranges(dict(window=window, depth=depth, scan_limit=scan_limit, default_duration=default_duration,
+                          default_restore_s=default_restore_s, alpha=alpha, duration_alpha=duration_alpha,
+                          mu_grid=mu_grid, max_evictions=max_evictions, lookahead_cap=lookahead_cap,
+                          gpu_slots=gpu_slots, planner=planner, objective=objective, load_target=load_target,
+                          price_horizon=price_horizon, price_smoothing=price_smoothing, max_price=max_price,
+                          restart_gain=restart_gain))
         GpuSizing.check_options(restore_horizon, gpu_instances, gpu_regime_window)
         self.restore_horizon = restore_horizon
         self.gpu_instances = gpu_instances
@@ -227,16 +216,6 @@ class Scheduler:
         self.lookahead_cap = lookahead_cap
         self.skip_rounds = skip_rounds
         self.gpu_slots = gpu_slots
-        if planner not in ("priced", "estimate"):
-            raise SpecError(f"planner must be 'priced' or 'estimate', got {planner!r}")
-        if objective not in _OBJECTIVES:
-            raise SpecError(f"objective must be one of {', '.join(_OBJECTIVES)}, got {objective!r}")
-        if max_price is None:
-            max_price = _OBJECTIVES[objective]
-        if not (load_target > 0 and price_horizon >= 0 and max_price >= 0):
-            raise SpecError("load_target must be > 0, price_horizon and max_price >= 0")
-        if not 0.0 <= restart_gain <= 1.0:
-            raise SpecError(f"restart_gain must be in [0, 1] (0: never restart), got {restart_gain!r}")
         self.objective = objective
         self.planner = planner
         self.load_target = load_target
