@@ -105,6 +105,11 @@ def _cases(tmp: Path) -> list[tuple[list[str], str]]:
         (["simulate", "--workload", "mopd", "--batch", "8", "--policy", "isolated", "--param", "iso_gpus=-2"],
          "--param iso_gpus: use --iso-gpus"),
         (["simulate", *SMALL, "--param", "gpus=2"], "--param: ai-coding has no parameter 'gpus'"),
+        # --gpus replaced nodes x gpus_per_node without a word
+        (["simulate", "--workload", "mopd", "--batch", "8", "--gpus", "8", "--param", "nodes=2"],
+         "--param nodes: --gpus sets the pool size; give the pool one way"),
+        (["simulate", "--workload", "mopd", "--batch", "8", "--gpus-needed", "--param", "gpus_per_node=4"],
+         "--param gpus_per_node: --gpus-needed sets the pool size"),
         (["simulate", "--workload", "trace", "--trace", str(small), "--seed", "7"],
          "--seed does not apply to --workload trace"),
         # demo

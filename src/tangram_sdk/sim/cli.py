@@ -126,6 +126,11 @@ def check(args: argparse.Namespace) -> str | None:
                     return f"--param {name}: expected a number or null, got {value!r}"
             elif isinstance(default, (int, float)) and not number:
                 return f"--param {name}: expected a number, got {value!r}"
+        sized = [n for n, _ in args.param if n in ("nodes", "gpus_per_node")]
+        if sized and args.workload == "mopd" and (args.gpus is not None or args.gpus_needed):
+            # --gpus (or each size --gpus-needed probes) replaces nodes x gpus_per_node: ignored silently
+            flag = "--gpus" if args.gpus is not None else "--gpus-needed"
+            return f"--param {sized[0]}: {flag} sets the pool size; give the pool one way"
     if args.plot and args.plot.lower().endswith(".png"):
         return f"--plot takes a directory (it writes several PNGs into it), got {args.plot!r}"
     if args.plot and missing_module("matplotlib"):
