@@ -482,3 +482,37 @@ async def test_shutdown_waits_for_the_holders_so_a_new_pool_never_grants_their_c
     (o0, o1), (n0, n1) = [(a, b) for tag, a, b in sorted(log, key=lambda x: x[0] != "old")]
     assert o1 <= shut, "shutdown() returned while a holder still held its core"
     assert o1 <= n0, f"one core held twice: old {o0:.3f}-{o1:.3f}, new {n0:.3f}-{n1:.3f}"
+
+
+@pytest.mark.looptime(False)
+async def test_a_cancelled_shutdown_is_cancelled_at_once_and_the_pool_still_closes() -> None:
+    """Cancellation always wins: shutdown() awaited its host task directly, so a cancel went into
+    that task and the suppress around it ate it; shutdown() returned normally once every holder
+    had released (never, for a lease nobody releases). Now the caller's cancel propagates at once,
+    the close goes on in the background, and a same-name pool still waits for the holders."""
+    runtime = {"pool": {"name": "sd-cancel", "cpus": 1}}
+    spec = ActionSpec(kind="x", cpus=1)
+    held = asyncio.Event()
+    ends: list[tuple[str, float, float]] = []
+
+    async def hold(tag: str, s: float) -> None:
+        async with action(spec, runtime=runtime):
+            t0 = time.monotonic()
+            held.set()
+            await asyncio.sleep(s)
+            ends.append((tag, t0, time.monotonic()))
+
+    old = asyncio.create_task(hold("old", 0.5))
+    await held.wait()
+    closing = asyncio.create_task(shutdown())
+    await asyncio.sleep(0.02)
+    t0 = time.monotonic()
+    closing.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await closing
+    assert time.monotonic() - t0 < 0.2, "the cancel waited for the holder"
+    new = asyncio.create_task(hold("new", 0.01))  # the name again: waits for the old holder
+    await asyncio.gather(old, new)
+    (o0, o1), (n0, _n1) = [(a, b) for tag, a, b in sorted(ends, key=lambda x: x[0] != "old")]
+    assert o1 <= n0, "a same-name pool granted the core the closing pool's holder still held"
+    await shutdown()

@@ -33,7 +33,7 @@ from ..lease import Lease
 from ..runtime import Tangram
 from ..spec import ActionSpec
 from ._config import import_object
-from ._pools import PoolDef, _Hosted, close_loop_pools, open_pool, pool_def, register
+from ._pools import PoolDef, _Hosted, close_loop_pools, open_pool, pool_def, register, task_ended, wait_closed
 
 __all__ = [
     "RuntimeSource",
@@ -199,14 +199,19 @@ async def shutdown() -> None:
     """Close what this event loop opened from config: its process pools and factory-made Tangrams,
     and its handles on job-wide Ray actors (the actors stay for the other workers; a worker's
     clean exit, or the end of a test)."""
-    table = _made.pop(asyncio.get_running_loop(), None) or {}
+    loop = asyncio.get_running_loop()
+    table = _made.pop(loop, None) or {}
     hosts = [h for h in table.values() if isinstance(h, _Hosted)]
     for host in hosts:
         host.stop.set()
-    for host in hosts:
-        with contextlib.suppress(BaseException):
-            await host.task
+    if hosts:  # as close_loop_pools: a cancel of the caller wins, the hosts still close
+        await wait_closed(loop.create_task(_close_hosts(hosts), name="tangram-close-hosts"))
     await close_loop_pools()
+
+
+async def _close_hosts(hosts: list[_Hosted]) -> None:
+    for host in hosts:
+        await task_ended(host.task)
 
 
 @contextlib.asynccontextmanager

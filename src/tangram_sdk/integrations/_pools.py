@@ -168,6 +168,32 @@ async def _drained(tangram: Tangram) -> None:
         await asyncio.sleep(0.02)
 
 
+async def task_ended(task: asyncio.Task[Any]) -> None:
+    """Until ``task`` has ended, however it ended (its outcome retrieved, so never logged)."""
+    await asyncio.wait({task})
+    if not task.cancelled():
+        task.exception()
+
+
+async def wait_closed(closer: asyncio.Task[None]) -> None:
+    """Wait for ``closer``; a cancel of the caller propagates at once and leaves it running."""
+    await asyncio.shield(closer)
+
+
+async def _close_locals(mine: list[tuple[str, _Local]]) -> None:
+    try:
+        for _name, e in mine:
+            await task_ended(e.host.task)
+        for _name, e in mine:  # a Tangram closes at once; its holders finish normally, on its cores
+            await _drained(e.host.tangram)
+    finally:
+        for name, e in mine:
+            if _local.get(name) is e:
+                _local.pop(name, None)
+            assert e.closing is not None
+            e.closing.set_result(None)
+
+
 async def _close_with_loop(handle: Any) -> None:
     """Kept on the loop a job-wide handle serves: closes it when the loop shuts down
     (``asyncio.run`` cancels every task at its end), so a worker that runs each batch under a new
@@ -369,18 +395,11 @@ async def close_loop_pools() -> None:
     for _name, e in mine:
         e.closing = loop.create_future()
         e.host.stop.set()
-    try:
-        for _name, e in mine:
-            with contextlib.suppress(BaseException):
-                await e.host.task
-        for _name, e in mine:  # a Tangram closes at once; its holders finish normally, on its cores
-            await _drained(e.host.tangram)
-    finally:
-        for name, e in mine:
-            if _local.get(name) is e:
-                _local.pop(name, None)
-            assert e.closing is not None
-            e.closing.set_result(None)
+    if mine:
+        # the close runs to its end in a task of its own (a same-name pool waits for it), and a
+        # cancel of this caller propagates at once: awaited directly, the cancel went into the
+        # host task, which ended cancelled, and the suppress around it ate the caller's cancel
+        await wait_closed(loop.create_task(_close_locals(mine), name="tangram-close-pools"))
     with _guard:
         _defined.clear()  # a clean exit (or a test's end): the next config defines its pools anew
     for keeper in _keepers.pop(loop, None) or []:
