@@ -556,6 +556,50 @@ async def test_grant_update_a_frozen_daemon_carries_out_later_keeps_the_core_out
         await m.aclose()
 
 
+async def test_a_memory_update_the_daemon_answers_late_is_undone_before_the_next_action(
+        daemon: PrivateDaemon) -> None:
+    """Stop 37's audit: an action's memory-limit update timed out (dockerd SIGSTOPped) and the
+    daemon carried it out after the thaw, but the manager still recorded the parked limit (it
+    records only answered updates), so nothing restored it: the next action in that container,
+    declaring no memory, ran under the failed action's 64 MiB, and so did every later one. The
+    same with a cancel mid-update. Now an update without an answer leaves the limit unknown, and
+    the next settle sets it again."""
+    core = HOST_CPUS[0]
+    mib = 1 << 20
+    m = DockerCpuManager(backend="api", docker_url=daemon.url, api_timeout=2)
+    try:
+        async with Tangram(Pool(cpus=[core]), managers=[m]) as t:
+            m.client.api_timeout = 30.0  # the setup: a container start on a busy CI machine took > 2 s
+            async with await SandboxPool.create(m, image=IMAGE, count=1) as boxes:
+                a = boxes[0].id
+                parked = (await m.client.inspect(a)).memory
+                async with t.acquire(ActionSpec(kind="warm", cpus=1, container=a, memory=32 * mib)):
+                    pass  # the parked limit is known now: the frozen call below is the update itself
+                m.client.api_timeout = 2.0
+                assert daemon.proc is not None
+                daemon.proc.send_signal(signal.SIGSTOP)
+                try:
+                    with pytest.raises(DockerError, match="did not answer"):
+                        async with t.acquire(ActionSpec(kind="doomed", cpus=1, container=a, memory=64 * mib)):
+                            pytest.fail("the action ran although its memory limit was not set")
+                finally:
+                    daemon.proc.send_signal(signal.SIGCONT)
+                m.client.api_timeout = 30.0
+                # the updates waiting in the daemon's socket land (the failed one, and the restore
+                # the release tried, which timed out too); what the manager recorded must not matter
+                await asyncio.sleep(1.0)
+                async with t.acquire(ActionSpec(kind="next", cpus=1, container=a), timeout=60):
+                    assert (await m.client.inspect(a)).memory == parked, "the failed action's limit holds"
+                assert (await m.client.inspect(a)).memory == parked
+                assert m.statistics()["memory_limited"] == {}
+                whole(t)
+            assert await m.client.list_labeled() == []
+    finally:
+        if daemon.proc is not None:
+            daemon.proc.send_signal(signal.SIGCONT)
+        await m.aclose()
+
+
 async def test_a_create_that_timed_out_but_was_carried_out_later_is_removed(daemon: PrivateDaemon) -> None:
     """Stop 33's audit: SandboxPool.add on a frozen daemon raised DockerError, the daemon made the
     container once it ran again, and nothing ever removed it (it was unnamed: nobody could find

@@ -82,6 +82,9 @@ log = logging.getLogger(__name__)
 Backend = Literal["auto", "api", "cgroup"]
 
 
+_MEM_UNKNOWN = MemoryLimits(-1, -1)  # _Box.mem_now after an update whose outcome is not known
+
+
 class _Box:
     """What the manager knows about one container: full id, located cgroup, active grants."""
 
@@ -95,7 +98,9 @@ class _Box:
         self.backend = backend
         self.mem: dict[int, int] = {}  # action id -> memory bytes it declared (0: none)
         self.parked_mem: MemoryLimits | None = None  # Docker's record before we touched it
-        self.mem_now: MemoryLimits | None = None  # what we set; None: the parked limit holds
+        # what we set; None: the parked limit holds; _MEM_UNKNOWN: an update that failed or was
+        # cancelled mid-call (the daemon may still carry it out), so the next settle sets it again
+        self.mem_now: MemoryLimits | None = None
         self.peak: _cgroup.PeakWatch | None = None  # peak since the first live grant (cgroup backend)
         self.shared = False  # two actions overlapped: the peak is not one action's
 
@@ -261,7 +266,8 @@ class DockerCpuManager:
                                "attempts": q.attempts, "error": q.error}
                          for cid, q in self._quarantined.items()},
             # memory limits held by containers right now (bytes), and the peak per action kind
-            memory_limited={b.id: b.mem_now.memory for b in boxes.values() if b.mem_now is not None},
+            memory_limited={b.id: b.mem_now.memory for b in boxes.values()
+                            if b.mem_now is not None and b.mem_now is not _MEM_UNKNOWN},
             memory_peaks={k: dict(v) for k, v in self._peaks.items()},
             sandboxes=self._gate.statistics(),
             counters=dict(self._stats),
@@ -749,13 +755,16 @@ class DockerCpuManager:
             return
         parked = await self._parked_memory(box)
         want = parked if target is None else target
+        before, box.mem_now = box.mem_now, _MEM_UNKNOWN  # a timed-out or cancelled update may land
         try:
             await self._set_memory(box, want)
         except MemoryBusyError as exc:
+            box.mem_now = before  # refused: nothing changed
             raise self._refused(box, want, exc.usage) from exc
         except DockerError as exc:
             if not is_memory_busy(exc):
                 raise
+            box.mem_now = before
             raise self._refused(box, want, None) from exc
         box.mem_now = target
         self._stats["memory_updates"] += 1
@@ -868,7 +877,7 @@ class DockerCpuManager:
                 stats = await self.client.memory_stats(box.id)
             except DockerError:
                 return result  # the daemon cannot tell us: the plain result stands
-            held = box.mem_now if box.mem_now is not None else box.parked_mem
+            held = box.mem_now if box.mem_now not in (None, _MEM_UNKNOWN) else box.parked_mem
             limit = held.memory if held is not None else None
             peak = int(stats["max_usage"]) if stats.get("max_usage") else None
             where = f"peak {_mib(peak)} (the container's lifetime peak: the Docker API cannot reset it)"
