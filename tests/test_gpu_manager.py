@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import http.server
 import threading
 import time
@@ -18,6 +19,7 @@ from tangram_sdk.lease import Lease
 from tangram_sdk.managers.base import ManagerContext
 from tangram_sdk.managers.gpu import HttpSleepWake, OffloadableService, TorchGpuManager
 from tangram_sdk.pool import Pool
+from tangram_sdk.runtime import Tangram
 from tangram_sdk.scheduler.decisions import Grant
 from tangram_sdk.scheduler.events import ServiceResidency
 from tangram_sdk.spec import ActionSpec, Elasticity
@@ -507,6 +509,60 @@ async def test_http_sleep_wake_adapter(http_server: str) -> None:
         await dead.wake(("cuda:0",))
 
 
+@pytest.fixture
+def trickling_server() -> Iterator[str]:
+    """Answers every request one byte each 0.2 s (~3 s for the reply): no single read waits long."""
+    import socket
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen()
+    stop = threading.Event()
+
+    def serve() -> None:
+        while not stop.is_set():
+            try:
+                c, _ = sock.accept()
+            except OSError:
+                return
+
+            def reply(c: socket.socket = c) -> None:
+                with c:
+                    c.recv(65536)
+                    c.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 16\r\n\r\n")
+                    for _ in range(14):
+                        if stop.wait(0.2):
+                            return
+                        c.sendall(b" ")
+                    c.sendall(b"{}")
+
+            threading.Thread(target=reply, daemon=True).start()
+
+    threading.Thread(target=serve, daemon=True).start()
+    yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    stop.set()
+    sock.close()
+
+
+async def test_http_sleep_wake_bounds_the_whole_request(trickling_server: str) -> None:
+    """Stop 37's audit: urllib's timeout bounds each socket read, so a server trickling its reply
+    kept wake() going far past timeout=1 (13.5 s measured), and the action's cancel with it."""
+    adapter = HttpSleepWake(trickling_server, footprint=1, timeout=0.5)
+    t0 = time.monotonic()
+    with pytest.raises(DeviceError, match="did not answer within 0.5 s") as ei:
+        await adapter.wake(("cuda:0",))
+    assert time.monotonic() - t0 < 1.5
+    assert ei.value.resource == trickling_server
+
+
+@pytest.mark.parametrize("bad", [{"timeout": "5"}, {"timeout": -1}, {"timeout": float("nan")},
+                                 {"level": "1"}, {"level": -1}, {"footprint": -1}, {"footprint": 1.5}])
+def test_http_sleep_wake_checks_its_arguments_where_they_are_written(bad: dict[str, Any]) -> None:
+    kw: dict[str, Any] = {"footprint": 1, **bad}
+    with pytest.raises(SpecError, match=next(iter(bad))):
+        HttpSleepWake("http://127.0.0.1:9", **kw)
+
+
 # -- end to end ----------------------------------------------------------------------------------
 async def test_end_to_end_through_tangram() -> None:
     tangram_mod = pytest.importorskip("tangram_sdk")
@@ -614,3 +670,103 @@ async def test_statistics_is_a_typed_snapshot(events: list[Any]) -> None:
     assert st.instances[0].service == "a" and st.services == st["services"]
     assert json.loads(json.dumps(st.asdict()))["devices"]["0"]["used"] == st.devices[0].used > 0
     await mgr.aclose()
+
+
+class StuckServer:
+    """A server whose wake (or sleep) does not answer until ``go`` is set: a driver or a server
+    that hangs mid-transfer."""
+
+    footprint = FP
+
+    def __init__(self, hang_wake: bool = True, hang_sleep: bool = False) -> None:
+        self.go = asyncio.Event()
+        self.hang_wake, self.hang_sleep = hang_wake, hang_sleep
+        self.log: list[str] = []
+
+    async def wake(self, devices: tuple[str, ...]) -> None:
+        self.log.append("wake")
+        if self.hang_wake:
+            await self.go.wait()
+
+    async def sleep(self) -> None:
+        self.log.append("sleep")
+        if self.hang_sleep:
+            await self.go.wait()
+
+
+async def test_a_restore_that_hangs_fails_at_its_bound_and_its_gpu_waits_out_of_the_pool() -> None:
+    """Stop 37's audit: a restore had no deadline (a wake that never answered held the action, its
+    GPU and its cancel for good; acquire(timeout=) bounds only the queue). Now it fails with a
+    DeviceError naming the service after transfer_timeout; the GPU stays quarantined (a copy
+    landing later would sit beside the next one) until the work ends and is undone, then comes back."""
+    srv = StuckServer()
+    mgr = TorchGpuManager(devices={0: "cpu"}, transfer_timeout=0.5)
+    mgr.register("llm", offloadable=srv)
+    spec = ActionSpec(kind="judge", gpus=1, service="llm")
+    async with Tangram(Pool(gpus=1), managers=[mgr]) as t:
+        t0 = time.monotonic()
+        with pytest.raises(DeviceError, match="transfer_timeout") as ei:
+            async with t.acquire(spec):
+                pytest.fail("ran on a copy that never woke")
+        assert time.monotonic() - t0 < 3.0
+        assert ei.value.resource == "llm@cpu"
+        st = t.statistics()
+        assert st["quarantined"] == 1 and st["gpus_free"] == 0, st
+        assert mgr.statistics().stuck == 1
+        with pytest.raises(TimeoutError):  # not granted to anyone while the wake may still land
+            async with t.acquire(spec, timeout=0.3):
+                pass
+        srv.go.set()  # the wake ends at last: undone (slept), the GPU comes back
+        srv.hang_wake = False
+        async with t.acquire(spec, timeout=5.0) as lease:
+            assert lease.service is srv
+        assert srv.log == ["wake", "sleep", "wake"]
+        assert t.statistics()["quarantined"] == 0
+
+
+async def test_a_cancel_during_a_hung_restore_propagates_within_the_grace() -> None:
+    srv = StuckServer()
+    mgr = TorchGpuManager(devices={0: "cpu"}, transfer_timeout=1.0)
+    mgr.register("llm", offloadable=srv)
+    spec = ActionSpec(kind="judge", gpus=1, service="llm")
+    async with Tangram(Pool(gpus=1), managers=[mgr]) as t:
+        async def act() -> None:
+            async with t.acquire(spec):
+                pytest.fail("ran on a copy that never woke")
+
+        task = asyncio.create_task(act())
+        await asyncio.sleep(0.2)
+        t0 = time.monotonic()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert time.monotonic() - t0 < 2.5, "the cancel waited for the hung wake"
+        assert t.statistics()["quarantined"] == 1
+        srv.go.set()
+        srv.hang_wake = False
+        async with t.acquire(spec, timeout=5.0):
+            pass
+
+
+async def test_an_evict_that_hangs_fails_the_action_that_needed_the_room() -> None:
+    srv = StuckServer(hang_wake=False, hang_sleep=True)
+    mgr = TorchGpuManager(devices={0: "cpu"}, memory_budget=FP, transfer_timeout=0.5)
+    mgr.register("llm", offloadable=srv)
+    mgr.register("a", module=Scorer(1))
+    async with Tangram(Pool(gpus=1), managers=[mgr]) as t:
+        async with t.acquire(ActionSpec(kind="judge", gpus=1, service="llm")):
+            pass  # llm stays resident (idle) and fills the budget
+        with pytest.raises(DeviceError, match="evicting service 'llm'"):
+            async with t.acquire(ActionSpec(kind="score", gpus=1, service="a")):
+                pytest.fail("ran beside a copy that was never evicted")
+        assert t.statistics()["quarantined"] == 1
+        srv.go.set()
+        async with t.acquire(ActionSpec(kind="score", gpus=1, service="a"), timeout=5.0):
+            pass
+        assert t.statistics()["quarantined"] == 0
+
+
+def test_transfer_timeout_is_checked() -> None:
+    for bad in (0, -1.0, float("nan"), float("inf"), "5", True):
+        with pytest.raises(SpecError, match="transfer_timeout"):
+            TorchGpuManager(devices={0: "cpu"}, transfer_timeout=bad)  # type: ignore[arg-type]

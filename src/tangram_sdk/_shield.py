@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 
 import anyio
 
-__all__ = ["finish"]
+__all__ = ["finish", "finish_within"]
 
 T = TypeVar("T")
 
@@ -41,3 +41,27 @@ async def finish(coro: Coroutine[Any, Any, T] | asyncio.Future[T]) -> tuple[asyn
             except BaseException:  # the task's own error: read it below
                 break
     return task, cancelled
+
+
+async def finish_within(coro: Coroutine[Any, Any, T], limit: float, grace: float
+                        ) -> tuple[asyncio.Future[T], bool, bool]:
+    """:func:`finish` with a bound, for work that can hang (a GPU copy, a server's wake): wait
+    for ``coro`` at most ``limit`` seconds, and once the caller is cancelled at most ``grace``
+    more. Returns ``(task, cancelled, late)``; ``late``: the bound passed with the task still
+    running (it is left running: the caller must keep what it touches out of use until it ends)."""
+    task: asyncio.Future[T] = asyncio.ensure_future(coro)
+    loop = asyncio.get_running_loop()
+    end = loop.time() + limit
+    cancelled = False
+    with anyio.CancelScope(shield=True):  # see finish: anyio's cancel waits for the next checkpoint
+        while not task.done():
+            left = end - loop.time()
+            if left <= 0:
+                return task, cancelled, True
+            try:
+                await asyncio.wait({task}, timeout=left)
+            except asyncio.CancelledError:
+                if not cancelled:
+                    end = min(end, loop.time() + grace)
+                cancelled = True
+    return task, cancelled, False

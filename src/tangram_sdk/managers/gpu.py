@@ -33,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import math
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Literal, TypeVar
@@ -40,8 +41,8 @@ from typing import Any, Literal, TypeVar
 import anyio
 import attrs
 
-from .._shield import finish
-from ..errors import DeviceError, InfeasibleSpecError, ManagerError, SpecError
+from .._shield import finish, finish_within
+from ..errors import DeviceError, InfeasibleSpecError, ManagerError, QuarantineError, SpecError
 from ..lease import Lease
 from ..scheduler.decisions import Grant
 from ..scheduler.events import ServiceResidency
@@ -58,8 +59,15 @@ __all__ = ["DeviceStatistics", "GpuStatistics", "HttpSleepWake", "InstanceStatis
 log = logging.getLogger(__name__)
 
 RestoreHook = Callable[[str, tuple[str, ...]], None]
-State = Literal["cold", "restoring", "resident", "evicting"]
+# "stuck": a restore or evict that outran transfer_timeout still runs in its thread; the copy is
+# unusable and its GPUs stay out of the pool until it ends (then it is discarded: "cold")
+State = Literal["cold", "restoring", "resident", "evicting", "stuck"]
 OnOom = Callable[["_Instance"], Awaitable[int]]
+def _stuck(inst: _Instance) -> bool:
+    return inst.state == "stuck"  # (a function: mypy narrows inst.state across the awaits before it)
+
+
+_CANCEL_GRACE_S = 5.0  # a cancelled action waits this long at most for a copy in flight
 Held = list[tuple[int, ts.HeldBuffer]]  # (pool GPU, buffer still referenced after an eviction)
 T = TypeVar("T")
 
@@ -254,6 +262,7 @@ class GpuStatistics(Snapshot):
     held_evictions: int
     restore_s_total: float
     host_bytes: int
+    stuck: int = 0  # restores / evicts that outran transfer_timeout (their GPUs were quarantined)
 
 
 class TorchGpuManager:
@@ -268,6 +277,11 @@ class TorchGpuManager:
     after each batch of evictions (useful when other processes share the GPU).
     ``restore_hook(service, devices)`` runs before every restore attempt (in the worker thread for
     torch services); raising from it simulates a failure - for tests and failure drills.
+    ``transfer_timeout``: seconds a restore or evict (a torch copy, an offloadable server's wake or
+    sleep) may take. One that takes longer fails the action with a DeviceError naming the service
+    and device; the copy is "stuck", and the GPUs of the actions it fails stay out of the pool
+    (``quarantined``) until the work ends and is undone. A cancelled action waits for an
+    unfinished copy at most ``min(transfer_timeout, 5)`` seconds more.
     """
 
     name = "gpu"
@@ -280,7 +294,15 @@ class TorchGpuManager:
         memory_fraction: float = 0.9,
         empty_cache_on_evict: bool = False,
         restore_hook: RestoreHook | None = None,
+        transfer_timeout: float = 600.0,
     ) -> None:
+        if isinstance(transfer_timeout, bool) or not isinstance(transfer_timeout, (int, float)) \
+                or not 0 < transfer_timeout < math.inf:
+            raise SpecError(f"transfer_timeout must be a finite number of seconds > 0, got {transfer_timeout!r}")
+        self._transfer_s = float(transfer_timeout)
+        # pool GPU -> the task that undoes a stuck copy there once its work ends
+        self._stuck: dict[int, asyncio.Task[None]] = {}
+        self._stuck_for: dict[int, list[asyncio.Task[None]]] = {}  # action id -> what holds its GPUs back
         if devices is not None:
             for g, d in devices.items():
                 if isinstance(g, bool) or not isinstance(g, int) or g < 0 or not isinstance(d, str) or not d:
@@ -310,7 +332,7 @@ class TorchGpuManager:
         self._tick = 0
         self._memory = anyio.Event()
         self._stats = {"restores": 0, "evictions": 0, "hits": 0, "retries": 0, "failures": 0,
-                       "call_retries": 0, "held_evictions": 0}
+                       "call_retries": 0, "held_evictions": 0, "stuck": 0}
         self._restore_s_total = 0.0
 
     # -- registration ---------------------------------------------------------------------------
@@ -422,6 +444,9 @@ class TorchGpuManager:
         except BaseException:
             for p in parts:
                 p.refs -= 1
+            stuck = [t for g in gpus if (t := self._stuck.get(g)) is not None and not t.done()]
+            if stuck:  # release() holds this action's GPUs back until the stuck work has ended
+                self._stuck_for[grant.action_id] = stuck
             self._notify()
             if len(parts) > 1:  # the scheduler marked the grant resident when it granted
                 self._posted.discard((name, gpus))
@@ -442,6 +467,12 @@ class TorchGpuManager:
         svc.attach(lease, parts, self._on_call_oom, lambda: self._held.get(aid) is parts)
 
     async def release(self, grant: Grant, lease: Lease) -> None:
+        stuck = self._stuck_for.pop(grant.action_id, None)
+        if stuck:
+            where = ",".join(self._devices.get(g, str(g)) for g in grant.gpus)
+            raise QuarantineError(f"a restore or evict on {where} outran transfer_timeout and still runs: "
+                                  f"these GPUs return to the pool once it has ended and been undone",
+                                  resource=where, until=asyncio.gather(*stuck, return_exceptions=True))
         parts = self._held.pop(grant.action_id, None)
         if parts is None:  # apply failed or the spec had no service
             return
@@ -477,18 +508,25 @@ class TorchGpuManager:
             if inst.state == "resident":
                 self._stats["hits"] += 1
                 return True
+            if inst.state == "stuck":
+                where = ",".join(inst.devices)
+                raise DeviceError(f"service {inst.service.name!r} on {where} is stuck in a restore or evict "
+                                  f"that outran transfer_timeout ({self._transfer_s:g} s)",
+                                  resource=f"{inst.service.name}@{where}")
             if inst.state != "cold":
                 await inst.changed.wait()
                 continue
             inst.state, inst.changed = "restoring", anyio.Event()
+            changed = inst.changed
             try:
                 await self._restore(inst)
                 inst.state = "resident"
             except BaseException:
-                inst.state = "cold"
+                if not _stuck(inst):  # a stuck copy turns cold once its work has ended
+                    inst.state = "cold"
                 raise
             finally:
-                inst.changed.set()
+                changed.set()
                 self._notify()
             return False
 
@@ -501,7 +539,16 @@ class TorchGpuManager:
             # the copy runs in a worker thread that a cancel cannot stop: wait for it to end
             # (finish) before discarding, or a copy landing after the discard would sit on the
             # device outside the ledger, and a failing one would detach a later lease's replica
-            task, cancelled = await finish(svc.restore(inst, self._hook))
+            task, cancelled, late = await finish_within(svc.restore(inst, self._hook), self._transfer_s,
+                                                        min(self._transfer_s, _CANCEL_GRACE_S))
+            if late:
+                self._wedge(inst, task, restoring=True)
+                if cancelled:
+                    raise asyncio.CancelledError
+                where = ",".join(inst.devices)
+                raise DeviceError(f"restoring service {svc.name!r} on {where} did not end within "
+                                  f"transfer_timeout ({self._transfer_s:g} s); its GPUs stay out of the pool "
+                                  f"until it does", resource=f"{svc.name}@{where}")
             if cancelled:
                 await self._discard(inst)
                 inst.charge = {}
@@ -630,7 +677,16 @@ class TorchGpuManager:
     async def _evict(self, v: _Instance) -> None:
         """Evict ``v`` (already marked 'evicting') to the end even if the caller is cancelled — a
         half-evicted copy is unusable — and settle its state either way before anything propagates."""
-        task, cancelled = await finish(v.service.evict(v))
+        task, cancelled, late = await finish_within(v.service.evict(v), self._transfer_s,
+                                                    min(self._transfer_s, _CANCEL_GRACE_S))
+        if late:
+            self._wedge(v, task, restoring=False)
+            if cancelled:
+                raise asyncio.CancelledError
+            where = ",".join(v.devices)
+            raise DeviceError(f"evicting service {v.service.name!r} from {where} did not end within "
+                              f"transfer_timeout ({self._transfer_s:g} s); its GPUs stay out of the pool until "
+                              f"it does", resource=f"{v.service.name}@{where}")
         exc = task.exception()
         if exc is not None:
             v.state = "resident"
@@ -651,6 +707,39 @@ class TorchGpuManager:
             self._post(ServiceResidency(key[0], key[1], False, None))
         if cancelled:
             raise asyncio.CancelledError
+
+    def _wedge(self, inst: _Instance, work: asyncio.Future[Any], *, restoring: bool) -> None:
+        """``work`` (a restore or evict of ``inst``) outran its bound and still runs: mark the copy
+        stuck (waiters fail fast), and once the work ends undo it (a late restore's copy would
+        sit on the device outside the ledger) and make the copy cold again."""
+        self._stats["stuck"] += 1
+        inst.state = "stuck"
+        old, inst.changed = inst.changed, anyio.Event()
+        old.set()
+        self._notify()
+        log.error("%s %s on %s outran transfer_timeout (%g s); its GPUs stay out of the pool until it ends",
+                  "restoring" if restoring else "evicting", inst.service.name, inst.devices, self._transfer_s)
+
+        async def undo() -> None:
+            try:
+                await asyncio.wait({work})
+                exc = None if work.cancelled() else work.exception()
+                if restoring or exc is not None:  # whatever landed is freed, whatever the work did
+                    await self._discard(inst)
+                else:
+                    self._keep_held(inst, work.result())
+                    self._post(ServiceResidency(inst.service.name, inst.gpus, False, None))
+            finally:
+                inst.state, inst.charge = "cold", {}
+                inst.changed.set()
+                for g in inst.gpus:
+                    if self._stuck.get(g) is task:
+                        del self._stuck[g]
+                self._notify()
+
+        task = asyncio.get_running_loop().create_task(undo(), name=f"tangram-gpu-stuck-{inst.service.name}")
+        for g in inst.gpus:
+            self._stuck[g] = task
 
     def _keep_held(self, v: _Instance, held: Held) -> None:
         """Keep charging device buffers an eviction could not free (user code holds their tensors)."""

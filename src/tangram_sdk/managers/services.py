@@ -11,6 +11,7 @@ with vLLM-style ``/sleep`` and ``/wake_up`` endpoints. Both are also importable 
 from __future__ import annotations
 
 import json
+import math
 import logging
 import urllib.parse
 import urllib.request
@@ -47,13 +48,21 @@ class HttpSleepWake:
     """OffloadableService for vLLM-style servers: ``POST /sleep?level=N`` and ``POST /wake_up``
     (vLLM exposes them with ``--enable-sleep-mode`` and ``VLLM_SERVER_DEV_MODE=1``). The server owns
     its GPUs; ``devices`` is only logged. Uses the stdlib in a worker thread, so no extra dependency;
-    every request has ``timeout`` seconds and a failure is a :class:`DeviceError` naming the URL.
-    ``call(path, payload)`` POSTs JSON (e.g. ``/v1/completions``) and returns the decoded reply."""
+    every request has ``timeout`` seconds in all (a server that trickles its reply a byte at a
+    time included) and a failure is a :class:`DeviceError` naming the URL (a cancel or the bound
+    leaves the worker thread to finish on its own). ``call(path, payload)`` POSTs JSON (e.g.
+    ``/v1/completions``) and returns the decoded reply."""
 
     def __init__(self, base_url: str, footprint: int, *, level: int = 1, timeout: float = 60.0) -> None:
         url = urllib.parse.urlsplit(base_url)
         if url.scheme not in ("http", "https") or not url.netloc:
             raise SpecError(f"base_url must be an http(s) URL, got {base_url!r}")
+        if isinstance(footprint, bool) or not isinstance(footprint, int) or footprint < 0:
+            raise SpecError(f"footprint must be bytes >= 0, got {footprint!r}")
+        if isinstance(level, bool) or not isinstance(level, int) or level < 0:
+            raise SpecError(f"level must be an int >= 0 (vLLM: 1 or 2), got {level!r}")
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout < math.inf:
+            raise SpecError(f"timeout must be a finite number of seconds > 0, got {timeout!r}")
         self.base_url = base_url.rstrip("/")
         self.footprint = footprint
         self.level = level
@@ -80,9 +89,17 @@ class HttpSleepWake:
             return json.loads(body) if body.strip() else None
 
         try:
-            return await anyio.to_thread.run_sync(do)
+            # the socket timeout bounds each read, not the reply: bound the whole request here
+            with anyio.fail_after(self.timeout):
+                return await anyio.to_thread.run_sync(do, abandon_on_cancel=True)
+        except TimeoutError as exc:
+            raise DeviceError(f"{self.base_url}{path} did not answer within {self.timeout:g} s",
+                              resource=self.base_url) from exc
         except OSError as exc:
             raise DeviceError(f"{self.base_url}{path} failed: {exc!r}", resource=self.base_url) from exc
+        except ValueError as exc:  # a reply that is not JSON
+            raise DeviceError(f"{self.base_url}{path} answered with something that is not JSON: {exc}",
+                              resource=self.base_url) from exc
 
     def __repr__(self) -> str:
         return f"<HttpSleepWake {self.base_url} {self.footprint / 1e9:.1f}GB>"
