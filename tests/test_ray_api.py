@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from typing import Any
@@ -157,3 +158,46 @@ async def test_a_restart_frame_kills_and_reruns_the_clients_lease_run_command() 
     assert result.ok and result.stdout.decode().split(None, 1) == ["2", f"{list(cores)}\n"], result
     assert lease.restarts == 1 and lease.resizes == 1
     await acm.exit(failed=False)
+
+
+_UNREACHABLE = r'''
+import asyncio, os, time
+from tangram_sdk.errors import SchedulerBrokenError
+from tangram_sdk.ray import RemoteTangram
+
+async def main():
+    ticks = 0
+    async def tick():
+        nonlocal ticks
+        while True:
+            await asyncio.sleep(0.01)
+            ticks += 1
+    tk = asyncio.create_task(tick())
+    import ray  # noqa: F401  (imported before the clock starts: the import itself is slow)
+    t0 = time.monotonic()
+    try:
+        async with RemoteTangram("nope", connect_timeout=1.0):
+            print("CONNECTED")
+    except SchedulerBrokenError as exc:
+        dt = time.monotonic() - t0
+        print(f"OK {dt:.2f} {ticks} {int(dt / 0.01)}", str(exc).splitlines()[0][:100])
+    tk.cancel()
+
+asyncio.run(main())
+os._exit(0)  # ray.init still tries in its thread (~20 s); the answer is in
+'''
+
+
+def test_a_remote_tangram_with_no_reachable_cluster_fails_in_its_bound_without_blocking_the_loop() -> None:
+    """Stop 37's audit: RemoteTangram ran ray.init on the event loop, outside connect_timeout:
+    against an unreachable RAY_ADDRESS the loop stood still for 20 s (every other link's heartbeats
+    with it) and then a bare ConnectionError came out. Now: SchedulerBrokenError within the bound."""
+    pytest.importorskip("ray")
+    env = {**os.environ, "RAY_ADDRESS": "10.255.255.1:6379", "PYTHONUNBUFFERED": "1"}
+    out = subprocess.run([sys.executable, "-c", _UNREACHABLE], env=env, capture_output=True, text=True,
+                         timeout=120)
+    line = next((ln for ln in out.stdout.splitlines() if ln.startswith(("OK", "CONNECTED"))), None)
+    assert line is not None and line.startswith("OK"), (out.stdout[-2000:], out.stderr[-2000:])
+    _ok, dt, ticks, want, *_msg = line.split()
+    assert float(dt) < 4.0, line
+    assert int(ticks) >= 0.5 * int(want), f"the event loop was blocked: {line}"

@@ -12,6 +12,7 @@ import math
 import os
 import pickle
 import secrets
+import threading
 import time
 import weakref
 from collections.abc import Callable, Mapping, Sequence
@@ -87,10 +88,22 @@ def _ray_get(ref: Any, timeout: float, what: str) -> Any:
         raise SchedulerBrokenError(f"{what}: {type(exc).__name__}: {first}") from None
 
 
+_INIT_LOCK = threading.Lock()
+
+
 def _ensure_ray(namespace: str) -> Any:
+    """Ray, connected to the cluster (``RAY_ADDRESS``, else the local one); not reaching one is a
+    SchedulerBrokenError naming the address (Ray raises a bare ConnectionError)."""
     ray = require()
-    if not ray.is_initialized():
-        ray.init(address=os.environ.get("RAY_ADDRESS", "auto"), namespace=namespace, log_to_driver=False)
+    with _INIT_LOCK:  # a connect that timed out may still be in ray.init in its thread: one at a time
+        if ray.is_initialized():
+            return ray
+        address = os.environ.get("RAY_ADDRESS", "auto")
+        try:
+            ray.init(address=address, namespace=namespace, log_to_driver=False)
+        except (ConnectionError, TimeoutError) as exc:
+            raise SchedulerBrokenError(f"could not connect to the Ray cluster at {address!r}: "
+                                       f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}") from exc
     return ray
 
 
@@ -668,13 +681,20 @@ class RemoteTangram:
         return await asyncio.shield(task)
 
     async def _connect(self) -> _Link:
-        ray = _ensure_ray(self.namespace)
-        if self._caller is None:
-            self._caller = ray.get_runtime_context().get_node_id()
         what = f"the Tangram scheduler actor {self.namespace}/{self.name}"
         bound = self.connect_timeout
         loop = asyncio.get_running_loop()
         deadline = loop.time() + bound
+        ray = require()
+        if not ray.is_initialized():  # ray.init blocks (20 s against an unreachable address): off the loop
+            try:
+                await within(asyncio.to_thread(_ensure_ray, self.namespace), bound,
+                             lambda: f"connecting to the Ray cluster took over {bound:g} s "
+                                     f"(RAY_ADDRESS={os.environ.get('RAY_ADDRESS', 'auto')!r} unreachable?)")
+            except TimeoutError as exc:
+                raise SchedulerBrokenError(str(exc)) from None
+        if self._caller is None:
+            self._caller = ray.get_runtime_context().get_node_id()
 
         def late(step: str) -> str:
             return f"{what} did not answer {step} within {bound:g} s (frozen, overloaded, or its node is unreachable)"
