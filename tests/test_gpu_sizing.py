@@ -79,6 +79,23 @@ def test_width_narrows_when_wide_cells_would_queue() -> None:
     assert np.mean(run_policy(light, "tangram").units) > 3.9  # and keeps TP-4 when that is best
 
 
+def test_a_backlog_keeps_the_width_from_growing() -> None:
+    """Stop 37's search: a 3 GPU-s judge on 8 GPUs (deepsearch, batch 1024). In a closed loop the
+    call rate *falls* while calls wait (their trajectories are blocked), so the width model, fed
+    rates, saw an idle pool behind a 290 s queue and grew the judge to TP-8 (~49 % efficient at
+    Amdahl 0.85): mean ACT 12.69 s and step 568 s against fifo1's 11.19 s / 454 s on the same core.
+    A width never grows while a call waits per cell now."""
+    wl = deepsearch(1024, seed=0, gpus=8, judge_work_mean=3.0)
+    r = run_policy(wl, "tangram")
+    f = summarise(run_policy(wl, "fifo1"))
+    t = summarise(r)
+    assert t["act_mean_s"] <= 1.02 * f["act_mean_s"], (t["act_mean_s"], f["act_mean_s"])
+    assert t["step_s"] <= 1.02 * f["step_s"], (t["step_s"], f["step_s"])
+    judge = np.array(r.kind) == "judge"
+    queued = (np.array(r.grant) - np.array(r.submit))[judge]
+    assert np.array(r.units)[judge][queued > 30.0].max() == 1  # behind a long queue: TP-1 only
+
+
 def test_tp_restore_reports_are_kept_per_full_model() -> None:
     """A TP-4 restore reported as 0.75 s loads a quarter of a 3 s model per GPU: a later cold
     TP-1 copy of the same service is expected to take 3 s, not 0.75 s."""
