@@ -157,12 +157,28 @@ def cells(quick: bool, seeds: int) -> list[Cell]:
                 light = (" light" if mb < 2048 else " heavy" if mb > 2048 else "") if not quick or g == 6 else ""
                 out.append(Cell(f"mopd{light} {g}gpu tp{tp} s{seed}", "mopd",
                                 dict(batch=mb, gpus=g, seed=seed, teacher_max_gpus=tp), pols))
+    if not quick:  # stop 37's wider search: one teacher copy a GPU (gpu_slots 1) on 10 GPUs, where
+        # TP-4's two cells hold 8 of 9 teachers; Tangram keeps TP-2 (all 9 fit) and fifo4's thrash
+        # of the coldest wins (docs/evaluation.md, "losing cells")
+        for seed in range(seeds):
+            out.append(Cell(f"mopd slots1 10gpu tp4 s{seed}", "mopd",
+                            dict(batch=1024, gpus=10, seed=seed, teacher_max_gpus=4, gpu_slots=1),
+                            ("tangram", "isolated", "fifo1", "fifo2", "fifo4")))
+            # ... and calls of 3 GPU-s (6x the calibrated ones): TP-4, the first width, queues in
+            # the opening ramp before the 30 s rates see it
+            out.append(Cell(f"mopd heavy-calls 10gpu tp4 s{seed}", "mopd",
+                            dict(batch=1024, gpus=10, seed=seed, teacher_max_gpus=4, work_mean=3.0),
+                            ("tangram", "isolated", "fifo1", "fifo2", "fifo4")))
     db = 512 if quick else 2048
     for seed in range(1 if quick else seeds):
         # the default judge (0.5 GPU-s a call) keeps 8 GPUs ~45 % busy at batch 2048 under every
         # policy but a TP-8 one: not the saturated 6 GPU-s judge of before
         out.append(Cell(f"deepsearch s{seed}", "deepsearch", dict(batch=db, seed=seed),
                         ("tangram", "isolated", "fifo1", "fifo2", "fifo4", "fifo8")))
+        if not quick:  # ... and a saturated one (3 GPU-s a call: a backlog of minutes), stop 37
+            out.append(Cell(f"deepsearch heavy-judge s{seed}", "deepsearch",
+                            dict(batch=1024, seed=seed, gpus=8, judge_work_mean=3.0),
+                            ("tangram", "isolated", "fifo1", "fifo2", "fifo4", "fifo8")))
     out.append(Cell("trace replay cap16", "trace", dict(batch=96 if quick else 256, seed=7),
                     ("tangram", "static") + _fifos(16)))
     return out
