@@ -31,6 +31,12 @@ the cells not yet handed over serve at the old width and nowhere else, the new w
 the others, so the pool never stops for a restore (deepsearch's judge burst: 1.020-1.023x fifo2
 with every cell handed over at once, 1.013-1.017x so).
 
+Two rules read the queue, which the rates miss in a closed loop (stop 37): a width never grows
+while a call waits per cell (rates *fall* behind a backlog: the calls' trajectories are blocked),
+and calls piling up at the first width, chosen before any load was measured, are an overload
+whatever the rates say (they lag the opening ramp by ~30 s). The second only for the first width:
+for every width it narrowed on clumps in the heavy 8/10-GPU MOPD cells (up to 1.28x fifo2).
+
 Mixed widths at the same time were tried and lost: a TP-2 call in a 4-GPU cell keeps a TP-4 call
 out of it (buddy fragmentation), and copies of every width split memory.
 
@@ -66,6 +72,7 @@ _TRANSITION_URGENT = 0.0  # ... after an urgent narrowing: none anywhere (satura
 _P_URGENT = 0.15  # the width in force waits this much more often than that: narrow at once
 _QUEUE_GATE = 1.0  # ... when only the latest rates say so, once this many times the calls the
                    # switch's restores would hold up are queued (:meth:`GpuRegime._backlog_confirms`)
+_OVERRUN = 4  # calls queued per cell of the first (guessed) width that read as an overload
 _RAMP = 1.5  # ... or at once, when the latest rates exceed the smoothed ones this many times
 _URGENT_HOLD = 10.0  # ... but not within this many seconds of the last urgent narrowing
 _STAGE_CELLS = 1  # an urgent narrowing hands this many of the old width's cells over at a time
@@ -118,7 +125,7 @@ class GpuRegime:
                  "restore_horizon", "gpu_instances", "regime_window", "_mkt", "_rates", "width",
                  "switched_at", "transition", "cv_f", "pref", "prev_pref", "_false_alarms",
                  "_left_urgently", "_wq_obs", "_wq_f", "_pred_wq", "_drained_at", "_spill_plan", "spill",
-                 "spill_mask", "_svc_queued", "urgent", "legacy", "_stage")
+                 "spill_mask", "_svc_queued", "urgent", "legacy", "_stage", "guessed")
 
     @staticmethod
     def check_options(restore_horizon: float, gpu_instances: str, regime_window: float) -> None:
@@ -163,6 +170,8 @@ class GpuRegime:
         self.spill: tuple[int, frozenset[str]] | None = None  # the plan of the width in force
         self.spill_mask = 0  # ... its GPUs
         self.urgent = False  # the last switch was an urgent narrowing
+        # the width in force is still the first one, chosen before any load was measured
+        self.guessed = True
         # during an urgent narrowing, the GPUs on which the old width's copies still serve (the
         # new width's may not), handed over cell by cell: (the old cells' masks in the order
         # they are handed over, seconds a stage, cells a stage)
@@ -315,6 +324,10 @@ class GpuRegime:
         urgent = False
         if cur is not None and m_cur > widths[0]:
             pw_fast = self._predict(fast, m_cur, G, cv_f)[2]
+            if self.guessed and sum(self._svc_queued.values()) >= _OVERRUN * (G // m_cur):
+                # the first width was a guess; calls piling up at it are an overload whatever the
+                # rates say (smoothed over 30 s, they lag the opening ramp)
+                pw_fast = 1.0
         thr = min(_P_URGENT_MAX, _P_WAIT + _P_URGENT * (_FALSE_ALARM ** self._false_alarms.get(m_cur, 0)))
         if cur is None or (m_cur > widths[0] and max(cur[1], pw_fast) > thr):
             # narrowing is urgent (an overload queues in seconds), judged at the latest rates
@@ -371,6 +384,7 @@ class GpuRegime:
                 self._false_alarms[pick] = self._false_alarms.get(pick, 0) + 1
             self._left_urgently = m_cur if urgent else 0
             self.switched_at = now
+            self.guessed = False
             self.transition = _TRANSITION_URGENT if urgent else _TRANSITION
             self.urgent = urgent
             self.legacy = 0
