@@ -387,6 +387,36 @@ async def test_default_budget_is_a_fraction_of_free_memory_shared_by_pool_gpus(m
     assert sorted(set(asked)) == ["cuda:0", "cuda:1"]
 
 
+async def test_reading_free_memory_at_start_is_off_the_loop_and_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Stop 37's audit: start() read the free memory (creating the CUDA context: seconds, or a hang
+    on a wedged driver) on the event loop. Now in a thread, bounded; past the bound a DeviceError
+    naming the devices, and the loop kept running meanwhile."""
+    import asyncio
+    import time as _time
+
+    from tangram_sdk.managers import gpu as gpu_mod
+
+    monkeypatch.setattr(ts, "device_free_memory", lambda d: _time.sleep(1.5) or 1_000_000, raising=False)
+    monkeypatch.setattr(gpu_mod, "_CUDA_INIT_S", 0.3)
+    ticks = 0
+
+    async def tick() -> None:
+        nonlocal ticks
+        while True:
+            await asyncio.sleep(0.01)
+            ticks += 1
+
+    ticker = asyncio.create_task(tick())
+    mgr = TorchGpuManager(devices={0: "cuda:0"})
+    t0 = _time.monotonic()
+    with pytest.raises(DeviceError, match="free memory took over 0.3 s") as ei:
+        await mgr.start(ManagerContext(Pool(gpus=1), lambda e: None))
+    dt = _time.monotonic() - t0
+    ticker.cancel()
+    assert dt < 1.2 and ei.value.resource == "cuda:0"
+    assert ticks >= 10, "the event loop was blocked while the context was created"
+
+
 # -- smaller items ---------------------------------------------------------------------------------
 def test_channels_last_weights_keep_their_strides() -> None:
     torch.manual_seed(0)

@@ -41,6 +41,7 @@ from typing import Any, Literal, TypeVar
 import anyio
 import attrs
 
+from .._deadline import within
 from .._shield import finish, finish_within
 from ..errors import DeviceError, InfeasibleSpecError, ManagerError, QuarantineError, SpecError
 from ..lease import Lease
@@ -67,6 +68,7 @@ def _stuck(inst: _Instance) -> bool:
     return inst.state == "stuck"  # (a function: mypy narrows inst.state across the awaits before it)
 
 
+_CUDA_INIT_S = 120.0  # start(): creating the CUDA contexts to read free memory
 _CANCEL_GRACE_S = 5.0  # a cancelled action waits this long at most for a copy in flight
 Held = list[tuple[int, ts.HeldBuffer]]  # (pool GPU, buffer still referenced after an eviction)
 T = TypeVar("T")
@@ -405,7 +407,18 @@ class TorchGpuManager:
         if any(i.state != "cold" for i in self._instances.values()):
             raise ManagerError("TorchGpuManager.start() while services are still resident; aclose() first")
         free: dict[str, int] = {}
-        self._budget = {g: self._default_budget(g, free) for g in gpus}
+        if any(d.startswith("cuda") for d in self._devices.values()):
+            # reading free memory creates the CUDA context (seconds; a wedged driver hangs it):
+            # off the event loop, bounded
+            try:
+                self._budget = await within(
+                    asyncio.to_thread(lambda: {g: self._default_budget(g, free) for g in gpus}),
+                    _CUDA_INIT_S, lambda: f"reading the GPUs' free memory took over {_CUDA_INIT_S:g} s "
+                                          "(a wedged driver or device?)")
+            except TimeoutError as exc:
+                raise DeviceError(str(exc), resource=",".join(sorted(set(self._devices.values())))) from None
+        else:
+            self._budget = {g: self._default_budget(g, free) for g in gpus}
         self._instances.clear()
         self._held.clear()
         self._posted.clear()

@@ -408,8 +408,10 @@ async def _agent_call(rt: RemoteTangram, agent: str, method: str, args: tuple[An
     bound = limit + _AGENT_GRACE if isinstance(limit, (int, float)) and math.isfinite(limit) and limit >= 0 else None
     try:
         handle = rt._agents.get(agent)
-        if handle is None:  # a control-store lookup: off the loop (see RemoteTangram._connect)
-            handle = await asyncio.to_thread(rt._agent, agent)
+        if handle is None:  # a control-store lookup: off the loop and bounded (see RemoteTangram._connect)
+            handle = await within(asyncio.to_thread(rt._agent, agent), rt.connect_timeout,
+                                  lambda: f"the lookup of {what} in Ray's control store took over "
+                                          f"{rt.connect_timeout:g} s (a slow or restarting GCS)")
         ref = getattr(handle, method).remote(*args)
         return await within(_awaitable(ref), bound,
                             lambda: f"{what} did not answer lease.{method} within {bound:g} s "
