@@ -35,7 +35,7 @@ import functools
 import logging
 import math
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from typing import Any, Literal, TypeVar
 
 import anyio
@@ -552,16 +552,7 @@ class TorchGpuManager:
             # the copy runs in a worker thread that a cancel cannot stop: wait for it to end
             # (finish) before discarding, or a copy landing after the discard would sit on the
             # device outside the ledger, and a failing one would detach a later lease's replica
-            task, cancelled, late = await finish_within(svc.restore(inst, self._hook), self._transfer_s,
-                                                        min(self._transfer_s, _CANCEL_GRACE_S))
-            if late:
-                self._wedge(inst, task, restoring=True)
-                if cancelled:
-                    raise asyncio.CancelledError
-                where = ",".join(inst.devices)
-                raise DeviceError(f"restoring service {svc.name!r} on {where} did not end within "
-                                  f"transfer_timeout ({self._transfer_s:g} s); its GPUs stay out of the pool "
-                                  f"until it does", resource=f"{svc.name}@{where}")
+            task, cancelled = await self._bounded(inst, svc.restore(inst, self._hook), restoring=True)
             if cancelled:
                 await self._discard(inst)
                 inst.charge = {}
@@ -690,16 +681,7 @@ class TorchGpuManager:
     async def _evict(self, v: _Instance) -> None:
         """Evict ``v`` (already marked 'evicting') to the end even if the caller is cancelled — a
         half-evicted copy is unusable — and settle its state either way before anything propagates."""
-        task, cancelled, late = await finish_within(v.service.evict(v), self._transfer_s,
-                                                    min(self._transfer_s, _CANCEL_GRACE_S))
-        if late:
-            self._wedge(v, task, restoring=False)
-            if cancelled:
-                raise asyncio.CancelledError
-            where = ",".join(v.devices)
-            raise DeviceError(f"evicting service {v.service.name!r} from {where} did not end within "
-                              f"transfer_timeout ({self._transfer_s:g} s); its GPUs stay out of the pool until "
-                              f"it does", resource=f"{v.service.name}@{where}")
+        task, cancelled = await self._bounded(v, v.service.evict(v), restoring=False)
         exc = task.exception()
         if exc is not None:
             v.state = "resident"
@@ -720,6 +702,23 @@ class TorchGpuManager:
             self._post(ServiceResidency(key[0], key[1], False, None))
         if cancelled:
             raise asyncio.CancelledError
+
+    async def _bounded(self, inst: _Instance, work: Coroutine[Any, Any, T], *, restoring: bool
+                       ) -> tuple[asyncio.Future[T], bool]:
+        """:func:`finish` ``work`` (a restore or evict of ``inst``) within ``transfer_timeout``:
+        ``(task, cancelled)`` when it ended; past the bound the copy is stuck (:meth:`_wedge`) and
+        a DeviceError naming it is raised (the caller's cancel, if one came, instead)."""
+        task, cancelled, late = await finish_within(work, self._transfer_s, min(self._transfer_s, _CANCEL_GRACE_S))
+        if not late:
+            return task, cancelled
+        self._wedge(inst, task, restoring=restoring)
+        if cancelled:
+            raise asyncio.CancelledError
+        where = ",".join(inst.devices)
+        doing = f"restoring service {inst.service.name!r} on" if restoring else \
+            f"evicting service {inst.service.name!r} from"
+        raise DeviceError(f"{doing} {where} did not end within transfer_timeout ({self._transfer_s:g} s); its "
+                          f"GPUs stay out of the pool until it does", resource=f"{inst.service.name}@{where}")
 
     def _wedge(self, inst: _Instance, work: asyncio.Future[Any], *, restoring: bool) -> None:
         """``work`` (a restore or evict of ``inst``) outran its bound and still runs: mark the copy
