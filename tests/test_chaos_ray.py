@@ -620,3 +620,33 @@ async def _agent_stats(tg: RemoteTangram) -> dict[str, Any]:
     agent = ray.get_actor(node["agent"], namespace=NS)
     (stats,) = (await agent.statistics.remote())["managers"].values()
     return stats
+
+
+async def test_an_agent_that_never_starts_does_not_hold_its_label_for_good(cluster: Any) -> None:
+    """Stop 37's audit: the actor awaited a node agent's start without a bound, under the label's
+    lock. An agent whose managers never start held it for good: the client's add_node timed out,
+    and so did every later add_node for that label (waiting behind the lock), a good one too.
+    Now the start is bounded by agent_timeout, the agent is killed, the lock freed."""
+
+    def hanging() -> list[Any]:
+        from tangram_sdk.testing import FakeManager
+
+        class NeverStarts(FakeManager):
+            async def start(self, ctx: Any) -> None:
+                import asyncio as _asyncio
+
+                await _asyncio.Event().wait()
+
+        return [NeverStarts("never")]
+
+    cl = deploy("never-starts", namespace=NS, pool=Pool(cpus=1), timeout=20, agent_timeout=2.0)
+    try:
+        here = ray.get_runtime_context().get_node_id()
+        t0 = time.monotonic()
+        with pytest.raises(TangramError, match="did not start within agent_timeout"):
+            await asyncio.to_thread(cl.add_node, "extra", here, pool=Pool(cpus=1), managers=hanging)
+        assert time.monotonic() - t0 < 15.0
+        stats = await asyncio.to_thread(cl.add_node, "extra", here, pool=Pool(cpus=1))  # the label is free
+        assert stats["alive"], stats
+    finally:
+        cl.shutdown()

@@ -34,6 +34,7 @@ from ..errors import (
     InfeasibleSpecError,
     ManagerError,
     QuarantineError,
+    SchedulerBrokenError,
     RuntimeClosedError,
     SpecError,
     TangramError,
@@ -53,6 +54,11 @@ from ._ray import require
 __all__ = ["SchedulerActor"]
 
 log = logging.getLogger("tangram_sdk.ray")
+
+
+async def _ref(ref: Any) -> Any:
+    """A coroutine over a Ray ObjectRef (``within`` runs it as a task)."""
+    return await ref
 
 
 class _AgentManager(BaseManager):
@@ -441,7 +447,14 @@ class SchedulerActor:
             scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=ray_node_id, soft=False),
         ).remote(label, pool, managers, list(containers), me)
         try:
-            info = await agent.start.remote()
+            # bounded like an agent's apply: an agent whose worker or managers never start held
+            # this label's lock for good (every later add_node for it waited behind it)
+            info = await within(_ref(agent.start.remote()), self.agent_timeout,
+                                lambda: f"node agent {agent_name} did not start within agent_timeout "
+                                        f"({self.agent_timeout:g} s)")
+        except TimeoutError as exc:
+            ray.kill(agent)
+            raise SchedulerBrokenError(str(exc)) from None
         except BaseException:
             ray.kill(agent)
             raise
