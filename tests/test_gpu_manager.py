@@ -724,9 +724,12 @@ async def test_a_restore_that_hangs_fails_at_its_bound_and_its_gpu_waits_out_of_
         assert t.statistics()["quarantined"] == 0
 
 
-async def test_a_cancel_during_a_hung_restore_propagates_within_the_grace() -> None:
+async def test_a_cancel_during_a_hung_restore_propagates_within_the_grace(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tangram_sdk.managers import gpu as gpu_mod
+
+    monkeypatch.setattr(gpu_mod, "_CANCEL_GRACE_S", 0.5)  # the bound (10 s) is far longer
     srv = StuckServer()
-    mgr = TorchGpuManager(devices={0: "cpu"}, transfer_timeout=1.0)
+    mgr = TorchGpuManager(devices={0: "cpu"}, transfer_timeout=10.0)
     mgr.register("llm", offloadable=srv)
     spec = ActionSpec(kind="judge", gpus=1, service="llm")
     async with Tangram(Pool(gpus=1), managers=[mgr]) as t:
@@ -740,7 +743,7 @@ async def test_a_cancel_during_a_hung_restore_propagates_within_the_grace() -> N
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
-        assert time.monotonic() - t0 < 2.5, "the cancel waited for the hung wake"
+        assert time.monotonic() - t0 < 3.0, "the cancel waited for the hung wake, not the grace"
         assert t.statistics()["quarantined"] == 1
         srv.go.set()
         srv.hang_wake = False
@@ -770,3 +773,27 @@ def test_transfer_timeout_is_checked() -> None:
     for bad in (0, -1.0, float("nan"), float("inf"), "5", True):
         with pytest.raises(SpecError, match="transfer_timeout"):
             TorchGpuManager(devices={0: "cpu"}, transfer_timeout=bad)  # type: ignore[arg-type]
+
+
+async def test_aclose_with_an_evict_that_hangs_ends_at_the_bound() -> None:
+    """The review of stop 37: aclose() evicted every resident copy without a bound, so a server
+    whose sleep hung kept Tangram.aclose() waiting for good. Now it ends at transfer_timeout and
+    the copy stays stuck (a later start() refuses) until the evict ends."""
+    srv = StuckServer(hang_wake=False, hang_sleep=True)
+    mgr = TorchGpuManager(devices={0: "cpu"}, transfer_timeout=0.5)
+    mgr.register("llm", offloadable=srv)
+    t = Tangram(Pool(gpus=1), managers=[mgr])
+    async with t:
+        async with t.acquire(ActionSpec(kind="judge", gpus=1, service="llm")):
+            pass
+        t0 = time.monotonic()
+    assert time.monotonic() - t0 < 3.0
+    assert [i["state"] for i in mgr.statistics()["instances"]] == ["stuck"]
+    with pytest.raises(ManagerError, match="still resident"):
+        await mgr.start(ManagerContext(Pool(gpus=1), lambda e: None))
+    srv.go.set()  # the sleep ends: undone, cold again
+    for _ in range(100):
+        if [i["state"] for i in mgr.statistics()["instances"]] == ["cold"]:
+            break
+        await asyncio.sleep(0.02)
+    assert [i["state"] for i in mgr.statistics()["instances"]] == ["cold"]

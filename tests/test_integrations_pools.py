@@ -510,7 +510,7 @@ async def test_a_cancelled_shutdown_is_cancelled_at_once_and_the_pool_still_clos
     closing.cancel()
     with pytest.raises(asyncio.CancelledError):
         await closing
-    assert time.monotonic() - t0 < 0.2, "the cancel waited for the holder"
+    assert time.monotonic() - t0 < 0.3, "the cancel waited for the holder (0.5 s)"
     new = asyncio.create_task(hold("new", 0.01))  # the name again: waits for the old holder
     await asyncio.gather(old, new)
     (o0, o1), (n0, _n1) = [(a, b) for tag, a, b in sorted(ends, key=lambda x: x[0] != "old")]

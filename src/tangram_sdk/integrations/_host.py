@@ -204,14 +204,14 @@ async def shutdown() -> None:
     hosts = [h for h in table.values() if isinstance(h, _Hosted)]
     for host in hosts:
         host.stop.set()
-    if hosts:  # as close_loop_pools: a cancel of the caller wins, the hosts still close
-        await wait_closed(loop.create_task(_close_hosts(hosts), name="tangram-close-hosts"))
-    await close_loop_pools()
+    # as close_loop_pools: a cancel of the caller wins, and the close still runs to its end
+    await wait_closed(loop.create_task(_close_all(hosts), name="tangram-shutdown"))
 
 
-async def _close_hosts(hosts: list[_Hosted]) -> None:
+async def _close_all(hosts: list[_Hosted]) -> None:
     for host in hosts:
         await task_ended(host.task)
+    await close_loop_pools()
 
 
 @contextlib.asynccontextmanager

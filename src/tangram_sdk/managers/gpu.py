@@ -282,8 +282,9 @@ class TorchGpuManager:
     ``transfer_timeout``: seconds a restore or evict (a torch copy, an offloadable server's wake or
     sleep) may take. One that takes longer fails the action with a DeviceError naming the service
     and device; the copy is "stuck", and the GPUs of the actions it fails stay out of the pool
-    (``quarantined``) until the work ends and is undone. A cancelled action waits for an
-    unfinished copy at most ``min(transfer_timeout, 5)`` seconds more.
+    (``quarantined``) until the work ends and is undone. A cancelled action (a task cancel) waits
+    for an unfinished copy at most ``min(transfer_timeout, 5)`` seconds more; an anyio scope's
+    cancel is seen only at the bound. ``aclose()`` evicts under the same bound.
     """
 
     name = "gpu"
@@ -485,7 +486,10 @@ class TorchGpuManager:
             where = ",".join(self._devices.get(g, str(g)) for g in grant.gpus)
             raise QuarantineError(f"a restore or evict on {where} outran transfer_timeout and still runs: "
                                   f"these GPUs return to the pool once it has ended and been undone",
-                                  resource=where, until=asyncio.gather(*stuck, return_exceptions=True))
+                                  resource=where,
+                                  # shielded: the runtime cancels what it holds back when it closes,
+                                  # which must not cut the undo of a copy that may still land
+                                  until=asyncio.shield(asyncio.gather(*stuck, return_exceptions=True)))
         parts = self._held.pop(grant.action_id, None)
         if parts is None:  # apply failed or the spec had no service
             return
@@ -501,12 +505,17 @@ class TorchGpuManager:
             if inst.state != "resident":
                 continue
             inst.state = "evicting"
-            try:
-                with anyio.CancelScope(shield=True):
-                    self._keep_held(inst, await inst.service.evict(inst))
+            task, _cancelled, late = await finish_within(inst.service.evict(inst), self._transfer_s,
+                                                         min(self._transfer_s, _CANCEL_GRACE_S))
+            if late:  # stays stuck (a later start() refuses) until the evict ends and is undone
+                self._wedge(inst, task, restoring=False)
+                continue
+            exc = task.exception()
+            if exc is None:
+                self._keep_held(inst, task.result())
                 evicted.extend(inst.devices)
-            except Exception:
-                log.exception("evicting %s on %s at close failed", inst.service.name, inst.devices)
+            else:
+                log.error("evicting %s on %s at close failed", inst.service.name, inst.devices, exc_info=exc)
             inst.state, inst.charge = "cold", {}
             inst.changed.set()
         if self._empty_cache and evicted:

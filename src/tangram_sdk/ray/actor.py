@@ -34,8 +34,8 @@ from ..errors import (
     InfeasibleSpecError,
     ManagerError,
     QuarantineError,
-    SchedulerBrokenError,
     RuntimeClosedError,
+    SchedulerBrokenError,
     SpecError,
     TangramError,
 )
@@ -54,6 +54,11 @@ from ._ray import require
 __all__ = ["SchedulerActor"]
 
 log = logging.getLogger("tangram_sdk.ray")
+
+
+# an agent's start (a Ray worker, imports, its managers: a CUDA context, a Docker session) may take
+# longer than a fast apply bound (agent_timeout) should be
+_AGENT_START_MIN = 30.0
 
 
 async def _ref(ref: Any) -> Any:
@@ -449,9 +454,10 @@ class SchedulerActor:
         try:
             # bounded like an agent's apply: an agent whose worker or managers never start held
             # this label's lock for good (every later add_node for it waited behind it)
-            info = await within(_ref(agent.start.remote()), self.agent_timeout,
-                                lambda: f"node agent {agent_name} did not start within agent_timeout "
-                                        f"({self.agent_timeout:g} s)")
+            bound = None if self.agent_timeout is None else max(self.agent_timeout, _AGENT_START_MIN)
+            info = await within(_ref(agent.start.remote()), bound,
+                                lambda: f"node agent {agent_name} did not start within {bound:g} s "
+                                        f"(agent_timeout, at least {_AGENT_START_MIN:g} s)")
         except TimeoutError as exc:
             ray.kill(agent)
             raise SchedulerBrokenError(str(exc)) from None

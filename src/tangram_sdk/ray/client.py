@@ -239,7 +239,7 @@ def deploy(
     wait for the actor and for each node's agent to start (SchedulerBrokenError after that; the
     returned cluster's calls use it too). ``agent_timeout``: seconds the actor waits for an agent's
     apply/release (a grant's cpuset write or GPU restore) before failing that action with
-    ManagerError, and for an agent to start (SchedulerBrokenError; the agent is killed). ``ends_with_job``: the actor (detached, so no worker's death takes the pool with
+    ManagerError, and for an agent to start (at least 30 s; SchedulerBrokenError, the agent is killed). ``ends_with_job``: the actor (detached, so no worker's death takes the pool with
     it) shuts itself and its agents down once the Ray job that created it has ended; meant for an
     anonymous namespace (a plain ``ray.init()``), where no later job can reach it and it would
     otherwise stay on the cluster for good (the adapters set it there). Bad arguments are SpecError naming the argument, raised before anything starts;
