@@ -705,10 +705,7 @@ class TorchGpuManager:
         v.changed.set()
         self._stats["evictions"] += 1
         self._notify()
-        self._post(ServiceResidency(v.service.name, v.gpus, False, None))
-        for key in [k for k in self._posted if k[0] == v.service.name and set(k[1]) & set(v.gpus)]:
-            self._posted.discard(key)  # a wider grant using this copy is not resident any more
-            self._post(ServiceResidency(key[0], key[1], False, None))
+        self._posted_gone(v)
         if cancelled:
             raise asyncio.CancelledError
 
@@ -728,6 +725,13 @@ class TorchGpuManager:
             f"evicting service {inst.service.name!r} from"
         raise DeviceError(f"{doing} {where} did not end within transfer_timeout ({self._transfer_s:g} s); its "
                           f"GPUs stay out of the pool until it does", resource=f"{inst.service.name}@{where}")
+
+    def _posted_gone(self, v: _Instance) -> None:
+        """Tell the scheduler ``v``'s copy is gone, and every wider grant that used it."""
+        self._post(ServiceResidency(v.service.name, v.gpus, False, None))
+        for key in [k for k in self._posted if k[0] == v.service.name and set(k[1]) & set(v.gpus)]:
+            self._posted.discard(key)  # a wider grant using this copy is not resident any more
+            self._post(ServiceResidency(key[0], key[1], False, None))
 
     def _wedge(self, inst: _Instance, work: asyncio.Future[Any], *, restoring: bool) -> None:
         """``work`` (a restore or evict of ``inst``) outran its bound and still runs: mark the copy
@@ -749,7 +753,8 @@ class TorchGpuManager:
                     await self._discard(inst)
                 else:
                     self._keep_held(inst, work.result())
-                    self._post(ServiceResidency(inst.service.name, inst.gpus, False, None))
+                    self._stats["evictions"] += 1
+                    self._posted_gone(inst)
             finally:
                 inst.state, inst.charge = "cold", {}
                 inst.changed.set()
