@@ -64,10 +64,6 @@ RestoreHook = Callable[[str, tuple[str, ...]], None]
 # unusable and its GPUs stay out of the pool until it ends (then it is discarded: "cold")
 State = Literal["cold", "restoring", "resident", "evicting", "stuck"]
 OnOom = Callable[["_Instance"], Awaitable[int]]
-def _stuck(inst: _Instance) -> bool:
-    return inst.state == "stuck"  # (a function: mypy narrows inst.state across the awaits before it)
-
-
 _CUDA_INIT_S = 120.0  # start(): creating the CUDA contexts to read free memory
 _CANCEL_GRACE_S = 5.0  # a cancelled action waits this long at most for a copy in flight
 Held = list[tuple[int, ts.HeldBuffer]]  # (pool GPU, buffer still referenced after an eviction)
@@ -213,6 +209,10 @@ class _Instance:
     replicas: list[ts.DeviceReplica] | None = None
     changed: anyio.Event = attrs.Factory(anyio.Event)
     restore_s: float | None = None
+
+
+def _stuck(inst: _Instance) -> bool:
+    return inst.state == "stuck"  # (a function: mypy narrows inst.state across the awaits before it)
 
 
 @attrs.define(eq=False)
