@@ -395,11 +395,15 @@ async def close_loop_pools() -> None:
     for _name, e in mine:
         e.closing = loop.create_future()
         e.host.stop.set()
+    # the close runs to its end in a task of its own (a same-name pool waits for it), and a cancel
+    # of this caller propagates at once: awaited directly, the cancel went into the host task,
+    # which ended cancelled, and the suppress around it ate the caller's cancel
+    await wait_closed(loop.create_task(_close_loop(loop, mine), name="tangram-close-pools"))
+
+
+async def _close_loop(loop: asyncio.AbstractEventLoop, mine: list[tuple[str, _Local]]) -> None:
     if mine:
-        # the close runs to its end in a task of its own (a same-name pool waits for it), and a
-        # cancel of this caller propagates at once: awaited directly, the cancel went into the
-        # host task, which ended cancelled, and the suppress around it ate the caller's cancel
-        await wait_closed(loop.create_task(_close_locals(mine), name="tangram-close-pools"))
+        await _close_locals(mine)
     with _guard:
         _defined.clear()  # a clean exit (or a test's end): the next config defines its pools anew
     for keeper in _keepers.pop(loop, None) or []:
