@@ -769,6 +769,46 @@ async def test_an_evict_that_hangs_fails_the_action_that_needed_the_room() -> No
         assert t.statistics()["quarantined"] == 0
 
 
+class OomOnce(Scorer):
+    """A scorer whose first forward runs out of device memory (the retry after eviction works)."""
+
+    def __init__(self, seed: int) -> None:
+        super().__init__(seed)
+        self.ooms = 1
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.ooms:
+            self.ooms -= 1
+            raise torch.OutOfMemoryError("CUDA out of memory (injected)")
+        return super().forward(x)
+
+
+async def test_an_evict_that_hangs_in_a_calls_oom_retry_keeps_the_gpu_out_of_the_pool() -> None:
+    """Stop 38: lease.call's out-of-memory retry evicts the idle copies on its GPU; an evict there
+    that outran transfer_timeout failed the call, but the action's release gave the GPU back while
+    the evict still ran (the next grant would have restored beside a half-evicted copy). Now the
+    release quarantines it until the evict ends, as apply's own evictions do."""
+    srv = StuckServer(hang_wake=False, hang_sleep=True)
+    mgr = TorchGpuManager(devices={0: "cpu"}, memory_budget=2 * FP, transfer_timeout=0.5)
+    mgr.register("llm", offloadable=srv)
+    mgr.register("a", module=OomOnce(1))
+    async with Tangram(Pool(gpus=1), managers=[mgr]) as t:
+        async with t.acquire(ActionSpec(kind="judge", gpus=1, service="llm")):
+            pass  # llm stays resident (idle) beside a
+        with pytest.raises(DeviceError, match="evicting service 'llm'"):
+            async with t.acquire(ActionSpec(kind="score", gpus=1, service="a")) as lease:
+                await lease.call(X)
+        assert t.statistics()["quarantined"] == 1
+        with pytest.raises(TimeoutError):  # not granted while the evict may still land
+            async with t.acquire(ActionSpec(kind="score", gpus=1, service="a"), timeout=0.3):
+                pass
+        srv.go.set()  # the sleep ends: llm is cold, the GPU comes back
+        async with t.acquire(ActionSpec(kind="score", gpus=1, service="a"), timeout=5.0) as lease:
+            assert torch.equal(await lease.call(X), Scorer(1).eval()(X).detach())
+        assert t.statistics()["quarantined"] == 0
+        assert [i["state"] for i in mgr.statistics()["instances"] if i["service"] == "llm"] == ["cold"]
+
+
 def test_transfer_timeout_is_checked() -> None:
     for bad in (0, -1.0, float("nan"), float("inf"), "5", True):
         with pytest.raises(SpecError, match="transfer_timeout"):

@@ -201,3 +201,52 @@ def test_a_remote_tangram_with_no_reachable_cluster_fails_in_its_bound_without_b
     _ok, dt, ticks, want, *_msg = line.split()
     assert float(dt) < 4.0, line
     assert int(ticks) >= 0.3 * int(want), f"the event loop was blocked: {line}"  # (the init thread holds the GIL at times)
+
+
+async def test_a_job_table_that_never_answers_keeps_one_look_in_flight_and_warns(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """Stop 38: the watch that ends a pool with the Ray job that made it looked at the job table in
+    a thread with no bound: a wedged GCS stopped it for good, silently. Now one
+    look is in flight at a time, the watch keeps polling it, warns once, and ends when it answers."""
+    import asyncio
+    import threading
+
+    from tangram_sdk.ray import actor
+
+    monkeypatch.setattr(actor, "_JOB_LOOK_WARN", 0.2)
+    gate = threading.Event()
+    looks: list[str] = []
+
+    def is_dead(job: str) -> bool:
+        looks.append(job)
+        if len(looks) == 1:
+            gate.wait(10)  # the GCS does not answer until the gate opens
+            return False
+        return len(looks) >= 3
+
+    watch = asyncio.create_task(actor._wait_job_end("job-1", is_dead, poll=0.05))
+    await asyncio.sleep(0.6)
+    assert looks == ["job-1"] and not watch.done(), "a second look was stacked on the unanswered one"
+    assert "has not answered" in caplog.text and caplog.text.count("has not answered") == 1
+    gate.set()  # it answers (alive); the next looks say the job has ended
+    await asyncio.wait([watch], timeout=5)
+    assert watch.done() and watch.exception() is None
+    assert looks == ["job-1"] * 3
+
+
+async def test_a_cancelled_job_watch_ends_at_once_while_a_look_hangs() -> None:
+    import asyncio
+    import threading
+    import time
+
+    from tangram_sdk.ray import actor
+
+    gate = threading.Event()
+    watch = asyncio.create_task(actor._wait_job_end("job-1", lambda job: gate.wait(10), poll=0.05))
+    await asyncio.sleep(0.3)
+    t0 = time.monotonic()
+    watch.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await watch
+    assert time.monotonic() - t0 < 0.5
+    gate.set()

@@ -481,7 +481,10 @@ class TorchGpuManager:
         svc.attach(lease, parts, self._on_call_oom, lambda: self._held.get(aid) is parts)
 
     async def release(self, grant: Grant, lease: Lease) -> None:
-        stuck = self._stuck_for.pop(grant.action_id, None)
+        stuck = self._stuck_for.pop(grant.action_id, None) or []
+        # an evict that lease.call's out-of-memory retry started on these GPUs and that outran its
+        # bound (a grant holds its GPUs alone, so any stuck work on them is this action's)
+        stuck += [t for g in grant.gpus if (t := self._stuck.get(g)) is not None and not t.done() and t not in stuck]
         if stuck:
             where = ",".join(self._devices.get(g, str(g)) for g in grant.gpus)
             raise QuarantineError(f"a restore or evict on {where} outran transfer_timeout and still runs: "

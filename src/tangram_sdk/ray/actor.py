@@ -125,6 +125,7 @@ class _AgentManager(BaseManager):
 
 
 _JOB_POLL = float(os.environ.get("TANGRAM_JOB_POLL", "5"))  # seconds between looks at the job table
+_JOB_LOOK_WARN = 60.0  # seconds one look may go unanswered before a warning says so
 
 
 def _job_dead(job: str) -> bool:
@@ -137,6 +138,37 @@ def _job_dead(job: str) -> bool:
     except Exception:  # noqa: BLE001 - a private API: never end a pool on a guess
         log.debug("cannot read Ray's job table", exc_info=True)
         return False
+
+
+async def _wait_job_end(job: str, is_dead: Callable[[str], bool] = _job_dead, poll: float | None = None) -> None:
+    """Return once ``is_dead(job)`` says the job has ended, looking every ``poll`` seconds.
+
+    Each look runs in a thread (Ray's GCS client blocks) and at most one is in flight: a look
+    that a wedged GCS never answers is waited for at the next polls (never stacked up, one thread
+    per poll, for good), and a warning names it once it has been waiting ``_JOB_LOOK_WARN`` s."""
+    poll = _JOB_POLL if poll is None else poll
+    loop = asyncio.get_running_loop()
+    look: asyncio.Future[bool] | None = None
+    since = 0.0
+    warned = False
+    try:
+        while True:
+            await asyncio.sleep(poll)
+            if look is None:
+                look, since, warned = asyncio.ensure_future(asyncio.to_thread(is_dead, job)), loop.time(), False
+            await asyncio.wait([look], timeout=poll)
+            if not look.done():
+                if not warned and loop.time() - since >= _JOB_LOOK_WARN:
+                    warned = True
+                    log.warning("Ray's job table has not answered for %.0f s: the pool cannot tell whether job %s "
+                                "has ended (it keeps running and looks again)", loop.time() - since, job)
+                continue
+            dead, look = look.result(), None
+            if dead:
+                return
+    finally:
+        if look is not None:
+            look.cancel()  # the thread itself cannot be stopped; it ends when the GCS answers
 
 
 async def _ray_call(ref: Any) -> Any:
@@ -371,10 +403,7 @@ class SchedulerActor:
     async def _end_with_job(self, job: str) -> None:
         """Shut down (agents included) and exit once the job that created this detached actor has
         ended: in an anonymous namespace nothing could reach it again."""
-        while True:
-            await asyncio.sleep(_JOB_POLL)
-            if await asyncio.to_thread(_job_dead, job):
-                break
+        await _wait_job_end(job)
         log.info("the Ray job %s that created Tangram %s/%s has ended: shutting down", job, self.namespace, self.name)
         try:
             await self.shutdown()
