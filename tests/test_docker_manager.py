@@ -237,13 +237,14 @@ async def _docker_cli(*args: str) -> None:
     assert proc.returncode == 0, (args, err)
 
 
-@pytest.mark.parametrize("what", ["stop", "rm", "pause"])
+@pytest.mark.parametrize("what", ["stop", "rm", "pause", "restart"])
 async def test_a_container_stopped_removed_or_paused_under_a_running_exec_is_a_docker_error(
         manager_factory: Any, docker_engine: str, what: str) -> None:
     """Stopped or removed while a command ran in it, the container's end came back as the
     command's own exit 137 (indistinguishable from its OOM kill); paused, the exec (no timeout)
     never returned and held its cores. Now each is a DockerError naming the container, the pause
-    within about half of ``api_timeout``."""
+    within about half of ``api_timeout``. Restarted (stop 38), it ran again when looked at, so
+    the kill still read as the command's own 137: now its new start time gives it away."""
     m: DockerCpuManager = await manager_factory("auto", api_timeout=2.0)
     m.client.api_timeout = 30.0  # the setup: a container start on a busy CI machine took > 2 s
     pool = await SandboxPool.create(m, image=docker_engine, count=1)
@@ -257,9 +258,10 @@ async def test_a_container_stopped_removed_or_paused_under_a_running_exec_is_a_d
             await asyncio.sleep(0.5)
             assert not task.done()
             t0 = time.monotonic()
-            await _docker_cli(*{"stop": ("stop", "-t", "0"), "rm": ("rm", "-f"), "pause": ("pause",)}[what], cid)
+            await _docker_cli(*{"stop": ("stop", "-t", "0"), "rm": ("rm", "-f"), "pause": ("pause",),
+                                "restart": ("restart", "-t", "0")}[what], cid)
             with pytest.raises(DockerError, match={"stop": "was stopped", "rm": "was removed",
-                                                   "pause": "was paused"}[what]) as ei:
+                                                   "pause": "was paused", "restart": "was restarted"}[what]) as ei:
                 await asyncio.wait_for(task, 20)
             assert cid in (ei.value.resource or "") or ei.value.resource == cid[:12], ei.value
             assert time.monotonic() - t0 < 8
@@ -720,3 +722,12 @@ async def test_statistics_is_a_typed_snapshot(started_manager: DockerCpuManager)
     s = started_manager.statistics()
     assert s.backend == s["backend"] == started_manager.active_backend and s.counters["applies"] == s["applies"]
     assert json.loads(json.dumps(s.asdict()))["park_cpus"] == s.park_cpus
+
+
+def test_docker_start_times_parse_to_unix_seconds() -> None:
+    from tangram_sdk.managers._docker import _rfc3339
+
+    assert _rfc3339("2026-12-03T18:40:12.123456789Z") == pytest.approx(1796323212.123456789, abs=1e-6)
+    assert _rfc3339("2026-12-03T19:40:12+01:00") == 1796323212.0
+    for zero in ("0001-01-01T00:00:00Z", "", None, "yesterday", "2026-13-40T00:00:00Z"):
+        assert _rfc3339(zero) is None

@@ -26,6 +26,7 @@ connection dropped may have been (a daemon dying between doing an update and ans
 from __future__ import annotations
 
 import asyncio
+import datetime
 import json
 import logging
 import os
@@ -59,6 +60,8 @@ _IMAGE_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_./:@+-]{0,254}")
 _FULL_ID_RE = re.compile(r"[0-9a-f]{64}")
 KILLED = 137  # the exit code of a SIGKILLed command, as Docker reports it
 _STOP_SEEN_S = 0.3  # after an exec killed by SIGKILL: how long a stop/removal may take to show
+_RESTART_SEEN_S = 2.0  # ... and how long a stopped container may take to start again (a restart)
+_STAMP_RE = re.compile(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d+))?(Z|z|[+-]\d\d:\d\d)")
 _KILL_BOUND = 0.3  # seconds for the exec inspect that finds the command's pid after a timeout
 _STDIN_POLL = 0.25  # seconds between checks that a command fed stdin still runs (see exec)
 _START_BOUND = 1.0  # seconds to wait for a started exec's pid to appear (a start still in flight
@@ -88,6 +91,23 @@ class ContainerInfo:
     labels: Mapping[str, str]
     memory: int | None = None  # HostConfig.Memory; None: unlimited (0 or the kernel's unlimited value)
     memory_swap: int | None = None  # HostConfig.MemorySwap (memory + swap); None: unlimited or unset
+    started_at: float | None = None  # State.StartedAt as Unix seconds (the daemon's clock); None: never started
+
+
+def _rfc3339(stamp: Any) -> float | None:
+    """Docker's ``2026-12-03T18:40:12.123456789Z`` (nanoseconds, any offset) as Unix seconds;
+    None for its zero time or anything unreadable (Python 3.10 parses neither ``Z`` nor 9 digits)."""
+    if not isinstance(stamp, str) or stamp.startswith("0001-"):
+        return None
+    m = _STAMP_RE.fullmatch(stamp)
+    if m is None:
+        return None
+    base, frac, zone = m.groups()
+    try:
+        t = datetime.datetime.fromisoformat(base + ("+00:00" if zone in ("Z", "z") else zone))
+    except ValueError:
+        return None
+    return t.timestamp() + (float("0." + frac) if frac else 0.0)
 
 
 def _limit(value: Any) -> int | None:
@@ -111,6 +131,7 @@ def _info(data: Mapping[str, Any]) -> ContainerInfo:
         labels=dict((data.get("Config") or {}).get("Labels") or {}),
         memory=_limit(hc.get("Memory")),
         memory_swap=_limit(hc.get("MemorySwap")),
+        started_at=_rfc3339(state.get("StartedAt")),
     )
 
 
@@ -388,6 +409,7 @@ class DockerClient:
         env = check_env(env)
         loop = asyncio.get_running_loop()
         started = time.monotonic()
+        wall0 = time.time()  # a container started after this was restarted under the command
         deadline = None if limit is None else loop.time() + limit
         before = _pids(procs)
         cid = ref if _FULL_ID_RE.fullmatch(ref) else None
@@ -499,7 +521,7 @@ class DockerClient:
                     if code is None:
                         return timed_out_result(bytes(out), bytes(err), truncated=truncated)
                     if code == KILLED:  # its own SIGKILL (or an OOM kill), or the container's end?
-                        await self._check_still_running(ref)
+                        await self._check_still_running(ref, wall0)
                     code, out, err = _start_failure(code, out, err)
                     return ExecResult(exit_code=code, stdout=bytes(out), stderr=bytes(err),
                                       duration_s=time.monotonic() - started, truncated=truncated)
@@ -546,13 +568,17 @@ class DockerClient:
             if info.status == "paused":
                 return "paused"
 
-    async def _check_still_running(self, ref: str) -> None:
-        """An exec that ended SIGKILLed: DockerError naming the container when it was stopped or
-        removed meanwhile (its processes were killed with it), not a result that looks like the
-        command's own kill. The daemon marks the container a few tens of ms after the exec's
-        stream ends, so a container still running is looked at for up to ``_STOP_SEEN_S``."""
+    async def _check_still_running(self, ref: str, since: float) -> None:
+        """An exec that ended SIGKILLed: DockerError naming the container when it was stopped,
+        removed or restarted (started after ``since``, Unix seconds: the daemon's clock is taken
+        to be the host's, as over its local socket) meanwhile (its processes were killed with it),
+        not a result that looks like the command's own kill. The daemon marks the container a few
+        tens of ms after the exec's stream ends, so a container still running is looked at for up
+        to ``_STOP_SEEN_S``, and one seen stopped for up to ``_RESTART_SEEN_S`` (running again by
+        then: restarted)."""
         loop = asyncio.get_running_loop()
         end = loop.time() + _STOP_SEEN_S
+        stopped: str | None = None  # the status it was first seen stopped in
         while True:
             try:
                 info = await self.inspect(ref)
@@ -565,9 +591,16 @@ class DockerClient:
                 raise DockerError(f"Docker exec: container {ref!r} was removed while the command ran (it was "
                                   f"killed)", resource=info.id, status=404)
             if info.status not in ("running", "paused"):
-                raise DockerError(f"Docker exec: container {ref!r} was stopped while the command ran (it was "
-                                  f"killed; the container is {info.status})", resource=info.id)
+                if stopped is None:  # a restart stops it first: give the start a moment to show
+                    stopped, end = info.status, loop.time() + _RESTART_SEEN_S
+            elif stopped is not None or (info.started_at is not None and info.started_at > since):
+                raise DockerError(f"Docker exec: container {ref!r} was restarted while the command ran (it was "
+                                  f"killed; the container runs again, its processes and memory state lost)",
+                                  resource=info.id)
             if loop.time() >= end:
+                if stopped is not None:
+                    raise DockerError(f"Docker exec: container {ref!r} was stopped while the command ran (it was "
+                                      f"killed; the container is {stopped})", resource=info.id)
                 return
             await asyncio.sleep(0.03)
 
