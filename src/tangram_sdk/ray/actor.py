@@ -144,8 +144,9 @@ async def _wait_job_end(job: str, is_dead: Callable[[str], bool] = _job_dead, po
     """Return once ``is_dead(job)`` says the job has ended, looking every ``poll`` seconds.
 
     Each look runs in a thread (Ray's GCS client blocks) and at most one is in flight: a look
-    that a wedged GCS never answers is waited for at the next polls (never stacked up, one thread
-    per poll, for good), and a warning names it once it has been waiting ``_JOB_LOOK_WARN`` s."""
+    that a wedged GCS does not answer is waited for at the next polls instead of starting another
+    (a thread per poll would pile up for as long as the GCS is wedged), and a warning names it once
+    it has been waiting ``_JOB_LOOK_WARN`` s."""
     poll = _JOB_POLL if poll is None else poll
     loop = asyncio.get_running_loop()
     look: asyncio.Future[bool] | None = None
