@@ -158,8 +158,8 @@ def cells(quick: bool, seeds: int) -> list[Cell]:
                 out.append(Cell(f"mopd{light} {g}gpu tp{tp} s{seed}", "mopd",
                                 dict(batch=mb, gpus=g, seed=seed, teacher_max_gpus=tp), pols))
     if not quick:  # stop 37's wider search: one teacher copy a GPU (gpu_slots 1) on 10 GPUs, where
-        # TP-4's two cells hold 8 of 9 teachers; Tangram keeps TP-2 (all 9 fit) and fifo4's thrash
-        # of the coldest wins (docs/evaluation.md, "losing cells")
+        # TP-4's two cells hold 8 of 9 teachers; fifo4 thrashes the coldest, Tangram spills it to
+        # TP-2 on GPUs 8-9 beside the two cells (docs/evaluation.md, "losing cells")
         for seed in range(seeds):
             out.append(Cell(f"mopd slots1 10gpu tp4 s{seed}", "mopd",
                             dict(batch=1024, gpus=10, seed=seed, teacher_max_gpus=4, gpu_slots=1),

@@ -351,6 +351,33 @@ def test_one_cell_spills_the_coldest_service_beside_it() -> None:
     assert sum(len(g) == 4 for _s, g in late) > 10 * sum(len(g) == 2 for _s, g in late)
 
 
+def test_two_cells_spill_the_coldest_service_beside_them() -> None:
+    """10 GPUs of one model each (``gpu_slots=1``): TP-4's two aligned cells hold 8 copies for 9
+    teachers. fifo4 thrashes the ninth through them; Tangram kept TP-2 (all nine fit) and lost
+    8-12 % to fifo4. Now eight teachers run at TP-4 in the two cells, each cell scored as a queue
+    of its own, and the coldest at TP-2 on GPUs 8-9."""
+    wl = mopd(1024, gpus=10, seed=0, teacher_max_gpus=4, gpu_slots=1)
+    spec_of: dict[int, ActionSpec] = {}
+    placed: list[tuple[str | None, tuple[int, ...], float]] = []
+
+    def watch(events: Any, now: float, decisions: Any) -> None:
+        for ev in events:
+            if isinstance(ev, Submitted):
+                spec_of[ev.action_id] = ev.spec
+        for d in decisions:
+            if isinstance(d, Grant) and d.gpus:
+                placed.append((spec_of[d.action_id].service, d.gpus, now))
+
+    t = summarise(run_policy(wl, "tangram", observers=[watch]))
+    f4 = summarise(run_policy(wl, "fifo4"))["act_mean_s"]
+    assert t["act_mean_s"] <= 0.9 * f4, (t["act_mean_s"], f4)
+    late = [(svc, g) for svc, g, now in placed if now > 1000.0]
+    two = {svc for svc, g in late if len(g) == 2}
+    assert len(two) == 1 and all(set(g) == {8, 9} for svc, g in late if len(g) == 2)
+    assert all(set(g) in ({0, 1, 2, 3}, {4, 5, 6, 7}) for svc, g in late if len(g) == 4)
+    assert sum(len(g) == 4 for _s, g in late) > 10 * sum(len(g) == 2 for _s, g in late)
+
+
 def test_a_model_larger_than_a_gpu_is_never_granted_one_gpu() -> None:
     """``gpu_slots=0.5``: a GPU holds half a model, so a copy needs TP-2 or wider. A fixed 1-GPU
     service spec can never be served and is refused at once, naming gpu_slots; an elastic one

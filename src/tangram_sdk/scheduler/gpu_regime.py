@@ -8,9 +8,11 @@ calls would wait less than half the time (Erlang C <= 0.55: with few wide cells 
 misses residency and fragmentation, and a wrong guess there queues without bound), and at which
 every service called now keeps a resident copy (``G // m`` aligned cells of ``gpu_slots x m`` TP-m
 copies: the model sees no residency, and 9 teachers on 5 GPUs at TP-2 thrashed a restore per call
-of the ninth), or, for a width of one aligned cell, at which the GPUs beside that cell hold the
-coldest services at a narrower width (a *spill*: 9 teachers on 6 GPUs run 8 at TP-4 in the one
-cell and the ninth at TP-2 on GPUs 4-5; each service then keeps its one width and region). The
+of the ninth), or at which the GPUs beside the width's aligned cells hold the coldest services at
+a narrower width (a *spill*: 9 teachers on 6 GPUs run 8 at TP-4 in the one cell and the ninth at
+TP-2 on GPUs 4-5; on 10 GPUs of one model each, 8 at TP-4 in two cells and the ninth at TP-2 on
+GPUs 8-9; each service then keeps its one width and region, and with two cells or more each cell
+is scored as a queue of its own). The
 first width, before any load is measured, is the widest leaving two cells that holds the services
 already resident.
 
@@ -86,7 +88,7 @@ _P_URGENT_MAX = 0.95  # ... up to this chance to wait: an overload at the latest
 _CAL_SETTLE = 10.0  # calls submitted this soon after a switch (after its transition) wait for its restores
 _CAL_DECAY = 0.998  # per observed call: measured waits are remembered over ~500 calls
 _CAL_PRIOR = 20.0  # calls' worth of execution seconds on both sides: few samples keep the model
-_SPILL_P_WAIT = 0.3  # a spilling width's one cell must wait less often than this (latest rates)
+_SPILL_P_WAIT = 0.3  # a spilling width's (busiest) cell must wait less often than this (latest rates)
 _SPILL_P_KEEP = 0.45  # ... once in force, until it waits this often
 _SPILL_SWAP = 1.5  # a service spilled swaps with one kept only when this many times busier
 
@@ -119,7 +121,7 @@ class GpuRegime:
 
     Read by the placement (:class:`.GpuSizing`): ``width``, ``pref`` (the size each spec takes now)
     and, during a switch's ``transition``, ``prev_pref``; ``spill`` and ``spill_mask`` (which
-    services run beside the one cell, and on which GPUs); ``cv_f`` (the Allen-Cunneen factor)."""
+    services run beside the cells, and on which GPUs); ``cv_f`` (the Allen-Cunneen factor)."""
 
     __slots__ = ("_kinds", "_resident", "_gpu_holder", "_cells", "_place", "gpu_slots", "default_duration",
                  "restore_horizon", "gpu_instances", "regime_window", "_mkt", "_rates", "width",
@@ -263,20 +265,20 @@ class GpuRegime:
 
     def _candidates(self, kinds: list[Any], fast: list[Any], svcs: dict[str, Service], G: int) -> list[int]:
         """The widths that may be in force: every one of the kinds' sizes at which each service
-        called now keeps a resident copy, or that spills the rest beside its one cell."""
+        called now keeps a resident copy, or that spills the rest beside its cells."""
         m_cur = self.width
         widths = sorted({m for _l, _s, ts, _i in kinds for m in ts}) or [1]
         # a width is a candidate only if every service called now keeps a resident copy at it
         # (the queueing model below sees no residency): without this 5 GPUs and 9 teachers went
         # TP-2, where 8 copies fit, and the ninth restored on every call (2.2 s mean ACT vs TP-1's
-        # 0.63). A width of one cell may instead spill the coldest services onto the GPUs beside
-        # it (:meth:`_spill_plans`: 6 GPUs at batch 512, where fifo4's thrash beat TP-2 by 6 %)
+        # 0.63). A width may instead spill the coldest services onto the GPUs beside its cells
+        # (:meth:`_spill_plans`: 6 GPUs at batch 512, where fifo4's thrash beat TP-2 by 6 %)
         if self.gpu_slots is not None:
             active = sum(1 for info in svcs.values() if info.lam > 0)
             if m_cur == 1 << 30:  # the first look: the services already resident count too
                 active = max(active, len(self._resident.by_service))
             fit = [m for m in widths if self.copies_fit(m, G) >= active]
-            # ... or, with one cell, if the GPUs left beside it hold the rest at a narrower width
+            # ... or if the GPUs left beside its cells hold the rest at a narrower width
             self._spill_plan = plans = self._spill_plans(widths, fit, svcs, active, G, kinds, fast)
             fit = sorted(set(fit) | set(plans))
             if not fit:  # no width holds them all (thrash at any width): the widths keeping the
@@ -375,6 +377,11 @@ class GpuRegime:
                     cost += n * (self.restore_lat(r_s, pick) + _SWITCH_MU * mu_prev * self.restore_gpu_s(r_s, pick))
             if math.isfinite(gain) and gain * lam_sum * max(self.restore_horizon, self.regime_window, 1.0) < cost:
                 pick = m_cur
+        # a narrowing while calls wait per cell hands the old width's cells over as an urgent one
+        # does: for a planned switch's _TRANSITION the saturated old cells keep serving and never
+        # free a GPU for the new width's copies (heavy-calls MOPD seed 1: a planned TP-4 -> TP-2
+        # under a 6-call queue served at TP-4 for ~45 s more while the queue grew to 27, 1.14x fifo2)
+        staged = urgent or (pick < m_cur and cur is not None and self._backlogged(m_cur, G))
         if pick != m_cur:
             if (not urgent and pick > m_cur and self._left_urgently == pick
                     and now - self.switched_at <= 2.0 * max(self.regime_window, 1.0)):
@@ -385,10 +392,10 @@ class GpuRegime:
             self._left_urgently = m_cur if urgent else 0
             self.switched_at = now
             self.guessed = False
-            self.transition = _TRANSITION_URGENT if urgent else _TRANSITION
-            self.urgent = urgent
+            self.transition = _TRANSITION_URGENT if staged else _TRANSITION
+            self.urgent = staged
             self.legacy = 0
-            if urgent and _STAGE_CELLS > 0:
+            if staged and _STAGE_CELLS > 0:
                 self._plan_stages(now, svcs, m_cur, pick, G)
             self.width = pick
             self.prev_pref = dict(self.pref)
@@ -500,7 +507,8 @@ class GpuRegime:
         total = W = 0.0
         pref: dict[ActionSpec, int] = {}
         plan = self.spill = self._spill_plan.get(pick)
-        self.spill_mask = 0 if plan is None else ((1 << G) - 1) & ~((1 << pick) - 1)  # beside the cell
+        # beside the width's aligned cells
+        self.spill_mask = 0 if plan is None else ((1 << G) - 1) & ~((1 << (G // pick * pick)) - 1)
         for lam, spec, ts, info in kinds:
             top = plan[0] if plan is not None and spec.service in plan[1] else pick
             m = max((x for x in ts if x <= top), default=min(ts))
@@ -526,17 +534,19 @@ class GpuRegime:
 
     def _spill_plans(self, widths: list[int], fit: list[int], svcs: dict[str, Service], active: int,
                      G: int, kinds: list[Any], fast: list[Any]) -> dict[int, tuple[int, frozenset[str]]]:
-        """Width -> (narrower width, the services spilled to it) for each width of one aligned cell
-        that cannot hold a copy of every service called now, where the GPUs beside that cell can
+        """Width -> (narrower width, the services spilled to it) for each width whose aligned cells
+        cannot hold a copy of every service called now, where the GPUs beside those cells can
         hold the rest at the narrower width. 9 teachers on 6 GPUs: the one TP-4 cell holds 8
         copies; fifo4 thrashes the ninth through it (a restore every ~18 calls) and TP-2, where all
         9 fit, runs every call slower. Spilling the coldest to TP-2 on GPUs 4-5 keeps TP-4's speed
-        for the rest with no thrash.
+        for the rest with no thrash. Likewise 9 teachers on 10 GPUs of one model each: two TP-4
+        cells hold 8 copies, fifo4 thrashed the ninth (0.041 s a call) and Tangram's TP-2 lost
+        8-12 % to it; the ninth at TP-2 on GPUs 8-9 runs 0.79-0.81x fifo4.
 
-        * One cell only: there every service kept has its copy in the one cell, the single queue
-          the model scores. Two TP-2 cells of 5 GPUs, one copy a teacher, are two queues: scored
-          as one, the spill lost 4-8 % to TP-1.
-        * Only while that cell waits less than ``_SPILL_P_WAIT`` of the time at the latest rates
+        * With two cells or more the cells are scored as a queue each (:meth:`_main_predict`):
+          every service kept has room for one copy and waits for its own cell. Two TP-2 cells of
+          5 GPUs, one copy a teacher, scored as one M/G/2, spilled and lost 4-8 % to TP-1.
+        * Only while the busiest cell waits less than ``_SPILL_P_WAIT`` of the time at the latest rates
           (``_SPILL_P_KEEP`` once in force). A single cell under a rising load is the first to
           queue, and without the plan the width is not a candidate any more, which narrows it
           with the old copies serving. Seed 2 of 6 GPUs at batch 2048 otherwise rode TP-4 into
@@ -555,8 +565,8 @@ class GpuRegime:
                 low[spec.service] = max(low.get(spec.service, 0), lo)
         ranked = sorted((info.calls, name) for name, info in svcs.items() if info.lam > 0)
         for m in widths:
-            left = G - m
-            if m in fit or G // m != 1 or left <= 0:
+            left = G - G // m * m
+            if m in fit or G // m < 1 or left <= 0:
                 continue
             n_spill = active - int(self.copies_fit(m, G) + 1e-9)
             if n_spill <= 0:
@@ -577,7 +587,7 @@ class GpuRegime:
                         not kept or max(svcs[n].calls for n in prev[1]) <= _SPILL_SWAP * min(kept)):
                     cold = sorted(prev[1])
             gate = _SPILL_P_KEEP if m == self.width and self.spill is not None else _SPILL_P_WAIT
-            if self._regime_predict([k for k in fast if k[1].service not in cold], m, m, 1.0)[2] > gate:
+            if self._main_predict([k for k in fast if k[1].service not in cold], m, G // m, 1.0)[2] > gate:
                 continue
             out[m] = (m2, frozenset(cold))
         return out
@@ -589,17 +599,50 @@ class GpuRegime:
         if plan is None:
             return self._regime_predict(kinds, m, G, cv_f)
         m2, cold = plan
-        main = m  # one cell
+        n = G // m  # the aligned cells
         k1 = [k for k in kinds if k[1].service not in cold]
         k2 = [k for k in kinds if k[1].service in cold]
-        e1, w1, p1 = self._regime_predict(k1, m, main, cv_f)
-        e2, w2, p2 = self._regime_predict(k2, m2, G - main, cv_f)
+        e1, w1, p1 = self._main_predict(k1, m, n, cv_f)
+        e2, w2, p2 = self._regime_predict(k2, m2, G - n * m, cv_f)
         l1 = sum(k[0] for k in k1)
         l2 = sum(k[0] for k in k2)
         if l1 + l2 <= 0:
             return 0.0, 0.0, 0.0
         f1, f2 = l1 / (l1 + l2), l2 / (l1 + l2)
         return e1 * f1 + e2 * f2, w1 * f1 + w2 * f2, max(p1, p2)
+
+    def _main_predict(self, kinds: list[Any], m: int, n: int, cv_f: float) -> tuple[float, float, float]:
+        """The ``n`` aligned cells of width ``m`` beside a spill: one queue if ``n`` is 1, else a
+        queue per cell. There every service kept has room for one copy, so each service's calls
+        wait for its own cell only: its services split by load (longest first, to the least busy
+        cell), each cell an M/G/1. Pooled as one M/G/n, two TP-2 cells of 5 GPUs looked far
+        better than they ran (a spill there lost 4-8 % to TP-1)."""
+        if n <= 1:
+            return self._regime_predict(kinds, m, m, cv_f)
+        groups: dict[str, list[Any]] = {}
+        for k in kinds:
+            groups.setdefault(k[1].service if k[1].service is not None else k[1].kind, []).append(k)
+        busy = [0.0] * n
+        split: list[list[Any]] = [[] for _ in range(n)]
+
+        def work(ks: list[Any]) -> float:
+            return float(sum(lam * ts[max((x for x in ts if x <= m), default=min(ts))] for lam, _s, ts, _i in ks))
+
+        for w, key in sorted(((work(ks), key) for key, ks in groups.items()), reverse=True):
+            i = min(range(n), key=lambda j: (busy[j], j))
+            busy[i] += w
+            split[i].extend(groups[key])
+        E = Wq = P = L = 0.0
+        for ks in split:
+            e, w, p = self._regime_predict(ks, m, m, cv_f)
+            lam = sum(k[0] for k in ks)
+            E += e * lam
+            Wq += w * lam
+            L += lam
+            P = max(P, p)
+        if L <= 0:
+            return 0.0, 0.0, 0.0
+        return E / L, Wq / L, P
 
     def _regime_predict(self, kinds: list[Any], m: int, G: int, cv_f: float) -> tuple[float, float, float]:
         """Mean execution, mean wait and the chance to wait if every kind ran at width ``m`` (its widest
