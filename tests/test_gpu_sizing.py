@@ -320,13 +320,8 @@ def test_an_urgent_narrowing_the_smoothed_rates_undo_raises_the_bar_for_the_next
     assert n_gated <= n_new, (n_gated, n_new)
 
 
-def test_one_cell_spills_the_coldest_service_beside_it() -> None:
-    """6 GPUs at TP-4 are one 4-GPU cell (8 TP-4 copies at 2 models a GPU) and two GPUs no TP-4
-    cell covers. With 9 teachers fifo4 thrashes the ninth through the cell (~340 restores), and
-    TP-2, where all nine fit, runs every call slower: Tangram kept TP-2 and lost 6-8 % to fifo4.
-    Now eight teachers run at TP-4 in the cell and the coldest at TP-2 on GPUs 4-5: no thrash,
-    and clearly better than either fixed width."""
-    wl = mopd(512, gpus=6, seed=0)
+def _run_watching_gpu_grants(wl: Any) -> tuple[dict[str, Any], list[tuple[str | None, tuple[int, ...], float]]]:
+    """Tangram's summary on ``wl`` and every GPU grant it made: (service, GPUs, time)."""
     spec_of: dict[int, ActionSpec] = {}
     placed: list[tuple[str | None, tuple[int, ...], float]] = []
 
@@ -338,7 +333,17 @@ def test_one_cell_spills_the_coldest_service_beside_it() -> None:
             if isinstance(d, Grant) and d.gpus:
                 placed.append((spec_of[d.action_id].service, d.gpus, now))
 
-    t = summarise(run_policy(wl, "tangram", observers=[watch]))
+    return summarise(run_policy(wl, "tangram", observers=[watch])), placed
+
+
+def test_one_cell_spills_the_coldest_service_beside_it() -> None:
+    """6 GPUs at TP-4 are one 4-GPU cell (8 TP-4 copies at 2 models a GPU) and two GPUs no TP-4
+    cell covers. With 9 teachers fifo4 thrashes the ninth through the cell (~340 restores), and
+    TP-2, where all nine fit, runs every call slower: Tangram kept TP-2 and lost 6-8 % to fifo4.
+    Now eight teachers run at TP-4 in the cell and the coldest at TP-2 on GPUs 4-5: no thrash,
+    and clearly better than either fixed width."""
+    wl = mopd(512, gpus=6, seed=0)
+    t, placed = _run_watching_gpu_grants(wl)
     best = min(summarise(run_policy(wl, p))["act_mean_s"] for p in ("fifo2", "fifo4"))
     assert t["act_mean_s"] <= 0.9 * best, (t["act_mean_s"], best)
     assert t["restores"] < 40
@@ -357,18 +362,7 @@ def test_two_cells_spill_the_coldest_service_beside_them() -> None:
     8-12 % to fifo4. Now eight teachers run at TP-4 in the two cells, each cell scored as a queue
     of its own, and the coldest at TP-2 on GPUs 8-9."""
     wl = mopd(1024, gpus=10, seed=0, teacher_max_gpus=4, gpu_slots=1)
-    spec_of: dict[int, ActionSpec] = {}
-    placed: list[tuple[str | None, tuple[int, ...], float]] = []
-
-    def watch(events: Any, now: float, decisions: Any) -> None:
-        for ev in events:
-            if isinstance(ev, Submitted):
-                spec_of[ev.action_id] = ev.spec
-        for d in decisions:
-            if isinstance(d, Grant) and d.gpus:
-                placed.append((spec_of[d.action_id].service, d.gpus, now))
-
-    t = summarise(run_policy(wl, "tangram", observers=[watch]))
+    t, placed = _run_watching_gpu_grants(wl)
     f4 = summarise(run_policy(wl, "fifo4"))["act_mean_s"]
     assert t["act_mean_s"] <= 0.9 * f4, (t["act_mean_s"], f4)
     late = [(svc, g) for svc, g, now in placed if now > 1000.0]
