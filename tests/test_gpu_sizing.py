@@ -110,6 +110,19 @@ def test_calls_piling_up_at_the_first_width_narrow_it_before_the_rates_see_the_r
     assert (np.array(r.grant) - np.array(r.submit))[opening].mean() < 4.0  # was 8.6 s
 
 
+def test_an_overrun_first_width_hands_every_cell_over_at_once() -> None:
+    """The saturated judge (3 GPU-s calls on 8 GPUs, seed 0): calls pile up at the first width
+    (TP-4, a guess) and it narrows to TP-1. Handed over a cell at a time, the last TP-4 cell kept
+    serving for 6 s at 69 % of TP-1's throughput while the queue grew from 14 to 22 calls
+    (27 TP-4 calls, 1.049x isolated's mean ACT); every cell at once: 20, 1.042x."""
+    wl = deepsearch(1024, seed=0, gpus=8, judge_work_mean=3.0)
+    r = run_policy(wl, "tangram")
+    judge = np.array(r.kind) == "judge"
+    assert (np.array(r.units)[judge] == 4).sum() <= 20
+    iso = summarise(run_policy(wl, "isolated", iso_gpus=None))["act_mean_s"]
+    assert summarise(r)["act_mean_s"] <= 1.045 * iso
+
+
 def test_tp_restore_reports_are_kept_per_full_model() -> None:
     """A TP-4 restore reported as 0.75 s loads a quarter of a 3 s model per GPU: a later cold
     TP-1 copy of the same service is expected to take 3 s, not 0.75 s."""
@@ -318,6 +331,40 @@ def test_an_urgent_narrowing_the_smoothed_rates_undo_raises_the_bar_for_the_next
     assert n_old >= 3 and n_new < n_old, (n_old, n_new)
     assert act_new < act_old, (act_new, act_old)
     assert n_gated <= n_new, (n_gated, n_new)
+
+
+def test_a_narrowing_whose_width_waited_worse_than_modelled_is_a_false_alarm_at_any_age(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """MOPD with calls of 3 GPU-s on 10 GPUs (seed 1): at the step's peak TP-2 waits often, the core
+    narrows to TP-1 and comes back 162 s later, past the two regime windows in which a return
+    counts as a false alarm. TP-1's calls waited ~4x the model's prediction there (a TP-1 copy
+    restores in as long as a call takes, so each teacher queues on its own few copies), TP-2's
+    ~1.6x: the narrowing did not buy the waits it was taken for. Counted as a false alarm, the
+    next peak does not narrow again (one TP-2 -> TP-1 round trip, not two) and the mean ACT drops
+    (1.050x fifo2 -> 1.032x)."""
+    import tangram_sdk.scheduler.gpu_regime as gr
+
+    market = gr.GpuRegime.market
+    wl = mopd(1024, gpus=10, seed=1, teacher_max_gpus=4, work_mean=3.0)
+
+    def run() -> tuple[int, float]:
+        widths: list[int] = []
+
+        def watched(self: gr.GpuRegime, now: float) -> Any:
+            out = market(self, now)
+            if not widths or widths[-1] != self.width:
+                widths.append(self.width)
+            return out
+
+        monkeypatch.setattr(gr.GpuRegime, "market", watched)
+        act = summarise(run_policy(wl, "tangram"))["act_mean_s"]
+        return sum(1 for a, b in zip(widths, widths[1:]) if a == 2 and b == 1), act
+
+    n_new, act_new = run()
+    monkeypatch.setattr(gr, "_FALSE_ALARM_MEASURED", False)
+    n_old, act_old = run()
+    assert n_new == 1 and n_old == 2, (n_new, n_old)
+    assert act_new < 0.99 * act_old, (act_new, act_old)
 
 
 def _run_watching_gpu_grants(wl: Any) -> tuple[dict[str, Any], list[tuple[str | None, tuple[int, ...], float]]]:
