@@ -296,6 +296,28 @@ def test_an_urgent_narrowing_hands_the_old_cells_over_one_at_a_time(monkeypatch:
     assert at_once > 1.005 * staged, (at_once, staged)
 
 
+def _switches_and_act(monkeypatch: pytest.MonkeyPatch, wl: Any, frm: int, to: int) -> tuple[int, float]:
+    """Tangram on ``wl``: how many times the width market switched from ``frm`` to ``to``, and the
+    mean ACT (the width read after every market, under the module's constants as patched now)."""
+    import tangram_sdk.scheduler.gpu_regime as gr
+
+    market = gr.GpuRegime.market
+    widths: list[int] = []
+
+    def watched(self: gr.GpuRegime, now: float) -> Any:
+        out = market(self, now)
+        if not widths or widths[-1] != self.width:
+            widths.append(self.width)
+        return out
+
+    monkeypatch.setattr(gr.GpuRegime, "market", watched)
+    try:
+        act = summarise(run_policy(wl, "tangram"))["act_mean_s"]
+    finally:
+        monkeypatch.setattr(gr.GpuRegime, "market", market)
+    return sum(1 for a, b in zip(widths, widths[1:]) if a == frm and b == to), act
+
+
 def test_an_urgent_narrowing_the_smoothed_rates_undo_raises_the_bar_for_the_next(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """MOPD at batch 3072 on 10 GPUs: peaks of the 32-arrival rate make TP-4 (two cells) look
@@ -308,20 +330,10 @@ def test_an_urgent_narrowing_the_smoothed_rates_undo_raises_the_bar_for_the_next
     ramp confirms."""
     import tangram_sdk.scheduler.gpu_regime as gr
 
-    market = gr.GpuRegime.market
+    wl = mopd(3072, gpus=10, seed=0)
 
     def run() -> tuple[int, float]:
-        widths: list[int] = []
-
-        def watched(self: gr.GpuRegime, now: float) -> Any:
-            out = market(self, now)
-            if not widths or widths[-1] != self.width:
-                widths.append(self.width)
-            return out
-
-        monkeypatch.setattr(gr.GpuRegime, "market", watched)
-        act = summarise(run_policy(mopd(3072, gpus=10, seed=0), "tangram"))["act_mean_s"]
-        return sum(1 for a, b in zip(widths, widths[1:]) if a == 4 and b == 2), act
+        return _switches_and_act(monkeypatch, wl, 4, 2)
 
     n_gated, _ = run()
     monkeypatch.setattr(gr, "_QUEUE_GATE", 0.0)  # every latest-rate alarm acted on
@@ -344,21 +356,10 @@ def test_a_narrowing_whose_width_waited_worse_than_modelled_is_a_false_alarm_at_
     (1.050x fifo2 -> 1.032x)."""
     import tangram_sdk.scheduler.gpu_regime as gr
 
-    market = gr.GpuRegime.market
     wl = mopd(1024, gpus=10, seed=1, teacher_max_gpus=4, work_mean=3.0)
 
     def run() -> tuple[int, float]:
-        widths: list[int] = []
-
-        def watched(self: gr.GpuRegime, now: float) -> Any:
-            out = market(self, now)
-            if not widths or widths[-1] != self.width:
-                widths.append(self.width)
-            return out
-
-        monkeypatch.setattr(gr.GpuRegime, "market", watched)
-        act = summarise(run_policy(wl, "tangram"))["act_mean_s"]
-        return sum(1 for a, b in zip(widths, widths[1:]) if a == 2 and b == 1), act
+        return _switches_and_act(monkeypatch, wl, 2, 1)
 
     n_new, act_new = run()
     monkeypatch.setattr(gr, "_FALSE_ALARM_MEASURED", False)
