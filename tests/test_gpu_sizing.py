@@ -170,7 +170,7 @@ def test_learned_call_duration_excludes_the_restore_the_grant_asked_for() -> Non
     s = Scheduler(Pool(gpus=1), default_restore_s=3.0)
     spec = ActionSpec(kind="m", gpus=1, service="m")
     (g,) = s.handle(Submitted(1, spec), 0.0)
-    assert g.restore
+    assert isinstance(g, Grant) and g.restore
     s.handle(Released(1), 3.5)  # 3 s restore + 0.5 s call
     assert s.estimated_duration(spec) == pytest.approx(0.5, rel=0.05)
 
