@@ -100,6 +100,12 @@ _SPILL_P_KEEP = 0.45  # ... once in force, until it waits this often
 _SPILL_SWAP = 1.5  # a service spilled swaps with one kept only when this many times busier
 
 
+def _size_at(ts: dict[int, float], m: int) -> int:
+    """The size a kind with durations ``ts`` (per size) runs at under width ``m``: its widest legal
+    size not above ``m``, or its smallest when every size is wider."""
+    return max((x for x in ts if x <= m), default=min(ts))
+
+
 class Service:
     """One GPU service as the market sees it: learned call rate, duration model, the instance
     size the price prefers for it, and how many such copies it should keep (``target``)."""
@@ -530,7 +536,7 @@ class GpuRegime:
         self.spill_mask = 0 if plan is None else ((1 << G) - 1) & ~((1 << (G // pick * pick)) - 1)
         for lam, spec, ts, info in kinds:
             top = plan[0] if plan is not None and spec.service in plan[1] else pick
-            m = max((x for x in ts if x <= top), default=min(ts))
+            m = _size_at(ts, top)
             pref[spec] = m
             x = lam * m * ts[m]
             total += x
@@ -645,7 +651,7 @@ class GpuRegime:
         split: list[list[Any]] = [[] for _ in range(n)]
 
         def work(ks: list[Any]) -> float:
-            return float(sum(lam * ts[max((x for x in ts if x <= m), default=min(ts))] for lam, _s, ts, _i in ks))
+            return float(sum(lam * ts[_size_at(ts, m)] for lam, _s, ts, _i in ks))
 
         for w, key in sorted(((work(ks), key) for key, ks in groups.items()), reverse=True):
             i = min(range(n), key=lambda j: (busy[j], j))
@@ -668,7 +674,7 @@ class GpuRegime:
         legal size not above it): an M/G/c model of the pool in cells of the mean width."""
         A = W = L = 0.0
         for lam, _spec, ts, _i in kinds:
-            k = max((x for x in ts if x <= m), default=min(ts))
+            k = _size_at(ts, m)
             t = ts[k]
             A += lam * k * t
             W += lam * t
