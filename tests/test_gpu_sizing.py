@@ -306,6 +306,42 @@ def test_an_urgent_narrowing_hands_the_old_cells_over_one_at_a_time(monkeypatch:
     assert at_once > 1.005 * staged, (at_once, staged)
 
 
+def test_after_an_urgent_narrowing_no_second_copy_restores_while_a_service_has_none(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Heavy MOPD on 8 GPUs, seed 2: the one urgent TP-4 -> TP-2 narrowing at the step's peak
+    (~399 s) restores all 9 teachers on 4 TP-2 cells. Calls of the hot teachers restored second
+    and third copies (their queues credit a copy) while others queued with none, so the last
+    teachers got their first copy in the 5th round instead of the 3rd: 1.029x fifo2's mean ACT.
+    Now, after an urgent narrowing, a service with a copy waits for it while another GPU service
+    queues with none (1.023x)."""
+    import tangram_sdk.scheduler.gpu_sizing as gs
+
+    wl = mopd(4096, gpus=8, seed=2)
+    choice = gs.GpuSizing.choice
+    seen = {"dup": 0}
+
+    def watched(self: gs.GpuSizing, a: Any, gfree: int, now: float) -> Any:
+        out = choice(self, a, gfree, now)
+        svc = a.spec.service
+        if out.units and self.regime.urgent and svc is not None:
+            res = self._resident
+            pos = tuple(range(out.cell, out.cell + out.units))
+            others = [o for o, q in self._svc_queued.items() if q and o != svc and o.startswith("teacher")]
+            if (pos not in res.warm_cells(svc, out.units) and res.warm_cells(svc, out.units)
+                    and any(not res.warm_cells(o, out.units) and not any(
+                        len(p) == out.units for p in self._tent.get(o, ())) for o in others)):
+                seen["dup"] += 1
+        return out
+
+    monkeypatch.setattr(gs.GpuSizing, "choice", watched)
+    fixed = summarise(run_policy(wl, "tangram"))["act_mean_s"]
+    assert seen["dup"] == 0, seen
+    monkeypatch.setattr(gs, "_UNSTARVE", False)  # as before
+    before = summarise(run_policy(wl, "tangram"))["act_mean_s"]
+    assert seen["dup"] > 0, seen
+    assert fixed < 0.997 * before, (fixed, before)
+
+
 def _switches_and_act(monkeypatch: pytest.MonkeyPatch, wl: Any, frm: int, to: int) -> tuple[int, float]:
     """Tangram on ``wl``: how many times the width market switched from ``frm`` to ``to``, and the
     mean ACT (the width read after every market, under the module's constants as patched now)."""
@@ -337,9 +373,16 @@ def test_an_urgent_narrowing_the_smoothed_rates_undo_raises_the_bar_for_the_next
 
     Measured with the backlog gate off: those peaks are what the gate now holds back (one round
     trip with it, checked last), and the false-alarm rule still guards the alarms a backlog or a
-    ramp confirms."""
-    import tangram_sdk.scheduler.gpu_regime as gr
+    ramp confirms.
 
+    Also measured with ``_UNSTARVE`` off (no second copy while a service has none after an
+    urgent narrowing): it makes each narrowing's restores cheaper, and with the gate and the
+    false-alarm rule both off this cell then makes only 2 round trips (0.271 s, 0.277 s without
+    it), leaving the false-alarm rule nothing to cut here."""
+    import tangram_sdk.scheduler.gpu_regime as gr
+    import tangram_sdk.scheduler.gpu_sizing as gs
+
+    monkeypatch.setattr(gs, "_UNSTARVE", False)
     wl = mopd(3072, gpus=10, seed=0)
 
     def run() -> tuple[int, float]:
@@ -363,9 +406,15 @@ def test_a_narrowing_whose_width_waited_worse_than_modelled_is_a_false_alarm_at_
     restores in as long as a call takes, so each teacher queues on its own few copies), TP-2's
     ~1.6x: the narrowing did not buy the waits it was taken for. Counted as a false alarm, the
     next peak does not narrow again (one TP-2 -> TP-1 round trip, not two) and the mean ACT drops
-    (1.050x fifo2 -> 1.032x)."""
-    import tangram_sdk.scheduler.gpu_regime as gr
+    (1.050x fifo2 -> 1.032x).
 
+    Measured with ``_SUNK_FIRST_COPY`` off: with it, the return to TP-2 restores its copies during
+    its transition, and the next peak narrows again with 13 calls queued, above the raised bar
+    (two round trips either way; the rule's gain on this cell shrinks to 0.2 %)."""
+    import tangram_sdk.scheduler.gpu_regime as gr
+    import tangram_sdk.scheduler.gpu_sizing as gs
+
+    monkeypatch.setattr(gs, "_SUNK_FIRST_COPY", False)
     wl = mopd(1024, gpus=10, seed=1, teacher_max_gpus=4, work_mean=3.0)
 
     def run() -> tuple[int, float]:
@@ -518,3 +567,22 @@ def test_a_spilled_service_called_wider_than_the_spill_width_runs_in_the_cell(
     assert np.all(np.isfinite(np.asarray(r.end))) and len(granted) == len(wide), granted
     assert set(granted.values()) == {(4, 0)}, granted
     assert not kept_waiting, kept_waiting
+
+
+def test_a_planned_widening_restores_the_first_copies_at_the_new_width_before_its_transition_ends(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """In a planned widening's transition the old width's copies still serve. A service's first
+    copy at the new width is restored anyway (by the first call after the transition, if not
+    before), so it is not charged to the call that restores it: charged, every call took a free
+    old-width copy, and with 9 teachers on 5 TP-2 cells every teacher restored at once when the
+    transition ended. MOPD with 3 GPU-s calls on 10 GPUs (seed 0): Tangram's mean ACT drops by over
+    0.5 % (0.994 -> 0.986x fifo2) and stays within the best fixed policy's (fifo2)."""
+    import tangram_sdk.scheduler.gpu_sizing as gs
+
+    wl = mopd(1024, gpus=10, seed=0, teacher_max_gpus=4, work_mean=3.0)
+    f2 = summarise(run_policy(wl, "fifo2"))["act_mean_s"]
+    sunk = summarise(run_policy(wl, "tangram"))["act_mean_s"]
+    monkeypatch.setattr(gs, "_SUNK_FIRST_COPY", False)
+    charged = summarise(run_policy(wl, "tangram"))["act_mean_s"]
+    assert sunk < 0.995 * charged, (sunk, charged)
+    assert sunk <= f2, (sunk, f2)

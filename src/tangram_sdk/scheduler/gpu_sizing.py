@@ -17,7 +17,21 @@ Three parts, each in its own module:
     new copy, and its queue drains sooner over one more copy;
   * what a restore displaces, priced by :class:`.CopyValue`; a restore that evicts must beat the
     alternative by its own cost again (two services trading one slot back and forth pay a restore
-    each time).
+    each time);
+  * in a planned widening's transition, a service's first copy at the new width as sunk, where
+    more services are called than the new width has cells: the first call after the transition
+    would restore it anyway, in its own way. Charged to the call that restores it, every call took
+    a free old-width copy instead, and every service restored at once when the transition ended
+    (heavy MOPD 8/10 GPUs and heavy-calls: 0.004-0.008x fifo2 better).
+
+After an urgent narrowing (every copy restores at the new width, the pool saturated) a service
+that has a copy at its size restores no second one while another GPU service queues with none
+(:meth:`GpuSizing._starved`), when that restore takes longer than two of its calls: a hot teacher's
+queue credits it a copy, and on heavy 8-GPU MOPD (9 teachers on 4 TP-2 cells, a restore 5 calls
+long) second and third copies of the hot teachers put the last teachers' first copies in the 5th
+restore round instead of the 3rd (seed 2: 1.029 -> 1.023x fifo2). Where a restore is about one
+call long (heavy-calls MOPD, 3 GPU-s calls at TP-1) the second copies pay back at once: without the
+two-call condition that cell's seed 1 went 1.032 -> 1.050x.
 
 A waiting call keeps its awaited cell from everyone behind it (FCFS across widths); the next call
 of its service sees that copy busy for its turn too, so the queue spreads over the free copies.
@@ -44,6 +58,10 @@ from .residency import Residency
 __all__ = ["GpuChoice", "GpuSizing"]
 
 _SWAP_MARGIN = 1.0  # a restore that evicts must save this many times its own cost more
+_UNSTARVE = True  # after an urgent narrowing no second copy restores while a service queues with none
+_UNSTARVE_CALLS = 2.0  # ... when that restore is longer than this many calls (a cheap one pays back)
+_SUNK_FIRST_COPY = True  # in a planned widening's transition, a service's first copy at the new
+                         # width is not charged its restore (paid anyway when the transition ends)
 
 
 class GpuChoice(NamedTuple):
@@ -155,6 +173,22 @@ class GpuSizing:
                 wait = rem
         return wait
 
+    def _starved(self, svc: str, sizes: tuple[int, ...], svcs: dict[str, Service]) -> bool:
+        """Whether another service has calls queued and no copy (warm or restoring this round)
+        at any of ``sizes``: after an urgent narrowing every copy restores at the new width."""
+        if not _UNSTARVE:
+            return False
+        res = self._resident
+        for other, q in self._svc_queued.items():
+            if not q or other == svc or other not in svcs:
+                continue
+            if any(res.warm_cells(other, k) for k in sizes):
+                continue
+            if any(len(p) in sizes for p in self._tent.get(other, ())):
+                continue
+            return True
+        return False
+
     def choice(self, a: Action, gfree: int, now: float) -> GpuChoice:
         """Units and cell offset for GPU service action ``a`` on the free mask ``gfree``, or (units
         0) wait, when waiting for a busy warm instance is cheapest (see :class:`GpuChoice`)."""
@@ -172,6 +206,7 @@ class GpuSizing:
         use_sizes = sizes
         prev = reg.prev_pref.get(spec) if a.eres == "gpu" else None
         legacy = 0
+        planned = False  # a planned switch's transition: the old width still serves beside the new
         if prev is not None and prev != pk:
             if reg.legacy:
                 # an urgent narrowing, handed over cell by cell: the old width serves on the
@@ -181,6 +216,7 @@ class GpuSizing:
             elif not reg.urgent and now - reg.switched_at < reg.transition:
                 # just after a switch the old width's copies still serve, while the new ones restore
                 use_sizes = sizes + (prev,)
+                planned = True
         info = svcs.get(svc) if svc is not None else None
         if info is None:
             info = Service(0.0, spec, dur_min(a), a.stats)
@@ -262,11 +298,28 @@ class GpuSizing:
         # new instances only at the size the price prefers for this kind (what the fixed TP-m*
         # policy would hold): mixed sizes fragment memory into copies nobody uses
         gfree_new = gfree & ~legacy
+        if (have and reg.urgent and plan is None and svc is not None
+                and reg.restore_lat(r, pref if pref in sizes else sizes[0]) > _UNSTARVE_CALLS * t_q
+                and self._starved(svc, sizes, svcs)):
+            gfree_new = 0  # _UNSTARVE: a second copy waits while another service queues with none
         for m in sizes:
             full = (1 << m) - 1
             t = t_of(m)
             fixed = reg.restore_lat(r, m) + t * (1.0 + mu * m) + mu_w * reg.restore_gpu_s(r, m)
             cr = credit(m)
+            if (planned and prev is not None and not have and m == pk and pk > prev and (slots or 1.0) > 1.0 and _SUNK_FIRST_COPY
+                    and sum(1 for i in svcs.values() if i.lam > 0) > G // m):
+                # a widening's transition: a service's first copy at the new width is restored
+                # anyway, by its first call after the transition if not before, so its restore
+                # (latency and GPU-seconds) is sunk, not this call's to weigh against a free warm
+                # old-width copy. Charged, every call took the old copy and every service restored
+                # at once when the transition ended (heavy-calls MOPD seed 1, TP-1 -> TP-2 at
+                # 618 s: calls queued 3.4-4.1 s at 680-700 s, fifo2 0.6-0.7 s). Only where those
+                # restores take more than one round (more services called than cells; with one
+                # judge, deepsearch, an early restore took a cell from a burst: 1.008 -> 1.016x
+                # fifo2), not on a narrowing (6-GPU MOPD seed 0 0.988 -> 0.998) and not where a
+                # GPU holds one model (every new copy evicts one still serving: 0.809 -> 0.836)
+                cr += reg.restore_lat(r, m) + mu_w * reg.restore_gpu_s(r, m)
             if fixed - cr >= best:
                 continue
             need = 1.0 / m if reg.gpu_instances == "tp" else 1.0
