@@ -24,11 +24,12 @@ earlier stints (the calls' real queue waits against the model's, per width: the 
 misses the residency of few wide cells). Narrowing when the width in force waits too often at the
 latest rates is urgent (an overload queues within seconds) and goes to the narrower width those
 rates score best (while they ramp, those rates 1.5x over: a load still rising would need a second
-narrowing, every copy restored twice: deepsearch's saturated judge 1.073 -> 1.044x isolated), and each urgent narrowing that the smoothed rates undo (within two regime
-windows, or at any age when the narrow width's calls waited more against the model than the wide
-one's: heavy-calls MOPD seed 1, 1.050 -> 1.032x fifo2) raises the bar for the next one from that
-width; one that only the latest rates call for, without a ramp, waits for a backlog as large as
-its own restores would cause (a clump of arrivals is not an overload), and is not heeded within
+narrowing, every copy restored twice: deepsearch's saturated judge 1.073 -> 1.044x isolated), and
+each urgent narrowing that the smoothed rates undo (within two regime windows, or at any age
+when the narrow width's calls waited more against the model than the wide one's: heavy-calls MOPD
+seed 1, 1.050 -> 1.032x fifo2) raises the bar for the next one from that width; one that only
+the latest rates call for, without a ramp, waits for a backlog as large as its own restores would
+cause (a clump of arrivals is not an overload), and is not heeded within
 10 s of the last urgent narrowing (its copies are still restoring). For 60 s
 after a planned switch the old width's copies still serve while the new ones restore. An urgent
 narrowing hands the old width's cells over one at a time instead (:meth:`GpuRegime._plan_stages`):

@@ -18,9 +18,9 @@ Three parts, each in its own module:
   * what a restore displaces, priced by :class:`.CopyValue`; a restore that evicts must beat the
     alternative by its own cost again (two services trading one slot back and forth pay a restore
     each time);
-  * in a planned widening's transition, a service's first copy at the new width as sunk, where
-    more services are called than the new width has cells: the first call after the transition
-    would restore it anyway, in its own way. Charged to the call that restores it, every call took
+  * in a planned widening's transition, a service's first copy at the new width counts as sunk,
+    where more services are called than the new width has cells: the first call after the
+    transition would restore it anyway, in its own way. Charged to the call that restores it, every call took
     a free old-width copy instead, and every service restored at once when the transition ended
     (heavy MOPD 8/10 GPUs and heavy-calls: 0.004-0.008x fifo2 better).
 
@@ -307,8 +307,8 @@ class GpuSizing:
             t = t_of(m)
             fixed = reg.restore_lat(r, m) + t * (1.0 + mu * m) + mu_w * reg.restore_gpu_s(r, m)
             cr = credit(m)
-            if (planned and prev is not None and not have and m == pk and pk > prev and (slots or 1.0) > 1.0 and _SUNK_FIRST_COPY
-                    and sum(1 for i in svcs.values() if i.lam > 0) > G // m):
+            if (_SUNK_FIRST_COPY and planned and prev is not None and not have and m == pk and pk > prev
+                    and (slots or 1.0) > 1.0 and sum(1 for i in svcs.values() if i.lam > 0) > G // m):
                 # a widening's transition: a service's first copy at the new width is restored
                 # anyway, by its first call after the transition if not before, so its restore
                 # (latency and GPU-seconds) is sunk, not this call's to weigh against a free warm
