@@ -259,6 +259,7 @@ def test_no_second_urgent_narrowing_while_the_first_restores(monkeypatch: pytest
     import tangram_sdk.scheduler.gpu_regime as gr
 
     monkeypatch.setattr(gr, "_AHEAD", 1.0)
+    monkeypatch.setattr(gr, "_PREP", 0.0)  # the opening-ramp rule narrows to TP-1 before the burst
     wl = deepsearch(2048, seed=7)
     f2 = summarise(run_policy(wl, "fifo2"))["act_mean_s"]
     held = summarise(run_policy(wl, "tangram"))["act_mean_s"]
@@ -280,6 +281,7 @@ def test_an_urgent_narrowing_hands_the_old_cells_over_one_at_a_time(monkeypatch:
     import tangram_sdk.scheduler.gpu_regime as gr
     import tangram_sdk.scheduler.gpu_sizing as gs
 
+    monkeypatch.setattr(gr, "_PREP", 0.0)  # the opening-ramp rule hands every cell over at once
     wl = deepsearch(2048, seed=1)
     f2 = summarise(run_policy(wl, "fifo2"))["act_mean_s"]
     choice = gs.GpuSizing.choice
@@ -316,8 +318,13 @@ def test_after_an_urgent_narrowing_no_second_copy_restores_while_a_service_has_n
     and third copies (their queues credit a copy) while others queued with none, so the last
     teachers got their first copy in the 5th round instead of the 3rd: 1.029x fifo2's mean ACT.
     Now, after an urgent narrowing, a service with a copy waits for it while another GPU service
-    queues with none (1.023x)."""
+    queues with none (1.023x). Measured with ``_CAL_NARROW`` off: scored on its measured waits,
+    the guessed first width narrows here before the peak as a planned switch (test below), and
+    this rule, which acts after urgent narrowings only, has nothing left to do."""
+    import tangram_sdk.scheduler.gpu_regime as gr
     import tangram_sdk.scheduler.gpu_sizing as gs
+
+    monkeypatch.setattr(gr, "_CAL_NARROW", False)
 
     wl = mopd(4096, gpus=8, seed=2)
     choice = gs.GpuSizing.choice
@@ -415,12 +422,19 @@ def test_a_narrowing_whose_width_waited_worse_than_modelled_is_a_false_alarm_at_
     its transition, and the next peak narrows again with 13 calls queued, above the raised bar
     (two round trips either way; the rule's gain on this cell shrinks to 0.2 %). And with
     ``_ROBUST`` off: a narrowing that must also win at rates two standard errors lower leaves one
-    round trip whether or not the second peak counts the first as a false alarm (test below)."""
+    round trip whether or not the second peak counts the first as a false alarm (test below). And
+    with ``_CALL_OFF`` off: without the first copies restored in the transition, the return to
+    TP-2 is called off at the next peak, which then narrows again (with ``_SUNK_FIRST_COPY`` on,
+    as in the matrix, the cell is the same either way). And with ``_CAL_NARROW`` off: in this
+    setting (the three rules above off) the guessed first width narrows on its measured waits,
+    and both peaks then narrow either way (2.299 s / 2.305 s)."""
     import tangram_sdk.scheduler.gpu_regime as gr
     import tangram_sdk.scheduler.gpu_sizing as gs
 
     monkeypatch.setattr(gs, "_SUNK_FIRST_COPY", False)
     monkeypatch.setattr(gr, "_ROBUST", 0.0)
+    monkeypatch.setattr(gr, "_CALL_OFF", False)
+    monkeypatch.setattr(gr, "_CAL_NARROW", False)
     wl = mopd(1024, gpus=10, seed=1, teacher_max_gpus=4, work_mean=3.0)
 
     def run() -> tuple[int, float]:
@@ -431,6 +445,24 @@ def test_a_narrowing_whose_width_waited_worse_than_modelled_is_a_false_alarm_at_
     n_old, act_old = run()
     assert n_new == 1 and n_old == 2, (n_new, n_old)
     assert act_new < 0.99 * act_old, (act_new, act_old)
+
+
+def test_the_guessed_first_width_narrows_on_its_measured_waits(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Heavy MOPD on 8 GPUs (batch 4096, seed 2). The first width, TP-4, is a guess (two cells),
+    and as the step's load rose its calls waited 2-4x the model's prediction. On the model alone
+    TP-4 still scored as well as TP-2 until the peak, where it narrowed urgently under an 8-call
+    queue and every teacher restored in the overload: calls then queued ~5 s, 1.021x fifo2. Scored
+    with its measured waits (as a width already is before it is grown into), the guessed width
+    narrows as a planned switch at 377 s with 2 calls queued, and beats fifo2."""
+    import tangram_sdk.scheduler.gpu_regime as gr
+
+    wl = mopd(4096, gpus=8, seed=2)
+    f2 = summarise(run_policy(wl, "fifo2"))["act_mean_s"]
+    measured = summarise(run_policy(wl, "tangram"))["act_mean_s"]
+    monkeypatch.setattr(gr, "_CAL_NARROW", False)
+    modelled = summarise(run_policy(wl, "tangram"))["act_mean_s"]
+    assert measured <= 0.99 * f2, (measured, f2)
+    assert modelled > 1.01 * f2, (modelled, f2)
 
 
 def test_a_narrowing_must_win_beyond_the_noise_of_the_rates(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -460,6 +492,7 @@ def test_an_urgent_narrowing_under_a_ramp_is_sized_for_where_the_rates_are_headi
     the mean ACT drops (1.073x isolated's -> 1.044x)."""
     import tangram_sdk.scheduler.gpu_regime as gr
 
+    monkeypatch.setattr(gr, "_PREP", 0.0)  # the opening-ramp rule narrows before this narrowing
     wl = deepsearch(1024, seed=1, gpus=8, judge_work_mean=3.0)
     n_new, act_new = _switches_and_act(monkeypatch, wl, 2, 1)
     monkeypatch.setattr(gr, "_AHEAD", 1.0)  # the latest rates as they are
@@ -612,3 +645,46 @@ def test_a_planned_widening_restores_the_first_copies_at_the_new_width_before_it
     charged = summarise(run_policy(wl, "tangram"))["act_mean_s"]
     assert sunk < 0.995 * charged, (sunk, charged)
     assert sunk <= f2, (sunk, f2)
+
+
+def test_the_opening_ramp_of_a_new_load_restores_the_narrowest_copies_before_the_overload(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Deepsearch's judge at 3 GPU-s a call on 8 GPUs (seed 1): its first calls come at ~45 s,
+    ~1/s, and ~5/s from ~55 s on, an overload that lasts minutes. Narrowed TP-4 -> TP-1 in it,
+    the eight TP-1 copies restored at its start (4 s each, the queue growing behind them) and
+    every later call waited for that: 1.044x isolated's mean ACT (eight copies from the start).
+    While the latest rates are 3x the smoothed ones and would keep TP-1 15 % busy, the pool
+    goes TP-1 at once and every call restores a copy on an idle GPU until each GPU holds one,
+    before the overload: 1.013x."""
+    import tangram_sdk.scheduler.gpu_regime as gr
+
+    wl = deepsearch(1024, seed=1, gpus=8, judge_work_mean=3.0)
+    iso = summarise(run_policy(wl, "isolated"))["act_mean_s"]
+    r = run_policy(wl, "tangram")
+    judge = np.array(r.kind) == "judge"
+    one = judge & (np.array(r.units) == 1) & (np.array(r.overhead) > 0)
+    restored = np.array(r.grant)[one]
+    assert len(restored) == 8 and restored.max() < 55.0, restored  # all eight before the overload
+    assert summarise(r)["act_mean_s"] <= 1.02 * iso, (summarise(r)["act_mean_s"], iso)
+    monkeypatch.setattr(gr, "_PREP", 0.0)
+    assert summarise(run_policy(wl, "tangram"))["act_mean_s"] > 1.04 * iso
+
+
+def test_a_widening_the_latest_rates_no_longer_support_is_called_off_before_its_copies_restore(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Deepsearch's default judge (seed 0) widens TP-1 -> TP-2 at its burst's peak. The TP-1
+    copies serve every call for the transition's 60 s; when it ended the four TP-2 copies
+    restored (evicting all eight TP-1 ones) and 5 s later the latest rates narrowed it back
+    urgently, restoring eight TP-1 copies a cell at a time in the burst: 1.028x fifo2. Called
+    off once TP-2 would wait too often at the latest rates, before any TP-2 copy is restored,
+    it stays at TP-1: 1.010x."""
+    import tangram_sdk.scheduler.gpu_regime as gr
+
+    wl = deepsearch(2048, seed=0)
+    f2 = summarise(run_policy(wl, "fifo2"))["act_mean_s"]
+    r = run_policy(wl, "tangram")
+    assert summarise(r)["act_mean_s"] <= 1.02 * f2, (summarise(r)["act_mean_s"], f2)
+    assert r.restores <= 12
+    monkeypatch.setattr(gr, "_CALL_OFF", False)
+    r0 = run_policy(wl, "tangram")
+    assert summarise(r0)["act_mean_s"] > 1.02 * f2 and r0.restores > 16

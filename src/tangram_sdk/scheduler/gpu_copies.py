@@ -84,6 +84,13 @@ class CopyValue:
             info.target += 1
             budget -= mem
             heapq.heappush(heap, (-self._copy_gain(info, info.target, mu, load, G, H), name))
+        if self._regime.eager:
+            # prepared for an opening ramp (:meth:`.GpuRegime._prepares`): a copy on every cell
+            # the pool's memory holds, shared evenly, before the calls that will need them
+            active = [info for info in svcs.values() if info.lam > 0]
+            for info in active:
+                m = info.pref
+                info.target = max(info.target, min(G // m, int(self._regime.copies_fit(m, G) / len(active) + 1e-9)))
 
     def _copy_gain(self, info: Service, n: int, mu: float, load: float, G: int, H: float) -> float:
         """Seconds of ACT a service's (n+1)-th copy at its preferred size saves over the horizon."""

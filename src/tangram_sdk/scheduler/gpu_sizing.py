@@ -58,6 +58,8 @@ from .residency import Residency
 __all__ = ["GpuChoice", "GpuSizing"]
 
 _SWAP_MARGIN = 1.0  # a restore that evicts must save this many times its own cost more
+_EAGER_CREDIT = 1e9  # seconds credited to a copy below an eager target (:attr:`.GpuRegime.eager`): it
+                     # restores on a free cold cell rather than the call take a free warm copy
 _UNSTARVE = True  # after an urgent narrowing no second copy restores while a service queues with none
 _UNSTARVE_CALLS = 2.0  # ... when that restore is longer than this many calls (a cheap one pays back)
 _SUNK_FIRST_COPY = True  # in a planned widening's transition, a service's first copy at the new
@@ -262,6 +264,10 @@ class GpuSizing:
                 return 0.0
             c = behind * t_q * (1.0 / len(have) - 1.0 / (len(have) + 1))
             if below:
+                if reg.eager:
+                    # prepared for an opening ramp: the copy restores now, on an idle cell, not
+                    # in the overload the ramp is heading for (a free warm copy is not taken)
+                    return _EAGER_CREDIT
                 c += weight * (self._copies.cost(info, have, mu, rho_o) - self._copies.cost(info, have + [m], mu, rho_o))
             return c
 
