@@ -218,10 +218,11 @@ class _Memory:
 
 
 @pytest.mark.looptime
-@pytest.mark.parametrize("gpus,slots,n_svc,n_act,seed", [(8, 8.0, 3, 6, 3), (6, 1.0, 5, 300, 3),
-                                                         (8, 1.0, 1, 40, 4)])
+@pytest.mark.parametrize("gpus,slots,n_svc,n_act,seed,prep", [(8, 8.0, 3, 6, 3, True), (6, 1.0, 5, 300, 3, True),
+                                                              (8, 1.0, 1, 40, 4, False), (8, 1.0, 1, 40, 4, True)])
 async def test_runtime_and_simulator_make_identical_gpu_decisions(gpus: int, slots: float, n_svc: int,
-                                                                  n_act: int, seed: int) -> None:
+                                                                  n_act: int, seed: int, prep: bool,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     """The same for the GPU path: elastic TP widths, warm/cold placement and restores priced as
     investments (gpu_sizing) decide identically live and simulated. No GPU manager runs here, so
     the simulator reports no residency either; the live side charges a cold grant ``R / width``
@@ -230,7 +231,14 @@ async def test_runtime_and_simulator_make_identical_gpu_decisions(gpus: int, slo
     so the fifth service runs at TP-2 on GPUs 4-5 beside it. The third narrows urgently from TP-4
     to TP-1 with one service, handing the TP-4 cells over one at a time (its seed: seed 3 has
     two submits 1 us apart, and looptime's clock moves a tick while the runtime handles the
-    first, so the second lands a tick late; a harness limit, not a decision)."""
+    first, so the second lands a tick late; a harness limit, not a decision). That is with the
+    opening-ramp preparation off (``_PREP = 0``); with it on (the fourth case), the same ramp
+    narrows to TP-1 at once and restores a TP-1 copy on every cell while they are idle (eager
+    copies), every cell handed over together."""
+    import tangram_sdk.scheduler.gpu_regime as gr
+
+    if not prep:
+        monkeypatch.setattr(gr, "_PREP", 0.0)
     pool = Pool(gpus=gpus)
     restore = {f"t{i}": 1.0 for i in range(n_svc)}
     trajs = _gpu_trace(seed=seed, n_traj=8 if n_act < 100 else 1, n_act=n_act, n_svc=n_svc)
@@ -267,4 +275,8 @@ async def test_runtime_and_simulator_make_identical_gpu_decisions(gpus: int, slo
     if n_svc == 1:  # staged: after the first TP-1 grant, TP-4 still serves on the cell not handed over
         first = next(i for i, g in enumerate(grants) if g.units == 1)
         late4 = {g.gpus for g in grants[first:] if g.units == 4}
+        if prep:  # prepared: every cell handed over at once, a TP-1 copy restored on each GPU
+            assert not late4, late4
+            assert {g.gpus for g in grants if g.units == 1 and g.restore} == {(i,) for i in range(gpus)}
+            return
         assert late4 and all(not set(g) & set(grants[first].gpus) for g in late4), late4
