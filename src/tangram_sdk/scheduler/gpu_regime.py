@@ -354,11 +354,9 @@ class GpuRegime:
         # into (the pooled model misses the residency and cell fragmentation of few wide cells,
         # and there a wrong guess queues without bound: 8 GPUs at TP-4 measured 13-30x its wait)
         scores = {}
-        parts = {}
         for m in widths:
             ex, wq, pw = self._predict(kinds, m, G, cv_f)
             scores[m] = (ex + wq, pw)
-            parts[m] = (ex, wq)
         if m_cur == 1 << 30:  # the first look: the widest width leaving _START_CELLS cells
             two = [m for m in widths if G // m >= _START_CELLS]
             m_cur = self.width = max(two) if two else widths[0]
@@ -413,10 +411,7 @@ class GpuRegime:
                 # (the pooled model misses the residency of few wide cells: 2 TP-4 cells of 8
                 # GPUs waited ~3x its prediction at batch 4096, TP-2 ~2x; growing on the model
                 # alone traded TP-2 and TP-4 every minute there, 1.15x fifo2's mean ACT)
-                f = self._wq_f
-                eb, wb, _p = self._predict(kinds, best_m, G, cv_f)
-                ec, wc, _p = self._predict(kinds, m_cur, G, cv_f)
-                if eb + wb * f.get(best_m, 1.0) >= (ec + wc * f.get(m_cur, 1.0)) * (1.0 - _SWITCH):
+                if self._measured(kinds, best_m, G, cv_f) >= self._measured(kinds, m_cur, G, cv_f) * (1.0 - _SWITCH):
                     pw_f = math.inf  # not grown into
             if best_m < m_cur or (pw_f <= _P_WAIT and ex_f + wq_f < sum(
                     self._predict(fast, m_cur, G, cv_f)[:2]) * (1.0 - _SWITCH)):
@@ -424,8 +419,7 @@ class GpuRegime:
         cal_gain = None
         if (_CAL_NARROW and self.guessed and pick == m_cur and cur is not None and not urgent
                 and m_cur in self._wq_f and now - self.switched_at >= self.regime_window):
-            fw = self._wq_f
-            cal = {m: parts[m][0] + parts[m][1] * fw.get(m, 1.0) for m in set(ok) | {m_cur}}
+            cal = {m: self._measured(kinds, m, G, cv_f) for m in set(ok) | {m_cur}}
             nb = min((m for m in ok if m < m_cur), key=lambda m: (cal[m], -m), default=None)
             if nb is not None and math.isfinite(cal[m_cur]) and cal[nb] < cal[m_cur] * (1.0 - _SWITCH):
                 pick, cal_gain = nb, cal[m_cur] - cal[nb]
@@ -453,7 +447,7 @@ class GpuRegime:
         # under a 6-call queue served at TP-4 for ~45 s more while the queue grew to 27, 1.14x fifo2)
         if (pick < m_cur and cur is not None and not overrun
                 and not self._beyond_noise(fast, lam_sum, pick, m_cur, G, cv_f,
-                                           self._wq_f if cal_gain is not None else None)):
+                                           measured=cal_gain is not None)):
             pick, urgent = m_cur, False  # near capacity, where the wait is steep, noise looks like an overload
         staged = urgent or (pick < m_cur and cur is not None and self._backlogged(m_cur, G))
         if pick != m_cur:
@@ -490,7 +484,7 @@ class GpuRegime:
         return pick
 
     def _beyond_noise(self, fast: list[Any], lam_sum: float, new: int, old: int, G: int, cv_f: float,
-                      fw: dict[int, float] | None = None) -> bool:
+                      measured: bool = False) -> bool:
         """A narrowing from ``old`` to ``new`` still wins at the latest rates ``_ROBUST`` standard
         errors lower (a count of N calls is off by ~sqrt(N)), or the rates ramp (a load still
         rising is believed at once). Near a width's capacity the M/G/c wait is so steep that noise
@@ -503,10 +497,15 @@ class GpuRegime:
             return True
         f = max(0.0, 1.0 - _ROBUST / math.sqrt(max(1.0, lam * _RATE_WINDOW)))
         low = [(k[0] * f,) + tuple(k[1:]) for k in fast]
-        fw = fw or {}
-        en, wn, _p = self._predict(low, new, G, cv_f)
-        eo, wo, _p = self._predict(low, old, G, cv_f)
-        return en + wn * fw.get(new, 1.0) < eo + wo * fw.get(old, 1.0)
+        if measured:  # a narrowing taken on measured waits is checked on them too
+            return self._measured(low, new, G, cv_f) < self._measured(low, old, G, cv_f)
+        return sum(self._predict(low, new, G, cv_f)[:2]) < sum(self._predict(low, old, G, cv_f)[:2])
+
+    def _measured(self, kinds: list[Any], m: int, G: int, cv_f: float) -> float:
+        """The model's mean ACT at width ``m`` with its wait scaled by the width's measured /
+        modelled ratio (:meth:`_calibrate`; 1 for a width never measured)."""
+        ex, wq, _p = self._predict(kinds, m, G, cv_f)
+        return ex + wq * self._wq_f.get(m, 1.0)
 
     def _prepares(self, kinds: list[Any], fast: list[Any], widths: list[int], m_cur: int, G: int) -> bool:
         """Whether to leave the first width, a guess, for the narrowest before any overload: while
