@@ -54,11 +54,11 @@ ones, the first width still the guess): once those rates would keep the narrowes
 the pool goes to it at once and restores a copy on every cell while it is still idle (each call
 below that target restores on a free cold cell rather than take a free warm copy), not in the
 overload the ramp is heading for (:meth:`GpuRegime._prepares`). The guessed first width is also
-scored with its calls' measured waits (against the model's, as a width is before it is grown
-into) for a planned narrowing: heavy 8-GPU MOPD's TP-4, two cells, waited 2-4x the model as the
-step's load rose and narrowed only at the peak, urgently, every teacher restored in the overload. And a planned widening whose width
-the latest rates would no longer grow into is called off before its transition ends, while no copy
-at its width is restored yet (:meth:`GpuRegime._called_off`).
+scored with its calls' measured waits (against the model's, as a width is before it is grown into)
+for a planned narrowing: heavy 8-GPU MOPD's TP-4, two cells, waited 2-4x the model as the step's
+load rose and narrowed only at the peak, urgently, every teacher restored in the overload. And a
+planned widening whose width the latest rates would no longer grow into is called off before its
+transition ends, while no copy at its width is restored yet (:meth:`GpuRegime._called_off`).
 
 Mixed widths at the same time were tried and lost: a TP-2 call in a 4-GPU cell keeps a TP-4 call
 out of it (buddy fragmentation), and copies of every width split memory.
