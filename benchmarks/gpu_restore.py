@@ -310,7 +310,25 @@ def table(rows: list[dict[str, Any]]) -> str:
 
 
 # -- the device check's single table (scripts/gpu-check.sh) ----------------------------------------
-def report(paths: list[Path], pytest_log: Path | None, pytest_rc: int | None, elapsed: float | None) -> int:
+def soak_row(path: Path) -> tuple[str, str, str, str]:
+    """The device check's soak line: faults on the real device, nothing left held or allocated."""
+    try:
+        r = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        return "soak under faults", f"no result ({type(exc).__name__})", "a result", "FAIL (no result)"
+    if "failed" in r:
+        return "soak under faults", r["failed"], "a result", "FAIL (no result)"
+    g, b = r["gpu"] or {}, r["device_bytes"]
+    measured = (f"{r['actions']} actions on {r['gpu_device']}: {g.get('restores')} restores, "
+                f"{g.get('evictions')} evictions, {r['cancels_delivered']} cancels; device bytes "
+                f"{b['before']} -> {b['after']}")
+    bad = r["leaks"] or r["unexpected"] or g.get("failures")
+    return ("soak under faults", measured, "no leak, every cancel won, device bytes back",
+            f"FAIL ({(r['leaks'] + r['unexpected'])[:2]})" if bad else "OK")
+
+
+def report(paths: list[Path], pytest_log: Path | None, pytest_rc: int | None, elapsed: float | None,
+           soak: Path | None = None) -> int:
     runs, failed = [], []
     for path in paths:  # a step that failed, timed out or never ran left a stub, or nothing
         try:
@@ -333,7 +351,7 @@ def report(paths: list[Path], pytest_log: Path | None, pytest_rc: int | None, el
     if pytest_log is not None:
         lines = [ln for ln in pytest_log.read_text().splitlines() if ln.strip()]
         summary = lines[-1].strip("= ") if lines else "no output"
-        row("pytest -m cuda", summary, "all pass" if cuda else "skipped without CUDA",
+        row("pytest (GPU files)", summary, "all pass" if cuda else "skipped without CUDA",
             "OK" if pytest_rc == 0 else f"FAIL (exit {pytest_rc})")
     bw = sorted((b for r in runs for b in r.get("bandwidth", [])), key=lambda b: b["MB"])
     for b in bw:
@@ -369,6 +387,8 @@ def report(paths: list[Path], pytest_log: Path | None, pytest_rc: int | None, el
         leaked = any(r["host_after"]["sdk"]["bytes"] != r["host_before"]["sdk"]["bytes"] for r in runs)
         row("host_memory_stats after", json.dumps(after), "sdk bytes back to before",
             "FAIL (host buffers kept)" if leaked else "OK")
+    if soak is not None:
+        row(*soak_row(soak))
     if elapsed is not None:
         row("elapsed", f"{elapsed:.0f} s", "< 300 s", "OK" if elapsed < 300 or not cuda else "FAIL (too slow)")
     dev = first["device_name"] if first else "?"
@@ -399,10 +419,11 @@ def main() -> None:
     p.add_argument("--report", type=Path, nargs="+", help="print the device check's table from --json files")
     p.add_argument("--pytest", type=Path, help="with --report: the pytest -m cuda log")
     p.add_argument("--pytest-rc", type=int)
+    p.add_argument("--soak", type=Path, help="with --report: the soak's --json report")
     p.add_argument("--elapsed", type=float)
     args = p.parse_args()
     if args.report:
-        sys.exit(report(args.report, args.pytest, args.pytest_rc, args.elapsed))
+        sys.exit(report(args.report, args.pytest, args.pytest_rc, args.elapsed, args.soak))
     dev = args.device
     before = host_stats()
     if dev.startswith("cuda"):

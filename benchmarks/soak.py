@@ -130,31 +130,48 @@ class ProbeManager:
         pass
 
 
-def _gpu_manager(n_gpus: int) -> tuple[Any, Any, list[str]]:
-    """A real TorchGpuManager on the CPU path: explicit devices, a budget holding two services."""
+def _gpu_manager(n_gpus: int, device: str | None = None, width: int = 16) -> tuple[Any, Any, list[str]]:
+    """A real TorchGpuManager with a budget holding two services per pool GPU: on the CPU path
+    (``cpu:0..``) by default, or every pool GPU mapped to one ``device`` (``cuda:0`` on the device
+    check: real side-stream copies and evictions under the same faults)."""
     import torch
 
     from tangram_sdk.managers.gpu import TorchGpuManager
 
     torch.set_num_threads(1)
-    devices = {i: f"cpu:{i}" for i in range(n_gpus)}
+    devices = {i: device or f"cpu:{i}" for i in range(n_gpus)}
     from tangram_sdk.managers import _torch_store as ts
 
-    fp = ts.HostStore(torch.nn.Linear(16, 16)).footprint
+    fp = ts.HostStore(torch.nn.Linear(width, 16)).footprint
     mgr = TorchGpuManager(devices=devices, memory_budget=int(fp * 2.5))
     names = ["rm_a", "rm_b", "rm_c"]
     for i, name in enumerate(names):
         torch.manual_seed(i)
-        mgr.register(name, module=torch.nn.Linear(16, 16))
-    x = torch.randn(4, 16)
+        mgr.register(name, module=torch.nn.Linear(width, 16))
+    x = torch.randn(4, width)
     return mgr, x, names
+
+
+def _device_bytes(device: str | None) -> int | None:
+    """Bytes torch's allocator hands out on a CUDA ``device`` (None elsewhere): the soak's device
+    leak check compares it before the Tangram starts and after it closed."""
+    if device is None or not device.startswith("cuda"):
+        return None
+    import torch
+
+    torch.cuda.synchronize(device)
+    clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+    if clear is not None:  # cuBLAS keeps a workspace per handle and stream: the process's, not a leak
+        clear()
+    return int(torch.cuda.memory_allocated(device))
 
 
 # --------------------------------------------------------------------------------------------- the run
 class Soak:
     def __init__(self, *, trajectories: int, actions: int, epochs: int, seed: int, cancel_p: float,
                  raise_p: float, timeout_p: float, gpu: bool, think_ms: float = 0.0, cpus: int = 64,
-                 avoid_known_bugs: bool = False, stall_s: float = 30.0) -> None:
+                 avoid_known_bugs: bool = False, stall_s: float = 30.0, gpu_device: str | None = None,
+                 gpu_width: int = 16) -> None:
         self.trajectories = trajectories
         self.actions = actions
         self.epochs = epochs
@@ -163,6 +180,7 @@ class Soak:
         self.raise_p = raise_p
         self.timeout_p = timeout_p
         self.gpu = gpu
+        self.gpu_device = gpu_device
         self.think_s = think_ms / 1e3
         self.avoid_known_bugs = avoid_known_bugs
         self.stall_s = stall_s
@@ -188,7 +206,7 @@ class Soak:
         self.x: Any = None
         self.services: list[str] = []
         if gpu:
-            self.gpu_mgr, self.x, self.services = _gpu_manager(n_gpus)
+            self.gpu_mgr, self.x, self.services = _gpu_manager(n_gpus, gpu_device, gpu_width)
         self.elastic = Elasticity("cpu", max_units=8, efficiency=Amdahl(0.9))
         self.fixed = [ActionSpec(kind="search", quotas={"search": 1}),
                       ActionSpec(kind="judge", quotas={"judge": 1}),
@@ -226,6 +244,8 @@ class Soak:
             if spec.service is not None:
                 y = await lease.call(self.x)
                 assert y.shape == (4, 16)
+                if self.gpu_device is not None:
+                    assert str(y.device) == self.gpu_device, y.device
             elif self.rng.random() < 0.5:
                 await asyncio.sleep(0)
             else:
@@ -398,6 +418,7 @@ class Soak:
         gc.collect()
         self.rss["start"] = rss_mb()
         managers = [self.probe] + ([self.gpu_mgr] if self.gpu_mgr is not None else [])
+        dev0 = _device_bytes(self.gpu_device if self.gpu_mgr is not None else None)
         leaks: list[str] = []
         per_epoch: list[dict[str, Any]] = []
         t0 = time.perf_counter()
@@ -437,6 +458,9 @@ class Soak:
             stats = t.statistics()
             gpu_stats = self.gpu_mgr.statistics() if self.gpu_mgr is not None else None
         elapsed = time.perf_counter() - t0
+        dev1 = _device_bytes(self.gpu_device if self.gpu_mgr is not None else None)
+        if dev0 is not None and dev1 != dev0:
+            leaks.append(f"{self.gpu_device}: torch's allocator holds {dev1 - dev0:+d} B after the Tangram closed")
         cpu_s = time.process_time() - c0
         await asyncio.sleep(0)
         stray = [repr(x) for x in asyncio.all_tasks() if x is not me and not x.done()]
@@ -467,6 +491,7 @@ class Soak:
                                                   "completed", "rejected", "rounds", "evictions")},
             "gpu": None if gpu_stats is None else {k: gpu_stats[k] for k in
                                                     ("restores", "evictions", "hits", "retries", "failures")},
+            "gpu_device": self.gpu_device, "device_bytes": {"before": dev0, "after": dev1},
         }
 
 
@@ -492,6 +517,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="no cancels inside manager releases or GPU applies (see docs/reliability.md)")
     ap.add_argument("--stall-s", type=float, default=30.0, help="fail when no action finishes this long")
     ap.add_argument("--no-gpu", action="store_true", help="skip the TorchGpuManager actions")
+    ap.add_argument("--gpu-device", default=None,
+                    help="map the 4 pool GPUs to this torch device (e.g. cuda:0) and check its memory after")
+    ap.add_argument("--gpu-width", type=int, default=16,
+                    help="input width of each service's Linear(width, 16): its size (4096 = 256 KiB)")
     ap.add_argument("--json", default=None, help="write the report here")
     a = ap.parse_args(argv)
     actions = a.actions if a.actions is not None else (50 if a.long else 5)
@@ -507,7 +536,8 @@ def main(argv: list[str] | None = None) -> int:
             gpu = False
     soak = Soak(trajectories=a.trajectories, actions=actions, epochs=epochs, seed=a.seed, cancel_p=a.cancel,
                 raise_p=a.raise_p, timeout_p=a.timeout_p, gpu=gpu, think_ms=think, cpus=cpus,
-                avoid_known_bugs=a.avoid_known_bugs, stall_s=a.stall_s)
+                avoid_known_bugs=a.avoid_known_bugs, stall_s=a.stall_s, gpu_device=a.gpu_device,
+                gpu_width=a.gpu_width)
     rep = asyncio.run(soak.run(log=lambda s: print(s, flush=True)))
     ok = not rep["leaks"] and not rep["unexpected"]
     rss = rep["rss_mb"]

@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # The GPU path's device check (issue 18): run once on a CUDA machine; under 5 minutes on one H200
 # (139 GiB device, 128 GiB host). It runs
-#   1. pytest -m cuda (the cuda-marked tests of the torch store and the GPU manager),
+#   1. pytest on the GPU test files: all of them on CUDA (the cuda-marked tests, and every other test
+#      with CUDA visible, which changes defaults), only the cuda-marked ones without,
 #   2. the restore benchmark at 0.5, 2 and 8 GB, one process per size, so every host and device
 #      buffer of a size is freed before the next (the host's page-locked budget holds one size),
 #   3. the scoring part (evict-on-execution vs dedicated, and the charge per service),
+#   4. a short soak under faults (cancels, raises, timeouts) with every pool GPU on that device, its
+#      allocator's bytes compared before the Tangram starts and after it closed,
 # and prints ONE table: restore GB/s vs raw pinned host-to-device GB/s (target >= 80 %), eviction
 # time, measured vs estimated charge per service, host_memory_stats() before/after. Exit 1 if a
 # check failed, 2 without CUDA.
@@ -30,6 +33,8 @@ if [ "${GPU_CHECK_CPU:-0}" = 1 ]; then
     REPEATS=3
     EXTRA=(--device cpu)
     SCORING=(--services 3 --service-mb 1 --dim 256 --requests 24 --batch 8)
+    SOAK=(--gpu-device cpu --gpu-width 4096 --trajectories 256)
+    TESTS=(-m cuda)
 else
     if ! "$PY" -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)"; then
         echo "gpu-check: no CUDA device visible (GPU_CHECK_CPU=1 runs the CPU-only parts)" >&2
@@ -39,6 +44,8 @@ else
     REPEATS=9
     EXTRA=()
     SCORING=()
+    SOAK=(--gpu-device cuda:0 --gpu-width 262144 --trajectories 1024)  # 16 MiB services
+    TESTS=()
 fi
 
 BUDGET="${GPU_CHECK_BUDGET:-540}"
@@ -66,10 +73,10 @@ step() {
     return 0
 }
 
-echo "== pytest -m cuda"
+echo "== pytest ${TESTS[*]-(every test)} on the GPU test files"
 rc_pytest=0
 left=$(( BUDGET - RESERVE ))
-timeout $(( left < 180 ? left : 180 )) "$PY" -m pytest -q -p no:cacheprovider -m cuda \
+timeout $(( left < 180 ? left : 180 )) "$PY" -m pytest -q -p no:cacheprovider ${TESTS[@]+"${TESTS[@]}"} \
     tests/test_torch_store.py tests/test_gpu_manager.py tests/test_gpu_path.py >"$OUT/pytest.txt" 2>&1 || rc_pytest=$?
 tail -n 15 "$OUT/pytest.txt"
 
@@ -83,8 +90,13 @@ echo "== scoring"
 step 150 "$OUT/scoring.json" "$PY" benchmarks/gpu_restore.py ${EXTRA[@]+"${EXTRA[@]}"} ${SCORING[@]+"${SCORING[@]}"} \
     --skip-bandwidth --json "$OUT/scoring.json"
 
+echo "== soak under faults"
+step 90 "$OUT/soak.json" "$PY" benchmarks/soak.py "${SOAK[@]}" --actions 3 --seed 2 --cancel 0.10 \
+    --json "$OUT/soak.json" >"$OUT/soak.txt" 2>&1
+tail -n 1 "$OUT/soak.txt"
+
 echo
 reports=()
 for mb in $SIZES; do reports+=("$OUT/restore-$mb.json"); done
 exec "$PY" benchmarks/gpu_restore.py --report "${reports[@]}" "$OUT/scoring.json" \
-    --pytest "$OUT/pytest.txt" --pytest-rc "$rc_pytest" --elapsed "$(( $(date +%s) - start ))"
+    --pytest "$OUT/pytest.txt" --pytest-rc "$rc_pytest" --soak "$OUT/soak.json" --elapsed "$(( $(date +%s) - start ))"

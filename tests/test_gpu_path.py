@@ -521,12 +521,33 @@ def test_gpu_check_script_runs_its_cpu_parts_and_survives_a_failed_step(tmp_path
     r = run(["bash", "scripts/gpu-check.sh"], env={"GPU_CHECK_CPU": "1", "GPU_CHECK_OUT": str(out), "PYTHON": str(fake)})
     assert r.returncode == 1, r.stdout[-3000:] + r.stderr[-3000:]  # exactly the failed step failed
     text = r.stdout
-    for needle in ("pytest -m cuda", "restore GB/s", "raw GB/s", "% of raw", "evict ms",
+    for needle in ("pytest (GPU files)", "soak under faults", "restore GB/s", "raw GB/s", "% of raw", "evict ms",
                    "estimated", "charged", "host_memory_stats before", "host_memory_stats after",
                    "NO CUDA", "restore 4 MB", "scoring evict-on-execution"):
         assert needle in text, (needle, text[-3000:])
     assert "1 check(s) failed" in text and "step restore-16" in text and "exit 1" in text, text[-3000:]
-    assert sorted(p.name for p in out.glob("*.json")) == ["restore-16.json", "restore-4.json", "scoring.json"]
+    assert sorted(p.name for p in out.glob("*.json")) == ["restore-16.json", "restore-4.json", "scoring.json",
+                                                          "soak.json"]
+
+
+def test_the_device_checks_soak_row_fails_on_device_bytes_left_allocated(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    # what the device's soak reports: bytes still allocated after the Tangram closed are a leak
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    import soak
+    from gpu_restore import soak_row
+
+    rep = anyio.run(soak.Soak(trajectories=64, actions=2, epochs=1, seed=3, cancel_p=0.1, raise_p=0.05,
+                              timeout_p=0.1, gpu=True, gpu_device="cpu", gpu_width=64).run)
+    assert rep["gpu_device"] == "cpu" and rep["gpu"]["restores"] > 0 and not rep["leaks"]
+    path = tmp_path / "soak.json"
+    path.write_text(json.dumps(rep))
+    assert soak_row(path)[3] == "OK"
+    rep["device_bytes"], rep["leaks"] = {"before": 0, "after": 512}, ["cuda:0: torch's allocator holds +512 B"]
+    path.write_text(json.dumps(rep))
+    assert soak_row(path)[3].startswith("FAIL") and "+512 B" in soak_row(path)[3]
+    path.write_text('{"failed": "timed out after 90 s"}')
+    assert soak_row(path)[1:] == ("timed out after 90 s", "a result", "FAIL (no result)")
 
 
 def test_gpu_check_fits_its_budget(tmp_path: Path) -> None:
@@ -564,6 +585,7 @@ def test_cuda_host_buffer_is_registered_exactly_and_not_from_the_caching_host_al
         assert cur, torch.cuda.host_memory_stats()  # the key must exist, or this check proves nothing
         return int(sum(cur))
 
+    gc.collect()  # an earlier test's store left in a reference cycle is not this test's buffer
     stats0 = caching_host_bytes()
     before = ts.host_memory()
     store = ts.HostStore(Blob(15), name="blob")
