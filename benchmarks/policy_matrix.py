@@ -179,6 +179,11 @@ def cells(quick: bool, seeds: int) -> list[Cell]:
             out.append(Cell(f"deepsearch heavy-judge s{seed}", "deepsearch",
                             dict(batch=1024, seed=seed, gpus=8, judge_work_mean=3.0),
                             ("tangram", "isolated", "fifo1", "fifo2", "fifo4", "fifo8")))
+            # ... and at half the batch (stop 42's wider search): the load reaches TP-1's capacity
+            # only after the guessed TP-4 queued; seed 0 loses to isolated's warm TP-1 servers
+            out.append(Cell(f"deepsearch heavy-judge b512 s{seed}", "deepsearch",
+                            dict(batch=512, seed=seed, gpus=8, judge_work_mean=3.0),
+                            ("tangram", "isolated", "fifo1", "fifo2", "fifo4", "fifo8")))
     out.append(Cell("trace replay cap16", "trace", dict(batch=96 if quick else 256, seed=7),
                     ("tangram", "static") + _fifos(16)))
     return out
