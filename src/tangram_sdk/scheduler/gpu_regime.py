@@ -73,7 +73,7 @@ from typing import Any
 from ..errors import SpecError
 from ..spec import ActionSpec
 from .action import Action, copy_min, spec_dur_min
-from .gpu_model import Service, WidthModel, size_at
+from .gpu_model import Service, WidthModel, pool_load, size_at
 from .gpu_spill import spill_plans
 from .learn import KindStats
 from .placement import Placement
@@ -472,11 +472,7 @@ class GpuRegime:
             return False
         if sum(k[0] for k in fast) < _PREP_RAMP * sum(k[0] for k in kinds):
             return False
-        m = widths[0]
-        busy = 0.0
-        for lam, _spec, ts, _info in fast:
-            k = size_at(ts, m)
-            busy += lam * k * ts[k]
+        busy = pool_load(fast, widths[0])[0]  # GPU-seconds a second at the narrowest width
         return busy >= _PREP * G
 
     def _called_off(self, now: float, fast: list[Any], svcs: dict[str, Service], widths: list[int], m_cur: int,
