@@ -159,7 +159,6 @@ class GpuRegime:
         self._mkt: Any = None
         self.model = WidthModel(kinds, place, gpu_slots, gpu_instances)  # what each width would cost
         self._false_alarms: dict[int, int] = {}
-        self._left_urgently = 0
         self._rates: dict[str, Any] = {}
         self.width = 1 << 30  # chosen at the first look (initial_gpu_width)
         self.switched_at = -math.inf
@@ -169,13 +168,14 @@ class GpuRegime:
         self.prev_pref: dict[ActionSpec, int] = {}
         self.spill: tuple[int, frozenset[str]] | None = None  # the plan of the width in force
         self.spill_mask = 0  # ... its GPUs
-        self.urgent = False  # the last switch was an urgent narrowing
+        self.urgent = False  # the last switch was an urgent narrowing, or one under a backlog (staged)
         # the width in force is still the first one, chosen before any load was measured
         self.guessed = True
         # the width in force was taken to prepare for an opening ramp (:meth:`_prepares`): its
         # copies are restored on idle cells before the calls need them (:class:`.CopyValue`)
         self.eager = False
-        self._from = 0  # the width the last switch left
+        self._from = 0  # the width any switch left, 0 once called off: a planned widening's way back
+        self._left_urgently = 0  # ... only if that switch was an urgent narrowing: its false alarms
         # during an urgent narrowing, the GPUs on which the old width's copies still serve (the
         # new width's may not), handed over cell by cell: (the old cells' masks in the order
         # they are handed over, seconds a stage, cells a stage)
