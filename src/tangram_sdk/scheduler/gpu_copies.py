@@ -91,13 +91,15 @@ class CopyValue:
             active = [info for info in svcs.values() if info.lam > 0]
             for info in active:
                 m = info.pref
-                info.target = max(info.target, min(G // m, int(self._regime.model.copies_fit(m, G) / len(active) + 1e-9)))
+                fair = int(self._regime.model.copies_fit(m, G) / len(active) + 1e-9)
+                info.target = max(info.target, min(G // m, fair))
 
     def _copy_gain(self, info: Service, n: int, mu: float, load: float, G: int, H: float) -> float:
         """Seconds of ACT a service's (n+1)-th copy at its preferred size saves over the horizon."""
         rho_o = min(0.99, max(0.0, (load - info.load) / G))
         m = info.pref
-        return H * info.lam * (self.cost(info, [m] * n, mu, rho_o) - self.cost(info, [m] * (n + 1), mu, rho_o))
+        return H * info.lam * (self.cost(info, [m] * n, mu, rho_o)
+                               - self.cost(info, [m] * (n + 1), mu, rho_o))
 
     def cost(self, info: Service, sizes: list[int], mu: float, rho_o: float) -> float:
         """Expected seconds per call of a service with warm instances of ``sizes``: the best

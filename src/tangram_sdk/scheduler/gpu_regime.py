@@ -106,7 +106,8 @@ _PREP = 0.15  # the opening ramp: while the first width is a guess and the lates
               # keep the narrowest width this busy, narrow to it at once and restore its copies then,
               # before the overload (:meth:`GpuRegime._prepares`)
 _PREP_RAMP = 3.0  # ... the latest rates this many times the smoothed ones: a load that has just appeared
-_CALL_OFF = True  # a planned widening the latest rates no longer support is called off (:meth:`GpuRegime._called_off`)
+_CALL_OFF = True  # a planned widening the latest rates no longer support is called off
+                  # (:meth:`GpuRegime._called_off`)
 _START_CELLS = 2  # the first width: the widest that still leaves this many cells in the pool
 _MU_MAX = PRICE_GRID[-2]  # the largest finite price (an overloaded pool still restores cold services)
 _SWITCH_MU = 2.0  # a switch's restores cost their GPU-seconds at this many times the price mu_work
@@ -292,8 +293,8 @@ class GpuRegime:
             widths = fit
         return widths
 
-    def _choose(self, now: float, kinds: list[Any], fast: list[Any], svcs: dict[str, Service], widths: list[int],
-                G: int, cv_f: float, memo: Any) -> int:
+    def _choose(self, now: float, kinds: list[Any], fast: list[Any], svcs: dict[str, Service],
+                widths: list[int], G: int, cv_f: float, memo: Any) -> int:
         """The width in force after this market, switching to it if it changes (the rules of the
         module docstring: the first look, urgent narrowing, a planned switch and what it must
         win, false alarms)."""
@@ -361,7 +362,8 @@ class GpuRegime:
                 # (the pooled model misses the residency of few wide cells: 2 TP-4 cells of 8
                 # GPUs waited ~3x its prediction at batch 4096, TP-2 ~2x; growing on the model
                 # alone traded TP-2 and TP-4 every minute there, 1.15x fifo2's mean ACT)
-                if self.model.measured(kinds, best_m, G, cv_f) >= self.model.measured(kinds, m_cur, G, cv_f) * (1.0 - _SWITCH):
+                if (self.model.measured(kinds, best_m, G, cv_f)
+                        >= self.model.measured(kinds, m_cur, G, cv_f) * (1.0 - _SWITCH)):
                     pw_f = math.inf  # not grown into
             if best_m < m_cur or (pw_f <= _P_WAIT and ex_f + wq_f < sum(
                     self.model.predict(fast, m_cur, G, cv_f)[:2]) * (1.0 - _SWITCH)):
@@ -378,7 +380,8 @@ class GpuRegime:
             # them): worth it only if the predicted saving over restore_horizon pays for that
             fast_new = sum(self.model.predict(fast, pick, G, cv_f)[:2])
             fast_cur = sum(self.model.predict(fast, m_cur, G, cv_f)[:2])
-            gain = (min(cur[0], fast_cur) if math.isfinite(fast_cur) else fast_cur) - min(scores[pick][0], fast_new)
+            gain = ((min(cur[0], fast_cur) if math.isfinite(fast_cur) else fast_cur)
+                    - min(scores[pick][0], fast_new))
             if cal_gain is not None:
                 gain = cal_gain
             cost = 0.0
@@ -388,8 +391,10 @@ class GpuRegime:
                     # the copies at the width in force (this market's sizes are set after)
                     n = max(1, len(self._resident.warm_cells(name, self.pref.get(info.spec, info.pref))))
                     r_s = self._place.restore_cost(name)
-                    cost += n * (self.model.restore_lat(r_s, pick) + _SWITCH_MU * mu_prev * self.model.restore_gpu_s(r_s, pick))
-            if math.isfinite(gain) and gain * lam_sum * max(self.restore_horizon, self.regime_window, 1.0) < cost:
+                    cost += n * (self.model.restore_lat(r_s, pick)
+                                 + _SWITCH_MU * mu_prev * self.model.restore_gpu_s(r_s, pick))
+            horizon = max(self.restore_horizon, self.regime_window, 1.0)
+            if math.isfinite(gain) and gain * lam_sum * horizon < cost:
                 pick = m_cur
         # a narrowing while calls wait per cell hands the old width's cells over as an urgent one
         # does: for a planned switch's _TRANSITION the saturated old cells keep serving and never
@@ -398,7 +403,8 @@ class GpuRegime:
         if (pick < m_cur and cur is not None and not overrun
                 and not self._beyond_noise(fast, lam_sum, pick, m_cur, G, cv_f,
                                            measured=cal_gain is not None)):
-            pick, urgent = m_cur, False  # near capacity, where the wait is steep, noise looks like an overload
+            # near capacity, where the wait is steep, noise looks like an overload
+            pick, urgent = m_cur, False
         staged = urgent or (pick < m_cur and cur is not None and self._backlogged(m_cur, G))
         if pick != m_cur:
             f = self.model.wq_f
@@ -475,8 +481,8 @@ class GpuRegime:
         busy = pool_load(fast, widths[0])[0]  # GPU-seconds a second at the narrowest width
         return busy >= _PREP * G
 
-    def _called_off(self, now: float, fast: list[Any], svcs: dict[str, Service], widths: list[int], m_cur: int,
-                    G: int, cv_f: float) -> bool:
+    def _called_off(self, now: float, fast: list[Any], svcs: dict[str, Service], widths: list[int],
+                    m_cur: int, G: int, cv_f: float) -> bool:
         """A planned widening still in its transition, before any copy at its width is restored,
         is called off (back to the width it left, whose copies still serve every call) once the
         latest rates would not grow into it (its calls would wait more often than ``_P_WAIT``).

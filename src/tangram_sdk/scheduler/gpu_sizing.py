@@ -269,7 +269,8 @@ class GpuSizing:
                     # prepared for an opening ramp: the copy restores now, on an idle cell, not
                     # in the overload the ramp is heading for (a free warm copy is not taken)
                     return _EAGER_CREDIT
-                c += weight * (self._copies.cost(info, have, mu, rho_o) - self._copies.cost(info, have + [m], mu, rho_o))
+                c += weight * (self._copies.cost(info, have, mu, rho_o)
+                               - self._copies.cost(info, have + [m], mu, rho_o))
             return c
 
         best = math.inf

@@ -23,8 +23,9 @@ _SPILL_P_KEEP = 0.45  # ... once in force, until it waits this often
 _SPILL_SWAP = 1.5  # a service spilled swaps with one kept only when this many times busier
 
 
-def spill_plans(model: WidthModel, widths: list[int], fit: list[int], svcs: dict[str, Service], active: int,
-                G: int, kinds: list[Any], fast: list[Any], spilling: int) -> dict[int, tuple[int, frozenset[str]]]:
+def spill_plans(model: WidthModel, widths: list[int], fit: list[int], svcs: dict[str, Service],
+                active: int, G: int, kinds: list[Any], fast: list[Any],
+                spilling: int) -> dict[int, tuple[int, frozenset[str]]]:
     """Width -> (narrower width, the services spilled to it) for each width whose aligned cells
     cannot hold a copy of every service called now, where the GPUs beside those cells can
     hold the rest at the narrower width (``model.spill_plan`` holds the last market's plans;
