@@ -9,8 +9,9 @@ displaces (the copies an LRU cache would evict, ``gpu_slots`` models per GPU) co
 service the same kind of value; a copy a service needs for its target is only taken by a service
 with no copy at all, and a copy of a width no longer in use costs nothing.
 
-Kept apart from the width (:mod:`.gpu_regime`) and the placement (:mod:`.gpu_sizing`) because it
-is a pure value model: recomputed when the market is, memoised until then.
+Kept apart from the width (:mod:`.gpu_regime`, :mod:`.gpu_model`) and the placement
+(:mod:`.gpu_sizing`) because it is a pure value model: recomputed when the market is, memoised
+until then.
 """
 
 from __future__ import annotations

@@ -4,8 +4,9 @@ copy, or restore ``S`` on a free cold cell, whichever is cheapest in seconds of 
 
 Three parts, each in its own module:
 
-* the **width** every kind runs at now (:mod:`.gpu_regime`: the M/G/c market over widths, urgent
-  narrowing, measured waits, the spill beside one cell);
+* the **width** every kind runs at now (:mod:`.gpu_regime`: the market over widths, urgent
+  narrowing; scored by the M/G/c model with measured waits, :mod:`.gpu_model`; the spill beside
+  one cell, :mod:`.gpu_spill`);
 * what a **copy** is worth (:mod:`.gpu_copies`: copy targets per service, the cost per call of a
   set of copies, and what an eviction costs its victim);
 * the **choice** here, counting:
