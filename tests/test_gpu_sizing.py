@@ -1,7 +1,7 @@
-"""GPU sizing and placement (scheduler/gpu_regime.py, gpu_copies.py, gpu_sizing.py, queueing.py,
-residency.py): the queueing formulas, restores priced as investments, one width per regime chosen
-by load, and the two memory models (tensor-parallel instances vs the torch manager's per-GPU
-replicas)."""
+"""GPU sizing and placement (scheduler/gpu_regime.py, gpu_model.py, gpu_spill.py, gpu_copies.py,
+gpu_sizing.py, queueing.py, residency.py): the queueing formulas, restores priced as investments,
+one width per regime chosen by load, and the two memory models (tensor-parallel instances vs the
+torch manager's per-GPU replicas)."""
 
 from __future__ import annotations
 

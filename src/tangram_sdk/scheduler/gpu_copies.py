@@ -9,8 +9,9 @@ displaces (the copies an LRU cache would evict, ``gpu_slots`` models per GPU) co
 service the same kind of value; a copy a service needs for its target is only taken by a service
 with no copy at all, and a copy of a width no longer in use costs nothing.
 
-Kept apart from the width (:mod:`.gpu_regime`) and the placement (:mod:`.gpu_sizing`) because it
-is a pure value model: recomputed when the market is, memoised until then.
+Kept apart from the width (:mod:`.gpu_regime`, :mod:`.gpu_model`) and the placement
+(:mod:`.gpu_sizing`) because it is a pure value model: recomputed when the market is, memoised
+until then.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ import math
 from typing import Any
 
 from .action import Action
-from .gpu_regime import GpuRegime, Service
+from .gpu_model import Service
+from .gpu_regime import GpuRegime
 from .placement import Placement
 from .queueing import mmc_wq
 from .residency import Residency
@@ -77,7 +79,7 @@ class CopyValue:
             r = self._place.restore_cost(name)
             m = info.pref
             mem = 1.0 if self._regime.gpu_instances == "tp" else float(m)
-            if -g < self._regime.restore_lat(r, m) + mu_w * self._regime.restore_gpu_s(r, m):
+            if -g < self._regime.model.restore_lat(r, m) + mu_w * self._regime.model.restore_gpu_s(r, m):
                 continue  # not worth a restore; others may still be
             if mem > budget + 1e-9 or info.target >= G // m:
                 continue
@@ -90,13 +92,15 @@ class CopyValue:
             active = [info for info in svcs.values() if info.lam > 0]
             for info in active:
                 m = info.pref
-                info.target = max(info.target, min(G // m, int(self._regime.copies_fit(m, G) / len(active) + 1e-9)))
+                fair = int(self._regime.model.copies_fit(m, G) / len(active) + 1e-9)
+                info.target = max(info.target, min(G // m, fair))
 
     def _copy_gain(self, info: Service, n: int, mu: float, load: float, G: int, H: float) -> float:
         """Seconds of ACT a service's (n+1)-th copy at its preferred size saves over the horizon."""
         rho_o = min(0.99, max(0.0, (load - info.load) / G))
         m = info.pref
-        return H * info.lam * (self.cost(info, [m] * n, mu, rho_o) - self.cost(info, [m] * (n + 1), mu, rho_o))
+        return H * info.lam * (self.cost(info, [m] * n, mu, rho_o)
+                               - self.cost(info, [m] * (n + 1), mu, rho_o))
 
     def cost(self, info: Service, sizes: list[int], mu: float, rho_o: float) -> float:
         """Expected seconds per call of a service with warm instances of ``sizes``: the best
@@ -168,8 +172,8 @@ class CopyValue:
         calls = info.lam * self._regime.restore_horizon
         if len(have) <= lost:
             # its last copy: its next call restores (its waiters wait for that too)
-            return ((min(1.0, calls) + waiting) * self._regime.restore_lat(r_other, info.pref)
-                    + mu_w * self._regime.restore_gpu_s(r_other, info.pref))
+            return ((min(1.0, calls) + waiting) * self._regime.model.restore_lat(r_other, info.pref)
+                    + mu_w * self._regime.model.restore_gpu_s(r_other, info.pref))
         rest = have[lost:]
         rho_o = min(0.99, max(0.0, rho - info.load / max(1, len(self._gpu_holder))))
         t = info.t(info.pref)

@@ -1,20 +1,17 @@
-"""The GPU width market: which width (TP-1/2/4...) every elastic GPU kind runs at now.
+"""The GPU width market: which width (TP-1/2/4...) every elastic GPU kind runs at now, and when
+that may change.
 
 Every kind runs at one width at a time, the same for all its calls: the width a fixed TP-m FIFO
-would use, chosen per pool by load. Each candidate width is scored by an M/G/c model of the pool in
-cells of that width (Allen-Cunneen, with the learned spread of call durations) at the call rates
-learned per kind (smoothed over ~30 s); the cheapest predicted mean ACT wins, among widths whose
-calls would wait less than half the time (Erlang C <= 0.55: with few wide cells the pooled model
-misses residency and fragmentation, and a wrong guess there queues without bound), and at which
-every service called now keeps a resident copy (``G // m`` aligned cells of ``gpu_slots x m`` TP-m
-copies: the model sees no residency, and 9 teachers on 5 GPUs at TP-2 thrashed a restore per call
-of the ninth), or at which the GPUs beside the width's aligned cells hold the coldest services at
-a narrower width (a *spill*: 9 teachers on 6 GPUs run 8 at TP-4 in the one cell and the ninth at
-TP-2 on GPUs 4-5; on 10 GPUs of one model each, 8 at TP-4 in two cells and the ninth at TP-2 on
-GPUs 8-9; each service then keeps its one width and region, and with two cells or more each cell
-is scored as a queue of its own). The
-first width, before any load is measured, is the widest leaving two cells that holds the services
-already resident.
+would use, chosen per pool by load. Each candidate width is scored by the queueing model
+(:mod:`.gpu_model`) at the call rates learned per kind (smoothed over ~30 s); the cheapest
+predicted mean ACT wins, among widths whose calls would wait less than half the time (Erlang C <=
+0.55: with few wide cells the pooled model misses residency and fragmentation, and a wrong guess
+there queues without bound), and at which every service called now keeps a resident copy
+(``G // m`` aligned cells of ``gpu_slots x m`` TP-m copies: the model sees no residency, and 9
+teachers on 5 GPUs at TP-2 thrashed a restore per call of the ninth), or which spills the coldest
+services onto the GPUs beside its cells at a narrower width (:mod:`.gpu_spill`). The first width,
+before any load is measured, is the widest leaving two cells that holds the services already
+resident.
 
 A new width must predict 3 % better, also at the latest rates, the last switch be
 ``gpu_regime_window`` seconds old, and the saving over ``restore_horizon`` pay for restoring the
@@ -76,10 +73,12 @@ from typing import Any
 from ..errors import SpecError
 from ..spec import ActionSpec
 from .action import Action, copy_min, spec_dur_min
+from .gpu_model import Service, WidthModel, pool_load, size_at
+from .gpu_spill import spill_plans
 from .learn import KindStats
 from .placement import Placement
 from .pricing import PRICE_GRID
-from .queueing import erlang_c, lq_slope, mmc_wq
+from .queueing import lq_slope
 from .residency import Residency
 
 __all__ = ["GpuRegime", "Service"]
@@ -107,7 +106,8 @@ _PREP = 0.15  # the opening ramp: while the first width is a guess and the lates
               # keep the narrowest width this busy, narrow to it at once and restore its copies then,
               # before the overload (:meth:`GpuRegime._prepares`)
 _PREP_RAMP = 3.0  # ... the latest rates this many times the smoothed ones: a load that has just appeared
-_CALL_OFF = True  # a planned widening the latest rates no longer support is called off (:meth:`GpuRegime._called_off`)
+_CALL_OFF = True  # a planned widening the latest rates no longer support is called off
+                  # (:meth:`GpuRegime._called_off`)
 _START_CELLS = 2  # the first width: the widest that still leaves this many cells in the pool
 _MU_MAX = PRICE_GRID[-2]  # the largest finite price (an overloaded pool still restores cold services)
 _SWITCH_MU = 2.0  # a switch's restores cost their GPU-seconds at this many times the price mu_work
@@ -117,45 +117,12 @@ _FALSE_ALARM = 2.0  # each urgent narrowing the smoothed rates undid multiplies 
 _P_URGENT_MAX = 0.95  # ... up to this chance to wait: an overload at the latest rates still narrows
 _FALSE_ALARM_MEASURED = True  # an urgent narrowing undone at any age counts as a false alarm too
                               # if its width waited more, against the model, than the one it left
-_CAL_SETTLE = 10.0  # calls submitted this soon after a switch (after its transition) wait for its restores
-_CAL_DECAY = 0.998  # per observed call: measured waits are remembered over ~500 calls
-_CAL_PRIOR = 20.0  # calls' worth of execution seconds on both sides: few samples keep the model
-_SPILL_P_WAIT = 0.3  # a spilling width's (busiest) cell must wait less often than this (latest rates)
-_SPILL_P_KEEP = 0.45  # ... once in force, until it waits this often
-_SPILL_SWAP = 1.5  # a service spilled swaps with one kept only when this many times busier
 
-
-def _size_at(ts: dict[int, float], m: int) -> int:
-    """The size a kind with durations ``ts`` (per size) runs at under width ``m``: its widest legal
-    size not above ``m``, or its smallest when every size is wider."""
-    return max((x for x in ts if x <= m), default=min(ts))
-
-
-class Service:
-    """One GPU service as the market sees it: learned call rate, duration model, the instance
-    size the price prefers for it, and how many such copies it should keep (``target``)."""
-
-    __slots__ = ("lam", "spec", "d0", "stats", "load", "pref", "target", "calls")
-
-    def __init__(self, lam: float, spec: ActionSpec, d0: float, stats: Any) -> None:
-        self.lam = lam
-        self.spec = spec
-        self.d0 = d0
-        self.stats = stats
-        self.load = 0.0  # GPU-seconds per second at the market's sizes
-        self.pref = spec.gpus
-        self.target = 0
-        self.calls = 0  # arrivals ever, over its kinds: a popularity rank that noise does not flip
-
-    def t(self, k: int) -> float:
-        spec = self.spec
-        if spec.elastic_resource != "gpu":
-            return self.d0
-        return self.d0 * float(self.stats.rel(spec, k))
 
 class GpuRegime:
-    """The width in force and everything that decides it: learned call rates per kind, the
-    scores of each width, the measured waits per width, false alarms, and the spill plan.
+    """The width in force and the rules that change it: learned call rates per kind, the spill
+    plan per width, false alarms and hand-over stages; what each width would cost is asked of
+    :attr:`model` (:class:`.WidthModel`, which also keeps the measured waits per width).
 
     Read by the placement (:class:`.GpuSizing`): ``width``, ``pref`` (the size each spec takes now)
     and, during a switch's ``transition``, ``prev_pref``; ``spill`` and ``spill_mask`` (which
@@ -164,7 +131,7 @@ class GpuRegime:
     __slots__ = ("_kinds", "_resident", "_gpu_holder", "_cells", "_place", "gpu_slots", "default_duration",
                  "restore_horizon", "gpu_instances", "regime_window", "_mkt", "_rates", "width",
                  "switched_at", "transition", "cv_f", "pref", "prev_pref", "_false_alarms",
-                 "_left_urgently", "_wq_obs", "_wq_f", "_pred_wq", "_drained_at", "_spill_plan", "spill",
+                 "_left_urgently", "model", "spill",
                  "spill_mask", "_svc_queued", "urgent", "legacy", "_stage", "guessed", "eager", "_from")
 
     @staticmethod
@@ -191,12 +158,8 @@ class GpuRegime:
         self.gpu_instances = gpu_instances
         self.regime_window = regime_window
         self._mkt: Any = None
-        self._wq_obs: dict[int, tuple[float, float]] = {}  # width -> decayed (measured, predicted) waits
-        self._wq_f: dict[int, float] = {}  # width -> measured / predicted wait, with the prior
-        self._pred_wq = 0.0  # the model's wait at the width in force, at the last market
-        self._drained_at = -math.inf  # when the last call queued before the last switch was granted
+        self.model = WidthModel(kinds, place, gpu_slots, gpu_instances)  # what each width would cost
         self._false_alarms: dict[int, int] = {}
-        self._left_urgently = 0
         self._rates: dict[str, Any] = {}
         self.width = 1 << 30  # chosen at the first look (initial_gpu_width)
         self.switched_at = -math.inf
@@ -204,18 +167,16 @@ class GpuRegime:
         self.cv_f = 1.0
         self.pref: dict[ActionSpec, int] = {}
         self.prev_pref: dict[ActionSpec, int] = {}
-        # width -> (narrower width, services served at it on the GPUs no aligned cell of the width
-        # covers): a width whose cells cannot hold every service called now spills the coldest
-        self._spill_plan: dict[int, tuple[int, frozenset[str]]] = {}
         self.spill: tuple[int, frozenset[str]] | None = None  # the plan of the width in force
         self.spill_mask = 0  # ... its GPUs
-        self.urgent = False  # the last switch was an urgent narrowing
+        self.urgent = False  # the last switch was an urgent narrowing, or one under a backlog (staged)
         # the width in force is still the first one, chosen before any load was measured
         self.guessed = True
         # the width in force was taken to prepare for an opening ramp (:meth:`_prepares`): its
         # copies are restored on idle cells before the calls need them (:class:`.CopyValue`)
         self.eager = False
-        self._from = 0  # the width the last switch left
+        self._from = 0  # the width any switch left, 0 once called off: a planned widening's way back
+        self._left_urgently = 0  # ... only if that switch was an urgent narrowing: its false alarms
         # during an urgent narrowing, the GPUs on which the old width's copies still serve (the
         # new width's may not), handed over cell by cell: (the old cells' masks in the order
         # they are handed over, seconds a stage, cells a stage)
@@ -245,7 +206,7 @@ class GpuRegime:
         G = max(1, len(self._gpu_holder))
         unbounded = self.gpu_slots is None  # no memory model: every width holds every copy
         return max((m for m in sizes if G // m >= _START_CELLS and (
-            unbounded or self.copies_fit(m, G) >= services)), default=sizes[0])
+            unbounded or self.model.copies_fit(m, G) >= services)), default=sizes[0])
 
     # -- the market ---------------------------------------------------------------------------
     def market(self, now: float) -> tuple[float, dict[str, Service], float, float] | None:
@@ -260,9 +221,9 @@ class GpuRegime:
         G = max(1, len(self._gpu_holder))
         kinds, fast, svcs = self._demand(now)
         widths = self._candidates(kinds, fast, svcs, G)
-        cv_f = self.cv_f = self._cv_factor(kinds)
+        cv_f = self.cv_f = self.model.cv_factor(kinds)
         pick = self._choose(now, kinds, fast, svcs, widths, G, cv_f, memo)
-        self._calibrate(kinds, pick, G, cv_f)
+        self.model.calibrate(kinds, pick, G, cv_f)
         return self._settle(now, kinds, svcs, pick, G)
 
     def _demand(self, now: float) -> tuple[list[Any], list[Any], dict[str, Service]]:
@@ -314,36 +275,26 @@ class GpuRegime:
         # (the queueing model below sees no residency): without this 5 GPUs and 9 teachers went
         # TP-2, where 8 copies fit, and the ninth restored on every call (2.2 s mean ACT vs TP-1's
         # 0.63). A width may instead spill the coldest services onto the GPUs beside its cells
-        # (:meth:`_spill_plans`: 6 GPUs at batch 512, where fifo4's thrash beat TP-2 by 6 %)
+        # (:func:`.spill_plans`: 6 GPUs at batch 512, where fifo4's thrash beat TP-2 by 6 %)
         if self.gpu_slots is not None:
             active = sum(1 for info in svcs.values() if info.lam > 0)
             if m_cur == 1 << 30:  # the first look: the services already resident count too
                 active = max(active, len(self._resident.by_service))
-            fit = [m for m in widths if self.copies_fit(m, G) >= active]
+            fit = [m for m in widths if self.model.copies_fit(m, G) >= active]
             # ... or if the GPUs left beside its cells hold the rest at a narrower width
-            self._spill_plan = plans = self._spill_plans(widths, fit, svcs, active, G, kinds, fast)
+            self.model.spill_plan = plans = spill_plans(self.model, widths, fit, svcs, active, G, kinds, fast,
+                                                        self.width if self.spill is not None else 0)
             fit = sorted(set(fit) | set(plans))
             if not fit:  # no width holds them all (thrash at any width): the widths keeping the
                 # most copies, where the model's faster restores and calls decide (6 GPUs holding
                 # one model each for 9 teachers: TP-2 keeps as many copies as TP-1, restores in R/2)
-                most = max(self.copies_fit(m, G) for m in widths)
-                fit = [m for m in widths if self.copies_fit(m, G) >= most]
+                most = max(self.model.copies_fit(m, G) for m in widths)
+                fit = [m for m in widths if self.model.copies_fit(m, G) >= most]
             widths = fit
         return widths
 
-    def _cv_factor(self, kinds: list[Any]) -> float:
-        """Allen-Cunneen: an M/G/c waits (1 + CV^2)/2 times an M/M/c; the spread of call durations
-        is learned (log-normal residual variance per kind)."""
-        lam_sum = sum(k[0] for k in kinds)
-        cv_f = 1.0
-        if lam_sum > 0:
-            cv2 = sum(k[0] * (math.exp(min(k[1] is not None and self._kinds[k[1].kind].log_var or 0.0, 4.0)) - 1.0)
-                      for k in kinds) / lam_sum
-            cv_f = (1.0 + cv2) / 2.0
-        return cv_f
-
-    def _choose(self, now: float, kinds: list[Any], fast: list[Any], svcs: dict[str, Service], widths: list[int],
-                G: int, cv_f: float, memo: Any) -> int:
+    def _choose(self, now: float, kinds: list[Any], fast: list[Any], svcs: dict[str, Service],
+                widths: list[int], G: int, cv_f: float, memo: Any) -> int:
         """The width in force after this market, switching to it if it changes (the rules of the
         module docstring: the first look, urgent narrowing, a planned switch and what it must
         win, false alarms)."""
@@ -355,7 +306,7 @@ class GpuRegime:
         # and there a wrong guess queues without bound: 8 GPUs at TP-4 measured 13-30x its wait)
         scores = {}
         for m in widths:
-            ex, wq, pw = self._predict(kinds, m, G, cv_f)
+            ex, wq, pw = self.model.predict(kinds, m, G, cv_f)
             scores[m] = (ex + wq, pw)
         if m_cur == 1 << 30:  # the first look: the widest width leaving _START_CELLS cells
             two = [m for m in widths if G // m >= _START_CELLS]
@@ -368,7 +319,7 @@ class GpuRegime:
         urgent = False
         overrun = False  # calls pile up at the first width (below)
         if cur is not None and m_cur > widths[0]:
-            pw_fast = self._predict(fast, m_cur, G, cv_f)[2]
+            pw_fast = self.model.predict(fast, m_cur, G, cv_f)[2]
             if self.guessed and sum(self._svc_queued.values()) >= _OVERRUN * (G // m_cur):
                 # the first width was a guess; calls piling up at it are an overload whatever the
                 # rates say (smoothed over 30 s, they lag the opening ramp)
@@ -384,7 +335,7 @@ class GpuRegime:
             pick, urgent, overrun = widths[0], True, True
         elif cur is None or (m_cur > widths[0] and max(cur[1], pw_fast) > thr):
             # narrowing is urgent (an overload queues in seconds), judged at the latest rates
-            nar = [m for m in widths if m < m_cur and (m == widths[0] or self._predict(
+            nar = [m for m in widths if m < m_cur and (m == widths[0] or self.model.predict(
                 fast, m, G, cv_f)[2] <= _P_WAIT)]
             # to the narrower width the latest rates score best (not merely the next one down:
             # a second urgent step would restore every copy twice)
@@ -393,10 +344,10 @@ class GpuRegime:
             # in an overload: deepsearch's 3 GPU-s judge went TP-4 -> TP-2 -> TP-1 10 s apart)
             ahead = self._ahead(fast, lam_sum) if cur is not None else fast
             if ahead is not fast:
-                nar = [m for m in widths if m < m_cur and (m == widths[0] or self._predict(
+                nar = [m for m in widths if m < m_cur and (m == widths[0] or self.model.predict(
                     ahead, m, G, cv_f)[2] <= _P_WAIT)]
             pick = best_m if cur is None else min(nar, default=widths[0], key=lambda m: (
-                sum(self._predict(ahead, m, G, cv_f)[:2]), -m))
+                sum(self.model.predict(ahead, m, G, cv_f)[:2]), -m))
             urgent = cur is not None
             if cur is not None and cur[1] <= thr and (
                     self._just_narrowed(now) or not self._backlog_confirms(kinds, fast, svcs, pick, G)):
@@ -405,30 +356,32 @@ class GpuRegime:
               and scores[best_m][0] < cur[0] * (1.0 - _SWITCH)
               and (best_m < m_cur or not self._backlogged(m_cur, G))):
             # at the latest rates too (a rising load must not be met by growing wider)
-            ex_f, wq_f, pw_f = self._predict(fast, best_m, G, cv_f)
-            if best_m > m_cur and self._wq_f:
+            ex_f, wq_f, pw_f = self.model.predict(fast, best_m, G, cv_f)
+            if best_m > m_cur and self.model.wq_f:
                 # growing must also win with each width's waits as measured in its past stints
                 # (the pooled model misses the residency of few wide cells: 2 TP-4 cells of 8
                 # GPUs waited ~3x its prediction at batch 4096, TP-2 ~2x; growing on the model
                 # alone traded TP-2 and TP-4 every minute there, 1.15x fifo2's mean ACT)
-                if self._measured(kinds, best_m, G, cv_f) >= self._measured(kinds, m_cur, G, cv_f) * (1.0 - _SWITCH):
+                if (self.model.measured(kinds, best_m, G, cv_f)
+                        >= self.model.measured(kinds, m_cur, G, cv_f) * (1.0 - _SWITCH)):
                     pw_f = math.inf  # not grown into
             if best_m < m_cur or (pw_f <= _P_WAIT and ex_f + wq_f < sum(
-                    self._predict(fast, m_cur, G, cv_f)[:2]) * (1.0 - _SWITCH)):
+                    self.model.predict(fast, m_cur, G, cv_f)[:2]) * (1.0 - _SWITCH)):
                 pick = best_m
         cal_gain = None
         if (_CAL_NARROW and self.guessed and pick == m_cur and cur is not None and not urgent
-                and m_cur in self._wq_f and now - self.switched_at >= self.regime_window):
-            cal = {m: self._measured(kinds, m, G, cv_f) for m in set(ok) | {m_cur}}
+                and m_cur in self.model.wq_f and now - self.switched_at >= self.regime_window):
+            cal = {m: self.model.measured(kinds, m, G, cv_f) for m in set(ok) | {m_cur}}
             nb = min((m for m in ok if m < m_cur), key=lambda m: (cal[m], -m), default=None)
             if nb is not None and math.isfinite(cal[m_cur]) and cal[nb] < cal[m_cur] * (1.0 - _SWITCH):
                 pick, cal_gain = nb, cal[m_cur] - cal[nb]
         if pick != m_cur and cur is not None and not urgent:
             # a switch restores copies at the new width (the calls that meet them cold wait for
             # them): worth it only if the predicted saving over restore_horizon pays for that
-            fast_new = sum(self._predict(fast, pick, G, cv_f)[:2])
-            fast_cur = sum(self._predict(fast, m_cur, G, cv_f)[:2])
-            gain = (min(cur[0], fast_cur) if math.isfinite(fast_cur) else fast_cur) - min(scores[pick][0], fast_new)
+            fast_new = sum(self.model.predict(fast, pick, G, cv_f)[:2])
+            fast_cur = sum(self.model.predict(fast, m_cur, G, cv_f)[:2])
+            gain = ((min(cur[0], fast_cur) if math.isfinite(fast_cur) else fast_cur)
+                    - min(scores[pick][0], fast_new))
             if cal_gain is not None:
                 gain = cal_gain
             cost = 0.0
@@ -438,8 +391,10 @@ class GpuRegime:
                     # the copies at the width in force (this market's sizes are set after)
                     n = max(1, len(self._resident.warm_cells(name, self.pref.get(info.spec, info.pref))))
                     r_s = self._place.restore_cost(name)
-                    cost += n * (self.restore_lat(r_s, pick) + _SWITCH_MU * mu_prev * self.restore_gpu_s(r_s, pick))
-            if math.isfinite(gain) and gain * lam_sum * max(self.restore_horizon, self.regime_window, 1.0) < cost:
+                    cost += n * (self.model.restore_lat(r_s, pick)
+                                 + _SWITCH_MU * mu_prev * self.model.restore_gpu_s(r_s, pick))
+            horizon = max(self.restore_horizon, self.regime_window, 1.0)
+            if math.isfinite(gain) and gain * lam_sum * horizon < cost:
                 pick = m_cur
         # a narrowing while calls wait per cell hands the old width's cells over as an urgent one
         # does: for a planned switch's _TRANSITION the saturated old cells keep serving and never
@@ -448,10 +403,11 @@ class GpuRegime:
         if (pick < m_cur and cur is not None and not overrun
                 and not self._beyond_noise(fast, lam_sum, pick, m_cur, G, cv_f,
                                            measured=cal_gain is not None)):
-            pick, urgent = m_cur, False  # near capacity, where the wait is steep, noise looks like an overload
+            # near capacity, where the wait is steep, noise looks like an overload
+            pick, urgent = m_cur, False
         staged = urgent or (pick < m_cur and cur is not None and self._backlogged(m_cur, G))
         if pick != m_cur:
-            f = self._wq_f
+            f = self.model.wq_f
             if (not urgent and pick > m_cur and self._left_urgently == pick
                     and (now - self.switched_at <= 2.0 * max(self.regime_window, 1.0)
                          or (_FALSE_ALARM_MEASURED and f.get(m_cur, 1.0) > f.get(pick, 1.0)))):
@@ -498,14 +454,8 @@ class GpuRegime:
         f = max(0.0, 1.0 - _ROBUST / math.sqrt(max(1.0, lam * _RATE_WINDOW)))
         low = [(k[0] * f,) + tuple(k[1:]) for k in fast]
         if measured:  # a narrowing taken on measured waits is checked on them too
-            return self._measured(low, new, G, cv_f) < self._measured(low, old, G, cv_f)
-        return sum(self._predict(low, new, G, cv_f)[:2]) < sum(self._predict(low, old, G, cv_f)[:2])
-
-    def _measured(self, kinds: list[Any], m: int, G: int, cv_f: float) -> float:
-        """The model's mean ACT at width ``m`` with its wait scaled by the width's measured /
-        modelled ratio (:meth:`_calibrate`; 1 for a width never measured)."""
-        ex, wq, _p = self._predict(kinds, m, G, cv_f)
-        return ex + wq * self._wq_f.get(m, 1.0)
+            return self.model.measured(low, new, G, cv_f) < self.model.measured(low, old, G, cv_f)
+        return sum(self.model.predict(low, new, G, cv_f)[:2]) < sum(self.model.predict(low, old, G, cv_f)[:2])
 
     def _prepares(self, kinds: list[Any], fast: list[Any], widths: list[int], m_cur: int, G: int) -> bool:
         """Whether to leave the first width, a guess, for the narrowest before any overload: while
@@ -528,15 +478,11 @@ class GpuRegime:
             return False
         if sum(k[0] for k in fast) < _PREP_RAMP * sum(k[0] for k in kinds):
             return False
-        m = widths[0]
-        busy = 0.0
-        for lam, _spec, ts, _info in fast:
-            k = _size_at(ts, m)
-            busy += lam * k * ts[k]
+        busy = pool_load(fast, widths[0])[0]  # GPU-seconds a second at the narrowest width
         return busy >= _PREP * G
 
-    def _called_off(self, now: float, fast: list[Any], svcs: dict[str, Service], widths: list[int], m_cur: int,
-                    G: int, cv_f: float) -> bool:
+    def _called_off(self, now: float, fast: list[Any], svcs: dict[str, Service], widths: list[int],
+                    m_cur: int, G: int, cv_f: float) -> bool:
         """A planned widening still in its transition, before any copy at its width is restored,
         is called off (back to the width it left, whose copies still serve every call) once the
         latest rates would not grow into it (its calls would wait more often than ``_P_WAIT``).
@@ -546,7 +492,7 @@ class GpuRegime:
         old = self._from
         if (not _CALL_OFF or self.urgent or not old or old >= m_cur or old not in widths
                 or now - self.switched_at >= self.transition
-                or self._predict(fast, m_cur, G, cv_f)[2] <= _P_WAIT):
+                or self.model.predict(fast, m_cur, G, cv_f)[2] <= _P_WAIT):
             return False
         if any(self._resident.warm_cells(n, self.pref.get(info.spec, info.pref))
                for n, info in svcs.items() if info.lam > 0):
@@ -597,7 +543,7 @@ class GpuRegime:
         half the pool restoring 9 copies in 5 rounds kept the overload going twice as long,
         1.030-1.040x fifo2 where at once is 1.006-1.032x)."""
         called = [n for n, info in svcs.items() if info.lam > 0]
-        if not called or self.spill is not None or self._spill_plan.get(new) is not None or old >= G:
+        if not called or self.spill is not None or self.model.spill_plan.get(new) is not None or old >= G:
             return
         holder = self._gpu_holder
         # only cells holding an old-width copy of a service called now can serve at the old width
@@ -612,8 +558,8 @@ class GpuRegime:
         if len(cells) <= 1:
             return
         per = max(1, _STAGE_CELLS)
-        dt = self._restore_rounds(called, new, per * (old // new))
-        if dt > self._restore_rounds(called, new, G // new):
+        dt = self.model.restore_rounds(called, new, per * (old // new))
+        if dt > self.model.restore_rounds(called, new, G // new):
             return  # a stage would restore its copies in more rounds than the whole pool does
         masks = tuple(((1 << old) - 1) << o for o in cells)
         self._stage = (masks, dt, per)
@@ -647,23 +593,14 @@ class GpuRegime:
         called = [n for n, info in svcs.items() if info.lam > 0]
         if not called:
             return True
-        outage = self._restore_rounds(called, m, G // m)
+        outage = self.model.restore_rounds(called, m, G // m)
         queued: int = sum(self._svc_queued.values())
         return bool(queued >= _QUEUE_GATE * lam * outage)
 
-    def _restore_rounds(self, called: list[str], m: int, cells: int) -> float:
-        """Seconds to restore a TP-``m`` copy of every service in ``called`` over ``cells`` cells
-        of width ``m``, in parallel across the cells (rounds of the slowest restore)."""
-        return math.ceil(len(called) / max(1, cells)) * max(
-            self.restore_lat(self._place.restore_cost(n), m) for n in called)
-
-    def _calibrate(self, kinds: list[Any], pick: int, G: int, cv_f: float) -> None:
-        """The model's wait at the width in force (what the next calls' measured waits are set
-        against), and every measured width's measured / predicted ratio, with the prior."""
-        self._pred_wq = self._predict(kinds, pick, G, cv_f)[1]
-        for mm, (o, p) in self._wq_obs.items():
-            prior = _CAL_PRIOR * (self._predict(kinds, mm, G, cv_f)[0] or 1.0)
-            self._wq_f[mm] = (o + prior) / (p + prior)
+    def observe_wait(self, submitted: float, now: float) -> None:
+        """A call of an elastic GPU kind submitted at ``submitted`` is granted ``now``: its wait
+        calibrates the width in force (:meth:`.WidthModel.observe_wait`)."""
+        self.model.observe_wait(submitted, now, self.width, self.switched_at, self.transition)
 
     def _settle(self, now: float, kinds: list[Any], svcs: dict[str, Service], pick: int,
                 G: int) -> tuple[float, dict[str, Service], float, float]:
@@ -671,12 +608,12 @@ class GpuRegime:
         service, and the pool's price of a GPU-second; remembered as the market in force."""
         total = W = 0.0
         pref: dict[ActionSpec, int] = {}
-        plan = self.spill = self._spill_plan.get(pick)
+        plan = self.spill = self.model.spill_plan.get(pick)
         # beside the width's aligned cells
         self.spill_mask = 0 if plan is None else ((1 << G) - 1) & ~((1 << (G // pick * pick)) - 1)
         for lam, spec, ts, info in kinds:
             top = plan[0] if plan is not None and spec.service in plan[1] else pick
-            m = _size_at(ts, top)
+            m = size_at(ts, top)
             pref[spec] = m
             x = lam * m * ts[m]
             total += x
@@ -697,162 +634,3 @@ class GpuRegime:
         self.pref = pref
         return out
 
-    def _spill_plans(self, widths: list[int], fit: list[int], svcs: dict[str, Service], active: int,
-                     G: int, kinds: list[Any], fast: list[Any]) -> dict[int, tuple[int, frozenset[str]]]:
-        """Width -> (narrower width, the services spilled to it) for each width whose aligned cells
-        cannot hold a copy of every service called now, where the GPUs beside those cells can
-        hold the rest at the narrower width. 9 teachers on 6 GPUs: the one TP-4 cell holds 8
-        copies; fifo4 thrashes the ninth through it (a restore every ~18 calls) and TP-2, where all
-        9 fit, runs every call slower. Spilling the coldest to TP-2 on GPUs 4-5 keeps TP-4's speed
-        for the rest with no thrash. Likewise 9 teachers on 10 GPUs of one model each: two TP-4
-        cells hold 8 copies, fifo4 thrashed the ninth (0.041 s a call) and Tangram's TP-2 lost
-        8-12 % to it; the ninth at TP-2 on GPUs 8-9 runs 0.79-0.81x fifo4.
-
-        * With two cells or more the cells are scored as a queue each (:meth:`_main_predict`):
-          every service kept has room for one copy and waits for its own cell. Two TP-2 cells of
-          5 GPUs, one copy a teacher, scored as one M/G/2, spilled and lost 4-8 % to TP-1.
-        * Only while the busiest cell waits less than ``_SPILL_P_WAIT`` of the time at the latest rates
-          (``_SPILL_P_KEEP`` once in force). A single cell under a rising load is the first to
-          queue, and without the plan the width is not a candidate any more, which narrows it
-          with the old copies serving. Seed 2 of 6 GPUs at batch 2048 otherwise rode TP-4 into
-          the peak and narrowed urgently: 1.034x fifo2.
-        * The coldest by calls ever (a rank that noise does not flip) are spilled, and the set is
-          sticky. A 30 s rate reshuffled the four coldest teachers and restored them ~30 times
-          each.
-        * Only services whose every kind is elastic down to the narrower width: a kind whose
-          smallest size exceeds the GPUs beside the cell would wait there for ever (the
-          property test ``tests/test_scheduler_props.py::GpuMachine`` found one)."""
-        out: dict[int, tuple[int, frozenset[str]]] = {}
-        low: dict[str, int] = {}  # service -> the smallest size all its kinds can run at
-        for _lam, spec, ts, _info in kinds:
-            if spec.service is not None:
-                lo = min(ts) if spec.elastic_resource == "gpu" else 1 << 30
-                low[spec.service] = max(low.get(spec.service, 0), lo)
-        ranked = sorted((info.calls, name) for name, info in svcs.items() if info.lam > 0)
-        for m in widths:
-            left = G - G // m * m
-            if m in fit or G // m < 1 or left <= 0:
-                continue
-            n_spill = active - int(self.copies_fit(m, G) + 1e-9)
-            if n_spill <= 0:
-                continue
-            m2 = max((x for x in widths if x < m and x <= left and self.copies_fit(x, left) >= n_spill),
-                     default=0)
-            if not m2:
-                continue
-            able = [(c, name) for c, name in ranked if low.get(name, 1 << 30) <= m2]
-            if n_spill > len(able):
-                continue
-            cold = [name for _c, name in able[:n_spill]]
-            prev = self._spill_plan.get(m)
-            if prev is not None and len(prev[1]) == n_spill and all(
-                    n in svcs and svcs[n].lam > 0 for n in prev[1]):
-                kept = [svcs[name].calls for _c, name in able if name not in prev[1]]
-                if all(n in low and low[n] <= m2 for n in prev[1]) and (
-                        not kept or max(svcs[n].calls for n in prev[1]) <= _SPILL_SWAP * min(kept)):
-                    cold = sorted(prev[1])
-            gate = _SPILL_P_KEEP if m == self.width and self.spill is not None else _SPILL_P_WAIT
-            if self._main_predict([k for k in fast if k[1].service not in cold], m, G // m, 1.0)[2] > gate:
-                continue
-            out[m] = (m2, frozenset(cold))
-        return out
-
-    def _predict(self, kinds: list[Any], m: int, G: int, cv_f: float) -> tuple[float, float, float]:
-        """:meth:`_regime_predict` at width ``m``, split as its spill plan says: the main cells
-        and the leftover GPUs are two pools, each with its own services."""
-        plan = self._spill_plan.get(m)
-        if plan is None:
-            return self._regime_predict(kinds, m, G, cv_f)
-        m2, cold = plan
-        n = G // m  # the aligned cells
-        k1 = [k for k in kinds if k[1].service not in cold]
-        k2 = [k for k in kinds if k[1].service in cold]
-        e1, w1, p1 = self._main_predict(k1, m, n, cv_f)
-        e2, w2, p2 = self._regime_predict(k2, m2, G - n * m, cv_f)
-        l1 = sum(k[0] for k in k1)
-        l2 = sum(k[0] for k in k2)
-        if l1 + l2 <= 0:
-            return 0.0, 0.0, 0.0
-        f1, f2 = l1 / (l1 + l2), l2 / (l1 + l2)
-        return e1 * f1 + e2 * f2, w1 * f1 + w2 * f2, max(p1, p2)
-
-    def _main_predict(self, kinds: list[Any], m: int, n: int, cv_f: float) -> tuple[float, float, float]:
-        """The ``n`` aligned cells of width ``m`` beside a spill: one queue if ``n`` is 1, else a
-        queue per cell. There every service kept has room for one copy, so each service's calls
-        wait for its own cell only: its services split by load (longest first, to the least busy
-        cell), each cell an M/G/1. Pooled as one M/G/n, two TP-2 cells of 5 GPUs looked far
-        better than they ran (a spill there lost 4-8 % to TP-1)."""
-        if n <= 1:
-            return self._regime_predict(kinds, m, m, cv_f)
-        groups: dict[str, list[Any]] = {}
-        for k in kinds:
-            groups.setdefault(k[1].service if k[1].service is not None else k[1].kind, []).append(k)
-        busy = [0.0] * n
-        split: list[list[Any]] = [[] for _ in range(n)]
-
-        def work(ks: list[Any]) -> float:
-            return float(sum(lam * ts[_size_at(ts, m)] for lam, _s, ts, _i in ks))
-
-        for w, key in sorted(((work(ks), key) for key, ks in groups.items()), reverse=True):
-            i = min(range(n), key=lambda j: (busy[j], j))
-            busy[i] += w
-            split[i].extend(groups[key])
-        E = Wq = P = L = 0.0
-        for ks in split:
-            e, w, p = self._regime_predict(ks, m, m, cv_f)
-            lam = sum(k[0] for k in ks)
-            E += e * lam
-            Wq += w * lam
-            L += lam
-            P = max(P, p)
-        if L <= 0:
-            return 0.0, 0.0, 0.0
-        return E / L, Wq / L, P
-
-    def _regime_predict(self, kinds: list[Any], m: int, G: int, cv_f: float) -> tuple[float, float, float]:
-        """Mean execution, mean wait and the chance to wait if every kind ran at width ``m`` (its widest
-        legal size not above it): an M/G/c model of the pool in cells of the mean width."""
-        A = W = L = 0.0
-        for lam, _spec, ts, _i in kinds:
-            k = _size_at(ts, m)
-            t = ts[k]
-            A += lam * k * t
-            W += lam * t
-            L += lam
-        if A <= 0 or L <= 0:
-            return 0.0, 0.0, 0.0
-        mbar = A / W
-        c = max(1, int(G / mbar))
-        a = A / mbar
-        return W / L, cv_f * mmc_wq(c, a, W / L), erlang_c(c, a)
-
-    def observe_wait(self, submitted: float, now: float) -> None:
-        """A call of an elastic GPU kind submitted at ``submitted`` is granted ``now``: its wait,
-        beside the one the model predicted for the width in force, calibrates that width for
-        growing into it again. Calls submitted during a switch's transition (the old width's
-        copies still serving beside the new ones) or _CAL_SETTLE s after it, or before the last call
-        queued ahead of the switch was granted, wait for the switch's restores, the mixed widths and
-        the old width's backlog, not for the model, and are not counted."""
-        if submitted < self.switched_at:  # queued before the switch: its backlog drains still
-            self._drained_at = now
-            return
-        if (submitted - self.switched_at < self.transition + _CAL_SETTLE
-                or submitted < self._drained_at or not math.isfinite(self._pred_wq)):
-            return  # (an infinite prediction, the width held past its capacity, calibrates nothing)
-        m = self.width
-        o, p = self._wq_obs.get(m, (0.0, 0.0))
-        self._wq_obs[m] = (o * _CAL_DECAY + (now - submitted), p * _CAL_DECAY + self._pred_wq)
-
-    def copies_fit(self, m: int, G: int) -> float:
-        """Copies at width ``m`` the pool's memory holds in aligned cells (``gpu_slots`` x m TP-m
-        copies a cell, ``gpu_slots`` under 'replica')."""
-        slots = float(self.gpu_slots or 1.0)
-        return (G // m) * slots * (m if self.gpu_instances == "tp" else 1)
-
-    def restore_lat(self, r: float, k: int) -> float:
-        """Seconds a k-GPU restore takes: TP instances load 1/k per GPU in parallel; replicas a
-        full copy per GPU, also in parallel."""
-        return r / k if self.gpu_instances == "tp" else r
-
-    def restore_gpu_s(self, r: float, k: int) -> float:
-        return r if self.gpu_instances == "tp" else r * k

@@ -4,8 +4,9 @@ copy, or restore ``S`` on a free cold cell, whichever is cheapest in seconds of 
 
 Three parts, each in its own module:
 
-* the **width** every kind runs at now (:mod:`.gpu_regime`: the M/G/c market over widths, urgent
-  narrowing, measured waits, the spill beside one cell);
+* the **width** every kind runs at now (:mod:`.gpu_regime`: the market over widths, urgent
+  narrowing; scored by the M/G/c model with measured waits, :mod:`.gpu_model`; the spill beside
+  one cell, :mod:`.gpu_spill`);
 * what a **copy** is worth (:mod:`.gpu_copies`: copy targets per service, the cost per call of a
   set of copies, and what an eviction costs its victim);
 * the **choice** here, counting:
@@ -50,7 +51,8 @@ from typing import Any, NamedTuple
 from ..spec import ActionSpec
 from .action import Action, dur_min
 from .gpu_copies import CopyValue
-from .gpu_regime import GpuRegime, Service
+from .gpu_model import Service
+from .gpu_regime import GpuRegime
 from .learn import KindStats
 from .placement import Placement
 from .residency import Residency
@@ -122,8 +124,8 @@ class GpuSizing:
         self.regime.observe_wait(submitted, now)
 
     def restore_lat(self, r: float, k: int) -> float:
-        """See :meth:`.GpuRegime.restore_lat`."""
-        return self.regime.restore_lat(r, k)
+        """See :meth:`.WidthModel.restore_lat`."""
+        return self.regime.model.restore_lat(r, k)
 
     def _market(self, now: float) -> tuple[float, dict[str, Service], float, float]:
         out = self.regime.market(now)
@@ -268,7 +270,8 @@ class GpuSizing:
                     # prepared for an opening ramp: the copy restores now, on an idle cell, not
                     # in the overload the ramp is heading for (a free warm copy is not taken)
                     return _EAGER_CREDIT
-                c += weight * (self._copies.cost(info, have, mu, rho_o) - self._copies.cost(info, have + [m], mu, rho_o))
+                c += weight * (self._copies.cost(info, have, mu, rho_o)
+                               - self._copies.cost(info, have + [m], mu, rho_o))
             return c
 
         best = math.inf
@@ -305,13 +308,13 @@ class GpuSizing:
         # policy would hold): mixed sizes fragment memory into copies nobody uses
         gfree_new = gfree & ~legacy
         if (have and reg.urgent and plan is None and svc is not None
-                and reg.restore_lat(r, pref if pref in sizes else sizes[0]) > _UNSTARVE_CALLS * t_q
+                and reg.model.restore_lat(r, pref if pref in sizes else sizes[0]) > _UNSTARVE_CALLS * t_q
                 and self._starved(svc, sizes, svcs)):
             gfree_new = 0  # _UNSTARVE: a second copy waits while another service queues with none
         for m in sizes:
             full = (1 << m) - 1
             t = t_of(m)
-            fixed = reg.restore_lat(r, m) + t * (1.0 + mu * m) + mu_w * reg.restore_gpu_s(r, m)
+            fixed = reg.model.restore_lat(r, m) + t * (1.0 + mu * m) + mu_w * reg.model.restore_gpu_s(r, m)
             cr = credit(m)
             if (_SUNK_FIRST_COPY and planned and prev is not None and not have and m == pk and pk > prev
                     and (slots or 1.0) > 1.0 and sum(1 for i in svcs.values() if i.lam > 0) > G // m):
@@ -325,7 +328,7 @@ class GpuSizing:
                 # judge, deepsearch, an early restore took a cell from a burst: 1.008 -> 1.016x
                 # fifo2), not on a narrowing (6-GPU MOPD seed 0 0.988 -> 0.998) and not where a
                 # GPU holds one model (every new copy evicts one still serving: 0.809 -> 0.836)
-                cr += reg.restore_lat(r, m) + mu_w * reg.restore_gpu_s(r, m)
+                cr += reg.model.restore_lat(r, m) + mu_w * reg.model.restore_gpu_s(r, m)
             if fixed - cr >= best:
                 continue
             need = 1.0 / m if reg.gpu_instances == "tp" else 1.0
@@ -397,7 +400,7 @@ class GpuSizing:
         t = dur_min(a) * (a.stats.rel(a.spec, units) if a.eres == "gpu" else 1.0)
         svc = a.spec.service
         if svc is not None and (svc, pos) not in self._resident:
-            t += self.regime.restore_lat(self._place.restore_cost(svc), units)
+            t += self.regime.model.restore_lat(self._place.restore_cost(svc), units)
             self._tent.setdefault(svc, []).append(pos)
         end = now + t
         for p in pos:
