@@ -46,7 +46,7 @@ overrun hands every cell over at once (the pool is not yet saturated, and on the
 deepsearch judge, 3 GPU-s calls on 8 GPUs, a TP-4 cell kept serving at 69 % of TP-1's throughput
 for 6 s while the queue grew: seed 0 1.049 -> 1.042x isolated's mean ACT; MOPD unchanged).
 
-One rule reads the opening ramp of a load that has just appeared (the latest rates 3x the smoothed
+One rule reads the opening ramp of a load that has just appeared (the latest rates 2.5x the smoothed
 ones, the first width still the guess): once those rates would keep the narrowest width 15 % busy,
 the pool goes to it at once and restores a copy on every cell while it is still idle (each call
 below that target restores on a free cold cell rather than take a free warm copy), not in the
@@ -105,7 +105,7 @@ _STAGE_CELLS = 1  # an urgent narrowing hands this many of the old width's cells
 _PREP = 0.15  # the opening ramp: while the first width is a guess and the latest rates ramp, once they would
               # keep the narrowest width this busy, narrow to it at once and restore its copies then,
               # before the overload (:meth:`GpuRegime._prepares`)
-_PREP_RAMP = 3.0  # ... the latest rates this many times the smoothed ones: a load that has just appeared
+_PREP_RAMP = 2.5  # ... the latest rates this many times the smoothed ones: a load that has just appeared
 _CALL_OFF = True  # a planned widening the latest rates no longer support is called off
                   # (:meth:`GpuRegime._called_off`)
 _START_CELLS = 2  # the first width: the widest that still leaves this many cells in the pool
@@ -471,9 +471,18 @@ class GpuRegime:
         copies restored on idle cells: 1.001-1.033x over seeds 0-7 (1.017 / 1.013 / 1.001 on the
         matrix's; restored as calls meet them, 1.047-1.074x). The default judge (0.5 GPU-s)
         narrows at its burst as before, a few seconds sooner: 1.004-1.013x fifo2 over seeds 0-7,
-        was 1.007-1.024x. Only at a ramp of 3x: at 1.5x the batch-512 judge, whose load never
-        needs TP-1, went there on a clump (1.026x fifo2, was 1.001); the heaviest MOPD openings
-        reach 0.09 there (0.14 at 1.5x), the saturated judge 0.17-0.63."""
+        was 1.007-1.024x. Only at a ramp of 3x (2.5x since stop 42): at 1.5x the batch-512
+        judge, whose load never needs TP-1, went there on a clump (1.026x fifo2, was 1.001); the
+        heaviest MOPD openings reach 0.09 there (0.14 at 1.5x), the saturated judge 0.17-0.63.
+
+        Stop 42 (at 3x until then): the same judge at batch 512, where the load ramps over ~20 s
+        rather than ~10, read a ramp of 2.2-3x and was missed, then narrowed urgently with 8 TP-1
+        restores in the overload: 1.135-1.177x isolated in 5 of 20 seeds. At 2.5x two of them are
+        1.002-1.006x and one 1.026x (seeds 9 and 10 still 1.17x), no MOPD cell moves, and the
+        default judge at batch 1024 (not a matrix cell) pays for clumps read as ramps: held-out
+        seeds 3-5 1.000 / 1.023 / 1.012 -> 1.019 / 1.022 / 1.021x fifo2. 2.0x broke batch 512's
+        default judge (1.020-1.026x); ``_PREP`` 0.10-0.12 fixed seed 9 too but sent a fast-decoding
+        MOPD opening (batch 512, 16 GPUs, TP-4 best) to TP-1: 1.45-1.56x fifo4."""
         if not (_PREP > 0 and self.guessed and m_cur > widths[0]):
             return False
         if sum(k[0] for k in fast) < _PREP_RAMP * sum(k[0] for k in kinds):
