@@ -417,7 +417,7 @@ def main() -> None:
     p.add_argument("--skip-bandwidth", action="store_true")
     p.add_argument("--json", type=Path, help="also write the rows here (for --report)")
     p.add_argument("--report", type=Path, nargs="+", help="print the device check's table from --json files")
-    p.add_argument("--pytest", type=Path, help="with --report: the pytest -m cuda log")
+    p.add_argument("--pytest", type=Path, help="with --report: the pytest log of the GPU test files")
     p.add_argument("--pytest-rc", type=int)
     p.add_argument("--soak", type=Path, help="with --report: the soak's --json report")
     p.add_argument("--elapsed", type=float)

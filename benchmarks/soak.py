@@ -421,7 +421,8 @@ class Soak:
         gc.collect()
         self.rss["start"] = rss_mb()
         managers = [self.probe] + ([self.gpu_mgr] if self.gpu_mgr is not None else [])
-        dev0 = _device_bytes(self.gpu_device if self.gpu_mgr is not None else None)
+        device = self.gpu_device if self.gpu_mgr is not None else None
+        dev0 = _device_bytes(device)
         leaks: list[str] = []
         per_epoch: list[dict[str, Any]] = []
         t0 = time.perf_counter()
@@ -461,7 +462,7 @@ class Soak:
             stats = t.statistics()
             gpu_stats = self.gpu_mgr.statistics() if self.gpu_mgr is not None else None
         elapsed = time.perf_counter() - t0
-        dev1 = _device_bytes(self.gpu_device if self.gpu_mgr is not None else None)
+        dev1 = _device_bytes(device)
         if dev0 is not None and dev1 != dev0:
             leaks.append(f"{self.gpu_device}: torch's allocator holds {dev1 - dev0:+d} B after the Tangram closed")
         cpu_s = time.process_time() - c0
