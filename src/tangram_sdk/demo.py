@@ -115,6 +115,12 @@ def _no_speedup(p: Probe) -> bool:
     return p.cores < 2 or p.parallel < 1.0 + 0.3 * (p.cores - 1)
 
 
+def _partly_busy(p: Probe) -> bool:
+    """True when other work took a visible share of the cores (below 85 % of them delivered) but
+    not all of the speedup: a result there is real but smaller and noisier than on an idle machine."""
+    return p.cores >= 2 and p.parallel < 0.85 * p.cores
+
+
 def _calibrate() -> float:
     """Loop iterations per second on one core (so --work means single-core seconds)."""
     n = 200_000
@@ -288,4 +294,10 @@ def summary(s: _Run, t: _Run, before: Probe, after: Probe) -> list[str]:
     elif _no_speedup(worst):
         out.append(f"note: a machine check found only {worst.short()} (other work on the cores), so this "
                    "ratio was measured on a busy machine and will vary from run to run.")
+    elif _partly_busy(worst):
+        # the one systematic cost there: a kind's first action is sized on the declared efficiency
+        # (nothing measured yet) and can take every core while the next trajectory's action waits
+        out.append(f"note: a machine check found {worst.short()} (other work on the cores): more cores "
+                   "gain less here, a kind's first action (sized before any was measured) may make the "
+                   "next one wait, and one run varies; repeat it, or run it on an idle machine.")
     return out
