@@ -38,7 +38,8 @@ Memory: an action that declares ``memory`` gets it as its container's memory lim
 Docker recorded for it when the manager first saw it) comes back. A command the kernel kills for
 memory raises :class:`~tangram_sdk.errors.ActionOOMError` from ``lease.exec`` with the limit and
 the peak; the container lives on. Two actions in one container share the sum of their memory; an
-action that declares none leaves the container at its parked limit.
+action that declares none leaves the container at its parked limit. The limit a container's grants
+add up to, and the peaks learnt per kind, are worked out in ``_cpu_memory.py``.
 
 Sandbox quotas: ``max_sandboxes`` caps the containers SandboxPools create through this manager
 that exist at once, ``create_rate`` (containers/s, ``create_burst``) paces their creation; both
@@ -63,6 +64,7 @@ from .._deadline import check_timeout
 from ..errors import ActionOOMError, CgroupError, DockerError, QuarantineError, SpecError, UsageError
 from . import _cgroup
 from ._cgroup import MemoryBusyError, MemoryLimits
+from ._cpu_memory import learn_peak, limit_refused, memory_target, mib, watch_peak
 from ._docker import KILLED, MIN_MEMORY, DockerClient, is_memory_busy, is_not_found, never_sent, validate_ref
 from ._limits import CreationGate
 from ..pool import _id_list
@@ -103,13 +105,6 @@ class _Box:
         self.mem_now: MemoryLimits | None = None
         self.peak: _cgroup.PeakWatch | None = None  # peak since the first live grant (cgroup backend)
         self.shared = False  # two actions overlapped: the peak is not one action's
-
-
-_MAX_KINDS = 256  # per-kind memory peaks kept (least recently updated dropped first)
-
-
-def _mib(n: int | None) -> str:
-    return "unknown" if n is None else f"{n / 2**20:.1f} MiB"
 
 
 class _Quarantine:
@@ -378,7 +373,7 @@ class DockerCpuManager:
                 self._unsure[aid] = q
                 raise
             if len(box.active) == 1:
-                self._watch_peak(box)
+                watch_peak(box)
         self._stats["applies"] += 1
         lease.attach("container", box.id)
         lease.attach("exec", functools.partial(self._exec, box, grant.action_id))
@@ -437,7 +432,7 @@ class DockerCpuManager:
             if cores is None:
                 return
             self._stats["releases"] += 1
-            self._learn_peak(box, lease.spec.kind, declared)
+            learn_peak(self._peaks, box, lease.spec.kind, declared)
             try:
                 await self._settle(box)
             except DockerError as exc:
@@ -723,18 +718,6 @@ class DockerCpuManager:
 
 
     # -- memory -------------------------------------------------------------------------------
-    @staticmethod
-    def _mem_target(box: _Box) -> MemoryLimits | None:
-        """What the live grants say: the sum of their memory (no swap), or None (parked limit)
-        when there is no grant or one of them declared no memory."""
-        if not box.active:
-            return None
-        amounts = [box.mem.get(a, 0) for a in box.active]
-        if not amounts or min(amounts) <= 0:
-            return None
-        total = sum(amounts)
-        return MemoryLimits(total, total)
-
     async def _parked_memory(self, box: _Box) -> MemoryLimits:
         if box.parked_mem is None:
             info = await self.client.inspect(box.id)
@@ -745,7 +728,7 @@ class DockerCpuManager:
         """Give ``box`` the memory limit its live grants say (or its parked one), if it differs
         from what it holds. ActionOOMError (killed=False) when the container already holds more
         than the new limit and cannot free it; nothing is changed then."""
-        target = self._mem_target(box)
+        target = memory_target(box)
         if target == box.mem_now:
             return
         parked = await self._parked_memory(box)
@@ -755,21 +738,14 @@ class DockerCpuManager:
             await self._set_memory(box, want)
         except MemoryBusyError as exc:
             box.mem_now = before  # refused: nothing changed
-            raise self._refused(box, want, exc.usage) from exc
+            raise limit_refused(box, want, exc.usage) from exc
         except DockerError as exc:
             if not is_memory_busy(exc):
                 raise
             box.mem_now = before
-            raise self._refused(box, want, None) from exc
+            raise limit_refused(box, want, None) from exc
         box.mem_now = target
         self._stats["memory_updates"] += 1
-
-    def _refused(self, box: _Box, want: MemoryLimits, usage: int | None) -> ActionOOMError:
-        held = "" if usage is None or usage < 0 else f" (it holds {_mib(usage)} it cannot free)"
-        return ActionOOMError(
-            f"container {box.id[:12]}: cannot set its memory limit to {_mib(want.memory)}: it already "
-            f"uses more{held}; processes or tmpfs files left by earlier actions count against the limit",
-            resource=box.id, limit=want.memory, peak=usage, killed=False)
 
     async def _set_memory(self, box: _Box, want: MemoryLimits) -> None:
         if box.backend == "cgroup":
@@ -793,7 +769,7 @@ class DockerCpuManager:
         """Settle memory after a release (or a failed apply) without failing it: the cores are
         what the pool accounts for; a limit that cannot come back yet is logged, counted, and
         retried at the container's next release."""
-        if self._mem_target(box) == box.mem_now:
+        if memory_target(box) == box.mem_now:
             return
         try:
             await self._settle_memory(box)
@@ -804,35 +780,6 @@ class DockerCpuManager:
                 return
             self._stats["memory_restore_failures"] += 1
             log.warning("container %s: memory limit not restored to its parked value yet: %s", box.id[:12], exc)
-
-    def _watch_peak(self, box: _Box) -> None:
-        """Start measuring the container's peak (cgroup backend only: one write)."""
-        if box.peak is not None:
-            box.peak.close()
-            box.peak = None
-        box.shared = False
-        cg = box.cgroup
-        if box.backend == "cgroup" and cg is not None and cg.memory is not None:
-            box.peak = cg.memory.watch_peak()
-
-    def _learn_peak(self, box: _Box, kind: str, declared: int) -> None:
-        """Record the action's peak for its kind (when it had the container to itself)."""
-        if box.peak is None:
-            return
-        if not box.shared and box.peak.since_reset:
-            peak = box.peak.read()
-            if peak is not None:
-                entry = self._peaks.pop(kind, None) or {"max": 0, "last": 0, "n": 0, "declared": 0}
-                entry["max"] = max(entry["max"], peak)
-                entry["last"] = peak
-                entry["n"] += 1
-                entry["declared"] = declared
-                self._peaks[kind] = entry  # re-inserted: most recently updated last
-                while len(self._peaks) > _MAX_KINDS:
-                    self._peaks.pop(next(iter(self._peaks)))
-        if not box.active:
-            box.peak.close()
-            box.peak = None
 
     async def _exec(self, box: _Box, aid: int, cmd: Sequence[str], **kw: Any) -> ExecResult:
         """``lease.exec``: run the command; if the kernel killed it for memory, raise
@@ -864,7 +811,7 @@ class DockerCpuManager:
             limits = _quiet(mem.limits)
             limit = None if limits is None else limits.memory
             peak = box.peak.read() if box.peak is not None else None
-            where = f"peak {_mib(peak)}" + ("" if box.peak is None or box.peak.since_reset else " (lifetime)")
+            where = f"peak {mib(peak)}" + ("" if box.peak is None or box.peak.since_reset else " (lifetime)")
         elif result.exit_code == KILLED:
             try:
                 if await self.client.oom_events(box.id, t0 - 0.05, time.time() + 0.3) == 0:
@@ -875,12 +822,12 @@ class DockerCpuManager:
             held = box.mem_now if box.mem_now not in (None, _MEM_UNKNOWN) else box.parked_mem
             limit = held.memory if held is not None else None
             peak = int(stats["max_usage"]) if stats.get("max_usage") else None
-            where = f"peak {_mib(peak)} (the container's lifetime peak: the Docker API cannot reset it)"
+            where = f"peak {mib(peak)} (the container's lifetime peak: the Docker API cannot reset it)"
         else:
             return result
         self._stats["oom_kills"] += 1
         raise ActionOOMError(
-            f"container {box.id[:12]}: {list(cmd)[:3]} was killed for memory (limit {_mib(limit)}, {where}); "
+            f"container {box.id[:12]}: {list(cmd)[:3]} was killed for memory (limit {mib(limit)}, {where}); "
             f"the container lives on", resource=box.id, limit=limit, peak=peak, killed=True, result=result)
 
 
