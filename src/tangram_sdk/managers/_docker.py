@@ -48,13 +48,14 @@ from ..process import ExecResult
 from ..process import check_argv as _check_argv
 from ..process import check_env, check_max_output, check_stdin
 
-__all__ = ["LABEL", "UNLIMITED", "ContainerInfo", "DockerClient", "is_connection_error",
+__all__ = ["LABEL", "MIN_MEMORY", "UNLIMITED", "ContainerInfo", "DockerClient", "is_connection_error",
            "is_memory_busy", "is_not_found", "kill_tree", "never_sent", "validate_ref"]
 
 LABEL = "tangram_sdk"  # every container we create carries ``tangram_sdk=1`` so leaks can be found
 # The Engine API refuses Memory=-1 ("Minimum memory limit allowed is 6MB") and reads 0 as
 # "unchanged", so "no limit" is sent as the kernel's own unlimited value (PAGE_COUNTER_MAX pages).
 UNLIMITED = 9223372036854771712
+MIN_MEMORY = 6 * 2**20  # the smallest memory limit the Docker Engine API accepts (bytes)
 _REF_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 _IMAGE_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_./:@+-]{0,254}")
 _FULL_ID_RE = re.compile(r"[0-9a-f]{64}")

@@ -38,11 +38,13 @@ Memory: an action that declares ``memory`` gets it as its container's memory lim
 Docker recorded for it when the manager first saw it) comes back. A command the kernel kills for
 memory raises :class:`~tangram_sdk.errors.ActionOOMError` from ``lease.exec`` with the limit and
 the peak; the container lives on. Two actions in one container share the sum of their memory; an
-action that declares none leaves the container at its parked limit.
+action that declares none leaves the container at its parked limit. The limit a container's grants
+add up to, and the peaks learnt per kind, are worked out in ``_cpu_memory.py``.
 
 Sandbox quotas: ``max_sandboxes`` caps the containers SandboxPools create through this manager
 that exist at once, ``create_rate`` (containers/s, ``create_burst``) paces their creation; both
 apply to ``SandboxPool.create`` and on-demand ``SandboxPool.add``, with bounded, cancel-safe waits.
+The pool itself lives in :mod:`~tangram_sdk.managers.sandbox_pool` (re-exported here).
 """
 
 from __future__ import annotations
@@ -52,9 +54,7 @@ import functools
 import logging
 import os
 import time
-import uuid
-from collections.abc import Awaitable, Iterator, Sequence
-from types import TracebackType
+from collections.abc import Awaitable, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 import attrs
@@ -64,11 +64,13 @@ from .._deadline import check_timeout
 from ..errors import ActionOOMError, CgroupError, DockerError, QuarantineError, SpecError, UsageError
 from . import _cgroup
 from ._cgroup import MemoryBusyError, MemoryLimits
-from ._docker import KILLED, DockerClient, is_memory_busy, is_not_found, never_sent, validate_ref
+from ._cpu_memory import learn_peak, limit_refused, memory_target, mib, watch_peak
+from ._docker import KILLED, MIN_MEMORY, DockerClient, is_memory_busy, is_not_found, never_sent, validate_ref
 from ._limits import CreationGate
 from ..pool import _id_list
 from ..snapshot import Snapshot
 from .base import ManagerContext, Offer
+from .sandbox_pool import Sandbox, SandboxPool  # re-exported: the pool lived here first
 
 if TYPE_CHECKING:
     from ..lease import ExecResult, Lease
@@ -105,15 +107,6 @@ class _Box:
         self.shared = False  # two actions overlapped: the peak is not one action's
 
 
-_CREATE_LABEL = "tangram_sdk.create"  # a token per create call (SandboxPool._make)
-
-_MAX_KINDS = 256  # per-kind memory peaks kept (least recently updated dropped first)
-
-
-def _mib(n: int | None) -> str:
-    return "unknown" if n is None else f"{n / 2**20:.1f} MiB"
-
-
 class _Quarantine:
     """A container whose park failed (or whose grant failed after reaching the daemon): the cores
     it may still hold, and the re-park in flight."""
@@ -129,9 +122,6 @@ class _Quarantine:
         self.since = time.monotonic()
         self.until: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.task: asyncio.Task[None] | None = None
-
-
-MIN_MEMORY = 6 * 2**20  # the smallest memory limit the Docker Engine API accepts (bytes)
 
 
 def _gone(exc: DockerError) -> bool:
@@ -383,7 +373,7 @@ class DockerCpuManager:
                 self._unsure[aid] = q
                 raise
             if len(box.active) == 1:
-                self._watch_peak(box)
+                watch_peak(box)
         self._stats["applies"] += 1
         lease.attach("container", box.id)
         lease.attach("exec", functools.partial(self._exec, box, grant.action_id))
@@ -442,7 +432,7 @@ class DockerCpuManager:
             if cores is None:
                 return
             self._stats["releases"] += 1
-            self._learn_peak(box, lease.spec.kind, declared)
+            learn_peak(self._peaks, box, lease.spec.kind, declared)
             try:
                 await self._settle(box)
             except DockerError as exc:
@@ -728,18 +718,6 @@ class DockerCpuManager:
 
 
     # -- memory -------------------------------------------------------------------------------
-    @staticmethod
-    def _mem_target(box: _Box) -> MemoryLimits | None:
-        """What the live grants say: the sum of their memory (no swap), or None (parked limit)
-        when there is no grant or one of them declared no memory."""
-        if not box.active:
-            return None
-        amounts = [box.mem.get(a, 0) for a in box.active]
-        if not amounts or min(amounts) <= 0:
-            return None
-        total = sum(amounts)
-        return MemoryLimits(total, total)
-
     async def _parked_memory(self, box: _Box) -> MemoryLimits:
         if box.parked_mem is None:
             info = await self.client.inspect(box.id)
@@ -750,7 +728,7 @@ class DockerCpuManager:
         """Give ``box`` the memory limit its live grants say (or its parked one), if it differs
         from what it holds. ActionOOMError (killed=False) when the container already holds more
         than the new limit and cannot free it; nothing is changed then."""
-        target = self._mem_target(box)
+        target = memory_target(box)
         if target == box.mem_now:
             return
         parked = await self._parked_memory(box)
@@ -760,21 +738,14 @@ class DockerCpuManager:
             await self._set_memory(box, want)
         except MemoryBusyError as exc:
             box.mem_now = before  # refused: nothing changed
-            raise self._refused(box, want, exc.usage) from exc
+            raise limit_refused(box, want, exc.usage) from exc
         except DockerError as exc:
             if not is_memory_busy(exc):
                 raise
             box.mem_now = before
-            raise self._refused(box, want, None) from exc
+            raise limit_refused(box, want, None) from exc
         box.mem_now = target
         self._stats["memory_updates"] += 1
-
-    def _refused(self, box: _Box, want: MemoryLimits, usage: int | None) -> ActionOOMError:
-        held = "" if usage is None or usage < 0 else f" (it holds {_mib(usage)} it cannot free)"
-        return ActionOOMError(
-            f"container {box.id[:12]}: cannot set its memory limit to {_mib(want.memory)}: it already "
-            f"uses more{held}; processes or tmpfs files left by earlier actions count against the limit",
-            resource=box.id, limit=want.memory, peak=usage, killed=False)
 
     async def _set_memory(self, box: _Box, want: MemoryLimits) -> None:
         if box.backend == "cgroup":
@@ -798,7 +769,7 @@ class DockerCpuManager:
         """Settle memory after a release (or a failed apply) without failing it: the cores are
         what the pool accounts for; a limit that cannot come back yet is logged, counted, and
         retried at the container's next release."""
-        if self._mem_target(box) == box.mem_now:
+        if memory_target(box) == box.mem_now:
             return
         try:
             await self._settle_memory(box)
@@ -809,35 +780,6 @@ class DockerCpuManager:
                 return
             self._stats["memory_restore_failures"] += 1
             log.warning("container %s: memory limit not restored to its parked value yet: %s", box.id[:12], exc)
-
-    def _watch_peak(self, box: _Box) -> None:
-        """Start measuring the container's peak (cgroup backend only: one write)."""
-        if box.peak is not None:
-            box.peak.close()
-            box.peak = None
-        box.shared = False
-        cg = box.cgroup
-        if box.backend == "cgroup" and cg is not None and cg.memory is not None:
-            box.peak = cg.memory.watch_peak()
-
-    def _learn_peak(self, box: _Box, kind: str, declared: int) -> None:
-        """Record the action's peak for its kind (when it had the container to itself)."""
-        if box.peak is None:
-            return
-        if not box.shared and box.peak.since_reset:
-            peak = box.peak.read()
-            if peak is not None:
-                entry = self._peaks.pop(kind, None) or {"max": 0, "last": 0, "n": 0, "declared": 0}
-                entry["max"] = max(entry["max"], peak)
-                entry["last"] = peak
-                entry["n"] += 1
-                entry["declared"] = declared
-                self._peaks[kind] = entry  # re-inserted: most recently updated last
-                while len(self._peaks) > _MAX_KINDS:
-                    self._peaks.pop(next(iter(self._peaks)))
-        if not box.active:
-            box.peak.close()
-            box.peak = None
 
     async def _exec(self, box: _Box, aid: int, cmd: Sequence[str], **kw: Any) -> ExecResult:
         """``lease.exec``: run the command; if the kernel killed it for memory, raise
@@ -869,7 +811,7 @@ class DockerCpuManager:
             limits = _quiet(mem.limits)
             limit = None if limits is None else limits.memory
             peak = box.peak.read() if box.peak is not None else None
-            where = f"peak {_mib(peak)}" + ("" if box.peak is None or box.peak.since_reset else " (lifetime)")
+            where = f"peak {mib(peak)}" + ("" if box.peak is None or box.peak.since_reset else " (lifetime)")
         elif result.exit_code == KILLED:
             try:
                 if await self.client.oom_events(box.id, t0 - 0.05, time.time() + 0.3) == 0:
@@ -880,12 +822,12 @@ class DockerCpuManager:
             held = box.mem_now if box.mem_now not in (None, _MEM_UNKNOWN) else box.parked_mem
             limit = held.memory if held is not None else None
             peak = int(stats["max_usage"]) if stats.get("max_usage") else None
-            where = f"peak {_mib(peak)} (the container's lifetime peak: the Docker API cannot reset it)"
+            where = f"peak {mib(peak)} (the container's lifetime peak: the Docker API cannot reset it)"
         else:
             return result
         self._stats["oom_kills"] += 1
         raise ActionOOMError(
-            f"container {box.id[:12]}: {list(cmd)[:3]} was killed for memory (limit {_mib(limit)}, {where}); "
+            f"container {box.id[:12]}: {list(cmd)[:3]} was killed for memory (limit {mib(limit)}, {where}); "
             f"the container lives on", resource=box.id, limit=limit, peak=peak, killed=True, result=result)
 
 
@@ -895,253 +837,3 @@ def _quiet(fn: Any) -> Any:
         return fn()
     except CgroupError:
         return None
-
-
-class Sandbox:
-    """One warm container of a SandboxPool: pass ``sandbox.id`` as ``ActionSpec(container=...)``."""
-
-    __slots__ = ("created", "id", "name")
-
-    def __init__(self, id: str, name: str, created: bool) -> None:
-        self.id = id
-        self.name = name
-        self.created = created
-
-    def __repr__(self) -> str:
-        return f"<Sandbox {self.name or self.id[:12]}{'' if self.created else ' adopted'}>"
-
-
-_UNSET: Any = object()
-
-
-class SandboxPool:
-    """A set of parked containers, one per trajectory.
-
-    ``await SandboxPool.create(manager, image=..., count=N)`` creates and starts N containers
-    running ``cmd`` (a long sleep), already parked, with no network and the ``tangram_sdk=1``
-    label; ``await pool.add()`` creates one more on demand and ``await pool.remove(sandbox)``
-    removes one (both under the manager's ``max_sandboxes`` / ``create_rate``);
-    ``SandboxPool.adopt(manager, ids)`` takes existing ones (parked on first use, outside the cap).
-    ``aclose()`` (or ``async with``) removes what it created — never adopted containers.
-    """
-
-    def __init__(self, manager: DockerCpuManager, sandboxes: Sequence[Sandbox]) -> None:
-        self.manager = manager
-        self.sandboxes = list(sandboxes)
-        self._recipe: dict[str, Any] | None = None  # how create() made its containers, for add()
-        self._next = len(self.sandboxes)
-        # names whose create failed but may still be carried out (a daemon that did not answer in
-        # time): removed by name once it answers, and again at aclose
-        self._maybe_made: dict[str, str] = {}  # name -> the create's token (_CREATE_LABEL)
-        self._late: set[asyncio.Task[None]] = set()
-
-    @classmethod
-    async def create(
-        cls,
-        manager: DockerCpuManager,
-        *,
-        image: str,
-        count: int,
-        cmd: Sequence[str] = ("sleep", "infinity"),
-        name_prefix: str | None = None,
-        memory: int | None = None,
-        env: dict[str, str] | None = None,
-        init: bool = True,
-        concurrency: int = 8,
-        timeout: float | None = _UNSET,
-    ) -> SandboxPool:
-        """Create ``count`` containers concurrently; on any failure remove those made and raise.
-
-        Each creation first waits for the manager's sandbox quotas; ``timeout`` (default: the
-        manager's ``create_timeout``) bounds those waits for the whole batch (TimeoutError). A
-        ``count`` above ``max_sandboxes`` is refused at once (SpecError)."""
-        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
-            raise SpecError(f"count must be an int >= 0, got {count!r}")
-        if name_prefix is not None:
-            validate_ref(name_prefix)
-        if memory is not None and (isinstance(memory, bool) or not isinstance(memory, int) or memory < MIN_MEMORY):
-            raise SpecError(f"memory must be None or an int of bytes >= 6 MiB (Docker's minimum), got {memory!r}")
-        limit = manager.create_timeout if timeout is _UNSET else check_timeout(timeout)
-        manager._gate.check_fits(count)
-        pool = cls(manager, [])
-        pool._recipe = {"image": image, "cmd": tuple(cmd), "name_prefix": name_prefix, "memory": memory,
-                        "env": None if env is None else dict(env), "init": init}
-        pool._next = count
-        gate = asyncio.Semaphore(max(1, concurrency))
-        slots: list[Sandbox | None] = [None] * count
-        loop = asyncio.get_running_loop()
-        deadline = None if limit is None else loop.time() + limit
-
-        async def one(i: int) -> None:
-            async with gate:
-                slots[i] = await pool._make(i, None if deadline is None else max(0.0, deadline - loop.time()))
-
-        try:
-            results = await asyncio.gather(*(one(i) for i in range(count)), return_exceptions=True)
-            for r in results:
-                if isinstance(r, BaseException):
-                    raise r
-        except BaseException:
-            await asyncio.shield(pool.aclose())
-            raise
-        pool.sandboxes = [s for s in slots if s is not None]  # index order, whatever finished first
-        return pool
-
-    async def _make(self, i: int, timeout: float | None) -> Sandbox:
-        """Admit (quotas), create, start and register container number ``i`` of this pool."""
-        assert self._recipe is not None
-        manager, r = self.manager, self._recipe
-        # always a name of ours: a create the daemon carries out after we gave up on it (frozen, or
-        # dying between doing it and answering) can then be found and removed; an unnamed one leaked
-        name = f"{r['name_prefix']}-{i}" if r["name_prefix"] else f"tangram-{uuid.uuid4().hex[:16]}"
-        token = uuid.uuid4().hex  # this create's own mark: a name can be another pool's container
-        await manager._gate.admit(timeout)
-        try:
-            cid = await manager.client.create(
-                r["image"], r["cmd"], name=name, cpuset=format_cpuset(manager.park_cpus),
-                cpu_quota=manager.park_quota_us, cpu_period=manager.period_us,
-                memory=r["memory"], env=r["env"], init=r["init"], labels={_CREATE_LABEL: token},
-            )
-        except BaseException as exc:
-            manager._gate.release()  # nothing was made (yet)
-            answered = isinstance(exc, DockerError) and (never_sent(exc) or exc.status is not None)
-            if not answered:  # no answer (or cancelled mid-call): the daemon may still make it
-                self._maybe_made[name] = token
-                task = asyncio.ensure_future(self._remove_late(name))
-                self._late.add(task)
-                task.add_done_callback(self._late.discard)
-            raise
-        sandbox = Sandbox(cid, name, True)
-        self.sandboxes.append(sandbox)  # so aclose() removes it (and frees its slot) even if start fails
-        await manager.client.start(cid)
-        manager.register(cid, name)
-        return sandbox
-
-    async def _remove_late(self, name: str) -> None:
-        """Remove the container ``name`` if a create we gave up on made it after all: try for a
-        minute (a daemon that was frozen answers again; the create it still had runs first), then
-        leave the rest to :meth:`aclose`."""
-        for wait in (1.0, 2.0, 4.0, 8.0, 15.0, 30.0):
-            await asyncio.sleep(wait)
-            token = self._maybe_made.get(name)
-            if token is None:
-                return
-            try:
-                if await self._remove_if_ours(name, token):
-                    self._maybe_made.pop(name, None)
-                    return
-            except DockerError:
-                continue  # still not answering
-            if wait >= 4.0:  # answering, and not made after a few seconds of answers
-                self._maybe_made.pop(name, None)
-                return
-
-    async def _remove_if_ours(self, name: str, token: str) -> bool:
-        """Remove container ``name`` if the create that carried ``token`` made it (True); False
-        when there is none by that name, or it is another's."""
-        try:
-            info = await self.manager.client.inspect(name)
-        except DockerError as exc:
-            if is_not_found(exc):
-                return False
-            raise
-        if info.labels.get(_CREATE_LABEL) != token:
-            return False
-        await self.manager.client.remove(info.id)
-        return True
-
-    async def add(self, *, timeout: float | None = _UNSET) -> Sandbox:
-        """Create one more container like the others, on demand, under the manager's
-        ``max_sandboxes`` and ``create_rate`` (waiting at most ``timeout`` s, default the manager's
-        ``create_timeout``, then TimeoutError). Only for pools made by :meth:`create`."""
-        if self._recipe is None:
-            raise SpecError("add() needs a pool made by SandboxPool.create (an adopted pool has no image)")
-        limit = self.manager.create_timeout if timeout is _UNSET else check_timeout(timeout)
-        i = self._next
-        self._next += 1
-        known = {id(s) for s in self.sandboxes}
-        try:
-            return await self._make(i, limit)
-        except BaseException:
-            for s in [s for s in self.sandboxes if id(s) not in known]:  # created, but start failed
-                try:
-                    await asyncio.shield(self.remove(s))
-                except Exception:  # noqa: BLE001 - the original error matters more; aclose retries
-                    log.warning("could not remove half-made sandbox %s", s.id[:12], exc_info=True)
-            raise
-
-    async def remove(self, sandbox: Sandbox) -> None:
-        """Remove one container this pool created (its slot under ``max_sandboxes`` frees once
-        it is gone); adopted ones are only dropped from the pool."""
-        if sandbox not in self.sandboxes:
-            raise SpecError(f"{sandbox!r} is not in this pool")
-        if sandbox.created:
-            await self.manager.client.remove(sandbox.id)
-            self.manager.unregister(sandbox.id)
-            self.manager._gate.release()
-        self.sandboxes.remove(sandbox)
-
-    @classmethod
-    async def adopt(cls, manager: DockerCpuManager, ids: Sequence[str]) -> SandboxPool:
-        """Take existing running containers (DockerError naming any that is unknown or stopped)."""
-        out = []
-        for ref in ids:
-            box = await manager._box(validate_ref(ref))
-            out.append(Sandbox(box.id, ref if ref != box.id else "", False))
-        return cls(manager, out)
-
-    @property
-    def ids(self) -> list[str]:
-        return [s.id for s in self.sandboxes]
-
-    def __len__(self) -> int:
-        return len(self.sandboxes)
-
-    def __getitem__(self, i: int) -> Sandbox:
-        return self.sandboxes[i]
-
-    def __iter__(self) -> Iterator[Sandbox]:
-        return iter(self.sandboxes)
-
-    def __repr__(self) -> str:
-        made = sum(s.created for s in self.sandboxes)
-        return f"<SandboxPool {len(self.sandboxes)} containers ({made} created, {len(self) - made} adopted)>"
-
-    async def aclose(self) -> None:
-        """Remove every container this pool created (all attempted; the first failure re-raised;
-        those not removed stay in the pool, still counted under ``max_sandboxes``, so a second
-        ``aclose`` retries them)."""
-        created = [s for s in self.sandboxes if s.created]
-        late = sorted(self._maybe_made.items())  # creates that failed but may have been carried out
-        self._maybe_made.clear()
-        for t in list(self._late):
-            t.cancel()
-        results = await asyncio.gather(*(self.manager.client.remove(s.id) for s in created), return_exceptions=True)
-        for (name, _token), r in zip(late, await asyncio.gather(*(self._remove_if_ours(n, k) for n, k in late),
-                                                                  return_exceptions=True)):
-            if isinstance(r, BaseException):
-                log.warning("could not remove container %s whose create timed out: %s", name, r)
-        failed = {s.id for s, r in zip(created, results) if isinstance(r, BaseException)}
-        for s in created:
-            if s.id not in failed:
-                self.manager.unregister(s.id)
-                self.manager._gate.release()
-        self.sandboxes = [s for s in self.sandboxes if not s.created or s.id in failed]
-        if self.manager._closed:
-            await self.manager.client.close()  # the manager closed first; do not leak our session
-        errors = [r for r in results if isinstance(r, BaseException)]
-        if errors:
-            raise errors[0]
-
-    async def __aenter__(self) -> SandboxPool:  # noqa: PYI034 (typing.Self needs 3.11)
-        return self
-
-    async def __aexit__(
-        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        try:
-            await asyncio.shield(self.aclose())
-        except Exception:
-            if et is None:
-                raise
-            log.warning("could not remove every sandbox while handling %s", et.__name__, exc_info=True)
