@@ -133,7 +133,7 @@ def _job_dead(job: str) -> bool:
     try:
         from ray._private import state  # no public API reads one job's state without the dashboard
 
-        jobs = state.jobs()  # type: ignore[no-untyped-call]
+        jobs = state.jobs()  # type: ignore[no-untyped-call,unused-ignore]  # typed only where ray is installed
         return any(j.get("JobID") == job and bool(j.get("IsDead")) for j in jobs)
     except Exception:  # noqa: BLE001 - a private API: never end a pool on a guess
         log.debug("cannot read Ray's job table", exc_info=True)
