@@ -3,10 +3,10 @@ that may change.
 
 Every kind runs at one width at a time, the same for all its calls: the width a fixed TP-m FIFO
 would use, chosen per pool by load. Each candidate width is scored by the queueing model
-(:mod:`.gpu_model`) at the call rates learned per kind (smoothed over ~30 s); the cheapest
-predicted mean ACT wins, among widths whose calls would wait less than half the time (Erlang C <=
-0.55: with few wide cells the pooled model misses residency and fragmentation, and a wrong guess
-there queues without bound), and at which every service called now keeps a resident copy
+(:mod:`.gpu_model`) at the call rates learned per kind (:mod:`.gpu_rates`, smoothed over ~30 s);
+the cheapest predicted mean ACT wins, among widths whose calls would wait less than half the time
+(Erlang C <= 0.55: with few wide cells the pooled model misses residency and fragmentation, and a
+wrong guess there queues without bound), and at which every service called now keeps a resident copy
 (``G // m`` aligned cells of ``gpu_slots x m`` TP-m copies: the model sees no residency, and 9
 teachers on 5 GPUs at TP-2 thrashed a restore per call of the ninth), or which spills the coldest
 services onto the GPUs beside its cells at a narrower width (:mod:`.gpu_spill`). The first width,
@@ -72,8 +72,9 @@ from typing import Any
 
 from ..errors import SpecError
 from ..spec import ActionSpec
-from .action import Action, copy_min, spec_dur_min
+from .action import Action, copy_min
 from .gpu_model import Service, WidthModel, pool_load, size_at
+from .gpu_rates import RATE_WINDOW, CallRates
 from .gpu_spill import spill_plans
 from .learn import KindStats
 from .placement import Placement
@@ -84,7 +85,6 @@ from .residency import Residency
 __all__ = ["GpuRegime", "Service"]
 
 _MARKET_DT = 1.0  # seconds between market updates (rates are smooth; pricing every event costs)
-_RATE_WINDOW = 30.0  # seconds over which call rates and the GPU queue are smoothed
 _SWITCH = 0.03  # a width must score this much lower mean ACT to replace the one in force
 _P_WAIT = 0.55  # never grow into a width whose calls would wait this often (Erlang C)
 _TRANSITION = 60.0  # seconds after a switch during which the old width's copies still serve
@@ -120,16 +120,17 @@ _FALSE_ALARM_MEASURED = True  # an urgent narrowing undone at any age counts as 
 
 
 class GpuRegime:
-    """The width in force and the rules that change it: learned call rates per kind, the spill
-    plan per width, false alarms and hand-over stages; what each width would cost is asked of
-    :attr:`model` (:class:`.WidthModel`, which also keeps the measured waits per width).
+    """The width in force and the rules that change it: the spill plan per width, false alarms
+    and hand-over stages; the call rates are learned by :class:`.CallRates`, and what each width
+    would cost is asked of :attr:`model` (:class:`.WidthModel`, which also keeps the measured
+    waits per width).
 
     Read by the placement (:class:`.GpuSizing`): ``width``, ``pref`` (the size each spec takes now)
     and, during a switch's ``transition``, ``prev_pref``; ``spill`` and ``spill_mask`` (which
     services run beside the cells, and on which GPUs); ``cv_f`` (the Allen-Cunneen factor)."""
 
-    __slots__ = ("_kinds", "_resident", "_gpu_holder", "_cells", "_place", "gpu_slots", "default_duration",
-                 "restore_horizon", "gpu_instances", "regime_window", "_mkt", "_rates", "width",
+    __slots__ = ("_kinds", "_resident", "_gpu_holder", "_cells", "_place", "gpu_slots", "restore_horizon",
+                 "gpu_instances", "regime_window", "_mkt", "_rates", "width",
                  "switched_at", "transition", "cv_f", "pref", "prev_pref", "_false_alarms",
                  "_left_urgently", "model", "spill",
                  "spill_mask", "_svc_queued", "urgent", "legacy", "_stage", "guessed", "eager", "_from")
@@ -153,14 +154,13 @@ class GpuRegime:
         self._cells = cells
         self._place = place
         self.gpu_slots = gpu_slots
-        self.default_duration = default_duration
         self.restore_horizon = restore_horizon
         self.gpu_instances = gpu_instances
         self.regime_window = regime_window
         self._mkt: Any = None
         self.model = WidthModel(kinds, place, gpu_slots, gpu_instances)  # what each width would cost
         self._false_alarms: dict[int, int] = {}
-        self._rates: dict[str, Any] = {}
+        self._rates = CallRates(kinds, default_duration)  # the call rates each market is priced at
         self.width = 1 << 30  # chosen at the first look (initial_gpu_width)
         self.switched_at = -math.inf
         self.transition = _TRANSITION
@@ -219,52 +219,12 @@ class GpuRegime:
         if self.legacy:
             self._hand_over(now)
         G = max(1, len(self._gpu_holder))
-        kinds, fast, svcs = self._demand(now)
+        kinds, fast, svcs = self._rates.demand(now, self.sizes)
         widths = self._candidates(kinds, fast, svcs, G)
         cv_f = self.cv_f = self.model.cv_factor(kinds)
         pick = self._choose(now, kinds, fast, svcs, widths, G, cv_f, memo)
         self.model.calibrate(kinds, pick, G, cv_f)
         return self._settle(now, kinds, svcs, pick, G)
-
-    def _demand(self, now: float) -> tuple[list[Any], list[Any], dict[str, Service]]:
-        """Per GPU kind ``(rate, spec, {size: seconds}, service)`` at the smoothed rates and at the
-        latest ones (a load rising is believed at once), and the services they call."""
-        kinds = []  # (rate, spec, {size: seconds}, service info)
-        fast = []
-        svcs: dict[str, Service] = {}
-        rates = self._rates
-        for name, st in self._kinds.items():
-            spec = st.spec
-            if spec is None or not spec.gpus:
-                continue
-            # arrivals per second smoothed over ~_RATE_WINDOW s: a 32-arrival window swings by
-            # a factor of two, and copies and sizes must not follow that
-            r = rates.get(name)
-            if r is None or r[3] is not st:
-                lam = st.window_rate(now)
-            else:
-                t0, n0, lam0, _st = r
-                dt = now - t0
-                lam = lam0 if dt <= 0 else lam0 + (1.0 - math.exp(-dt / _RATE_WINDOW)) * (
-                    (st.arrivals - n0) / dt - lam0)
-            rates[name] = (now, st.arrivals, lam, st)
-            d0 = spec_dur_min(spec, st, self.default_duration)
-            svc = spec.service
-            info = None
-            if svc is not None:
-                info = svcs.get(svc)
-                if info is None:
-                    info = svcs[svc] = Service(lam, spec, d0, st)
-                else:
-                    if lam > info.lam:  # the busiest kind speaks for the service's durations
-                        info.spec, info.d0, info.stats = spec, d0, st
-                    info.lam += lam
-                info.calls += st.arrivals
-            sizes = self.sizes(spec)
-            ts = {m: d0 * (st.rel(spec, m) if spec.elastic_resource == "gpu" else 1.0) for m in sizes}
-            kinds.append((lam, spec, ts, info))
-            fast.append((max(lam, st.window_rate(now)), spec, ts, info))
-        return kinds, fast, svcs
 
     def _candidates(self, kinds: list[Any], fast: list[Any], svcs: dict[str, Service], G: int) -> list[int]:
         """The widths that may be in force: every one of the kinds' sizes at which each service
@@ -451,7 +411,7 @@ class GpuRegime:
         lam = sum(k[0] for k in fast)
         if _ROBUST <= 0 or lam >= _RAMP * lam_sum:
             return True
-        f = max(0.0, 1.0 - _ROBUST / math.sqrt(max(1.0, lam * _RATE_WINDOW)))
+        f = max(0.0, 1.0 - _ROBUST / math.sqrt(max(1.0, lam * RATE_WINDOW)))
         low = [(k[0] * f,) + tuple(k[1:]) for k in fast]
         if measured:  # a narrowing taken on measured waits is checked on them too
             return self.model.measured(low, new, G, cv_f) < self.model.measured(low, old, G, cv_f)
