@@ -32,7 +32,7 @@ an overrun's must also win at the latest rates two standard errors lower (near a
 the modelled wait is so steep that a 30 s count's noise reads as an overload: heavy-calls MOPD
 seed 1 went TP-2 -> TP-1 and back twice, 1.032 -> 1.010x fifo2). For 60 s
 after a planned switch the old width's copies still serve while the new ones restore. An urgent
-narrowing hands the old width's cells over one at a time instead (:meth:`GpuRegime._plan_stages`):
+narrowing hands the old width's cells over one at a time instead (:func:`.gpu_handover.plan_stages`):
 the cells not yet handed over serve at the old width and nowhere else, the new width restores on
 the others, so the pool never stops for a restore (deepsearch's judge burst: 1.020-1.023x fifo2
 with every cell handed over at once, 1.013-1.017x so).
@@ -73,6 +73,7 @@ from typing import Any
 from ..errors import SpecError
 from ..spec import ActionSpec
 from .action import Action, copy_min
+from .gpu_handover import NO_STAGES, Stages, legacy_at, plan_stages
 from .gpu_model import Service, WidthModel, pool_load, size_at
 from .gpu_rates import RATE_WINDOW, CallRates
 from .gpu_spill import spill_plans
@@ -90,7 +91,7 @@ _P_WAIT = 0.55  # never grow into a width whose calls would wait this often (Erl
 _TRANSITION = 60.0  # seconds after a switch during which the old width's copies still serve
 _TRANSITION_URGENT = 0.0  # ... after an urgent narrowing: none anywhere (saturated old cells never
                           # free a GPU for the new width's copies; deepsearch's judge queued 5.9 s
-                          # so), only on the cells not yet handed over (``legacy``, _STAGE_CELLS)
+                          # so), only on the cells not yet handed over (``legacy``, :mod:`.gpu_handover`)
 _P_URGENT = 0.15  # the width in force waits this much more often than that: narrow at once
 _QUEUE_GATE = 1.0  # ... when only the latest rates say so, once this many times the calls the
                    # switch's restores would hold up are queued (:meth:`GpuRegime._backlog_confirms`)
@@ -101,7 +102,6 @@ _CAL_NARROW = True  # the first width, a guess, narrows (planned) on the waits i
 _ROBUST = 2.0  # a narrowing must also win at the latest rates this many standard errors lower
 _AHEAD = 1.5  # ... and then narrows to a width chosen at the latest rates this many times over
 _URGENT_HOLD = 10.0  # ... but not within this many seconds of the last urgent narrowing
-_STAGE_CELLS = 1  # an urgent narrowing hands this many of the old width's cells over at a time
 _PREP = 0.15  # the opening ramp: while the first width is a guess and the latest rates ramp, once they would
               # keep the narrowest width this busy, narrow to it at once and restore its copies then,
               # before the overload (:meth:`GpuRegime._prepares`)
@@ -178,10 +178,9 @@ class GpuRegime:
         self._from = 0  # the width any switch left, 0 once called off: a planned widening's way back
         self._left_urgently = 0  # ... only if that switch was an urgent narrowing: its false alarms
         # during an urgent narrowing, the GPUs on which the old width's copies still serve (the
-        # new width's may not), handed over cell by cell: (the old cells' masks in the order
-        # they are handed over, seconds a stage, cells a stage)
+        # new width's may not), handed over cell by cell as ``_stage`` says (:class:`.Stages`)
         self.legacy = 0
-        self._stage: tuple[tuple[int, ...], float, int] = ((), 0.0, 1)
+        self._stage: Stages = NO_STAGES
 
     @property
     def last(self) -> tuple[float, dict[str, Service], float, float]:
@@ -217,7 +216,7 @@ class GpuRegime:
         if memo is not None and now - memo[0] < _MARKET_DT and now >= memo[0] and memo[1] == len(self._kinds):
             return None
         if self.legacy:
-            self._hand_over(now)
+            self.legacy = legacy_at(self._stage, now, self.switched_at)
         G = max(1, len(self._gpu_holder))
         kinds, fast, svcs = self._rates.demand(now, self.sizes)
         widths = self._candidates(kinds, fast, svcs, G)
@@ -390,9 +389,15 @@ class GpuRegime:
             self.transition = _TRANSITION_URGENT if staged else _TRANSITION
             self.urgent = staged
             self.legacy = 0
-            if staged and _STAGE_CELLS > 0 and not (urgent and overrun):
+            if staged and not (urgent and overrun):
                 # (an overrun first width hands every cell over at once: see the module docstring)
-                self._plan_stages(now, svcs, m_cur, pick, G)
+                stages = plan_stages(svcs, m_cur, pick, G, pref=self.pref, resident=self._resident,
+                                     holder=self._gpu_holder, model=self.model,
+                                     spilled=self.spill is not None)
+                if stages is not None:
+                    self._stage = stages
+                    self.transition = stages.seconds
+                    self.legacy = legacy_at(stages, now, self.switched_at)
             self.width = pick
             self.prev_pref = dict(self.pref)
         if not math.isfinite(self.switched_at):
@@ -496,53 +501,6 @@ class GpuRegime:
         TP-4 -> TP-2 -> TP-1 2.2 s apart, before any TP-2 copy served (1.051x fifo2; 1.025 with the
         hold)."""
         return self.urgent and now - self.switched_at < _URGENT_HOLD
-
-    def _plan_stages(self, now: float, svcs: dict[str, Service], old: int, new: int, G: int) -> None:
-        """Hand the old width's cells over to the new width ``_STAGE_CELLS`` at a time, the least
-        busy first: the cells not yet handed over (``legacy``) keep serving at the old width, and
-        only there, while the new width's copies restore on the others, where a call restores
-        rather than wait for a busy old copy (:meth:`.GpuSizing.choice`). Handing every cell over
-        at once stopped the pool for a restore (deepsearch's judge: 4 s at ~12 calls/s, 1.020-1.023x
-        fifo2; one cell a stage 1.013-1.017x, two 1.018-1.027x). A stage lasts the restores of
-        the copies its cells take.
-
-        Not staged: cells with no old-width copy (just after a planned switch most have none: they
-        are handed over at once); beside a spill (its own region); and where a stage would restore
-        its copies in more rounds than the whole pool does (9 teachers on 8 GPUs, TP-4 -> TP-2:
-        half the pool restoring 9 copies in 5 rounds kept the overload going twice as long,
-        1.030-1.040x fifo2 where at once is 1.006-1.032x)."""
-        called = [n for n, info in svcs.items() if info.lam > 0]
-        if not called or self.spill is not None or self.model.spill_plan.get(new) is not None or old >= G:
-            return
-        holder = self._gpu_holder
-        # only cells holding an old-width copy of a service called now can serve at the old width
-        # (just after a planned switch most have none yet): the rest are handed over at once
-        warm: set[int] = set()
-        for n in called:
-            info = svcs[n]
-            warm |= {pos[0] for pos in self._resident.warm_cells(n, self.pref.get(info.spec, info.pref))
-                     if len(pos) == old}
-        cells = sorted((o for o in range(0, G - old + 1, old) if o in warm),
-                       key=lambda o: (sum(1 for p in range(o, o + old) if holder[p] is not None), o))
-        if len(cells) <= 1:
-            return
-        per = max(1, _STAGE_CELLS)
-        dt = self.model.restore_rounds(called, new, per * (old // new))
-        if dt > self.model.restore_rounds(called, new, G // new):
-            return  # a stage would restore its copies in more rounds than the whole pool does
-        masks = tuple(((1 << old) - 1) << o for o in cells)
-        self._stage = (masks, dt, per)
-        self.transition = dt * math.ceil(len(masks) / per)
-        self._hand_over(now)
-
-    def _hand_over(self, now: float) -> None:
-        """The old width's GPUs that still serve, ``_STAGE_CELLS`` cells handed over a stage."""
-        masks, dt, per = self._stage
-        done = per * (1 + int((now - self.switched_at) / dt)) if dt > 0 else len(masks)
-        legacy = 0
-        for m in masks[done:]:
-            legacy |= m
-        self.legacy = legacy
 
     def _backlog_confirms(self, kinds: list[Any], fast: list[Any], svcs: dict[str, Service], m: int,
                           G: int) -> bool:
