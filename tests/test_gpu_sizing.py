@@ -321,7 +321,8 @@ def test_after_an_urgent_narrowing_no_second_copy_restores_while_a_service_has_n
     Now, after an urgent narrowing, a service with a copy waits for it while another GPU service
     queues with none (1.023x). Measured with ``_CAL_NARROW`` off: scored on its measured waits,
     the guessed first width narrows here before the peak as a planned switch (test below), and
-    this rule, which acts after urgent narrowings only, has nothing left to do."""
+    this rule, which acts after staged narrowings only (urgent ones, or ones under a backlog), has
+    nothing left to do."""
     import tangram_sdk.scheduler.gpu_regime as gr
     import tangram_sdk.scheduler.gpu_sizing as gs
 
@@ -334,7 +335,7 @@ def test_after_an_urgent_narrowing_no_second_copy_restores_while_a_service_has_n
     def watched(self: gs.GpuSizing, a: Any, gfree: int, now: float) -> Any:
         out = choice(self, a, gfree, now)
         svc = a.spec.service
-        if out.units and self.regime.urgent and svc is not None:
+        if out.units and self.regime.staged and svc is not None:
             res = self._resident
             pos = tuple(range(out.cell, out.cell + out.units))
             others = [o for o, q in self._svc_queued.items() if q and o != svc and o.startswith("teacher")]

@@ -26,16 +26,17 @@ each urgent narrowing that the smoothed rates undo (within two regime windows, o
 when the narrow width's calls waited more against the model than the wide one's: heavy-calls MOPD
 seed 1, 1.050 -> 1.032x fifo2) raises the bar for the next one from that width; one that only
 the latest rates call for, without a ramp, waits for a backlog as large as its own restores would
-cause (a clump of arrivals is not an overload), and is not heeded within
-10 s of the last urgent narrowing (its copies are still restoring). Any narrowing but a ramp's or
-an overrun's must also win at the latest rates two standard errors lower (near a width's capacity
-the modelled wait is so steep that a 30 s count's noise reads as an overload: heavy-calls MOPD
-seed 1 went TP-2 -> TP-1 and back twice, 1.032 -> 1.010x fifo2). For 60 s
-after a planned switch the old width's copies still serve while the new ones restore. An urgent
-narrowing hands the old width's cells over one at a time instead (:func:`.gpu_handover.plan_stages`):
-the cells not yet handed over serve at the old width and nowhere else, the new width restores on
-the others, so the pool never stops for a restore (deepsearch's judge burst: 1.020-1.023x fifo2
-with every cell handed over at once, 1.013-1.017x so).
+cause (a clump of arrivals is not an overload), and is not heeded within 10 s of the last staged
+narrowing (below: its copies are still restoring). Any narrowing but a ramp's or an overrun's
+must also win at the latest rates two standard errors lower (near a width's capacity the
+modelled wait is so steep that a 30 s count's noise reads as an overload: heavy-calls MOPD seed 1
+went TP-2 -> TP-1 and back twice, 1.032 -> 1.010x fifo2). For 60 s after a planned switch the old
+width's copies still serve while the new ones restore. A *staged* narrowing, an urgent one or one
+taken while calls wait per cell, hands the old width's cells over one at a time instead
+(:func:`.gpu_handover.plan_stages`): the cells not yet handed over serve at the old width and
+nowhere else, the new width restores on the others, so the pool never stops for a restore
+(deepsearch's judge burst: 1.020-1.023x fifo2 with every cell handed over at once, 1.013-1.017x
+so).
 
 Two rules read the queue, which the rates miss in a closed loop (stop 37): a width never grows
 while a call waits per cell (rates *fall* behind a backlog: the calls' trajectories are blocked),
@@ -89,9 +90,10 @@ _MARKET_DT = 1.0  # seconds between market updates (rates are smooth; pricing ev
 _SWITCH = 0.03  # a width must score this much lower mean ACT to replace the one in force
 _P_WAIT = 0.55  # never grow into a width whose calls would wait this often (Erlang C)
 _TRANSITION = 60.0  # seconds after a switch during which the old width's copies still serve
-_TRANSITION_URGENT = 0.0  # ... after an urgent narrowing: none anywhere (saturated old cells never
-                          # free a GPU for the new width's copies; deepsearch's judge queued 5.9 s
-                          # so), only on the cells not yet handed over (``legacy``, :mod:`.gpu_handover`)
+_TRANSITION_STAGED = 0.0  # ... after a staged narrowing (urgent, or under a backlog): none anywhere
+                          # (saturated old cells never free a GPU for the new width's copies;
+                          # deepsearch's judge queued 5.9 s so), only on the cells not yet handed
+                          # over (``legacy``, :mod:`.gpu_handover`)
 _P_URGENT = 0.15  # the width in force waits this much more often than that: narrow at once
 _QUEUE_GATE = 1.0  # ... when only the latest rates say so, once this many times the calls the
                    # switch's restores would hold up are queued (:meth:`GpuRegime._backlog_confirms`)
@@ -101,7 +103,7 @@ _CAL_NARROW = True  # the first width, a guess, narrows (planned) on the waits i
                     # as a width is grown into: heavy 8-GPU MOPD s2 1.021 -> 0.982x fifo2
 _ROBUST = 2.0  # a narrowing must also win at the latest rates this many standard errors lower
 _AHEAD = 1.5  # ... and then narrows to a width chosen at the latest rates this many times over
-_URGENT_HOLD = 10.0  # ... but not within this many seconds of the last urgent narrowing
+_URGENT_HOLD = 10.0  # ... but not within this many seconds of the last staged narrowing
 _PREP = 0.15  # the opening ramp: while the first width is a guess and the latest rates ramp, once they would
               # keep the narrowest width this busy, narrow to it at once and restore its copies then,
               # before the overload (:meth:`GpuRegime._prepares`)
@@ -126,14 +128,15 @@ class GpuRegime:
     waits per width).
 
     Read by the placement (:class:`.GpuSizing`): ``width``, ``pref`` (the size each spec takes now)
-    and, during a switch's ``transition``, ``prev_pref``; ``spill`` and ``spill_mask`` (which
+    and, during a switch's ``transition``, ``prev_pref``; after a ``staged`` narrowing, ``legacy``
+    (the old width's GPUs still serving, :mod:`.gpu_handover`); ``spill`` and ``spill_mask`` (which
     services run beside the cells, and on which GPUs); ``cv_f`` (the Allen-Cunneen factor)."""
 
     __slots__ = ("_kinds", "_resident", "_gpu_holder", "_cells", "_place", "gpu_slots", "restore_horizon",
                  "gpu_instances", "regime_window", "_mkt", "_rates", "width",
                  "switched_at", "transition", "cv_f", "pref", "prev_pref", "_false_alarms",
                  "_left_urgently", "model", "spill",
-                 "spill_mask", "_svc_queued", "urgent", "legacy", "_stage", "guessed", "eager", "_from")
+                 "spill_mask", "_svc_queued", "staged", "legacy", "_stage", "guessed", "eager", "_from")
 
     @staticmethod
     def check_options(restore_horizon: float, gpu_instances: str, regime_window: float) -> None:
@@ -169,7 +172,7 @@ class GpuRegime:
         self.prev_pref: dict[ActionSpec, int] = {}
         self.spill: tuple[int, frozenset[str]] | None = None  # the plan of the width in force
         self.spill_mask = 0  # ... its GPUs
-        self.urgent = False  # the last switch was an urgent narrowing, or one under a backlog (staged)
+        self.staged = False  # the last switch was a staged narrowing: an urgent one, or one under a backlog
         # the width in force is still the first one, chosen before any load was measured
         self.guessed = True
         # the width in force was taken to prepare for an opening ramp (:meth:`_prepares`): its
@@ -177,7 +180,7 @@ class GpuRegime:
         self.eager = False
         self._from = 0  # the width any switch left, 0 once called off: a planned widening's way back
         self._left_urgently = 0  # ... only if that switch was an urgent narrowing: its false alarms
-        # during an urgent narrowing, the GPUs on which the old width's copies still serve (the
+        # during a staged narrowing, the GPUs on which the old width's copies still serve (the
         # new width's may not), handed over cell by cell as ``_stage`` says (:class:`.Stages`)
         self.legacy = 0
         self._stage: Stages = NO_STAGES
@@ -386,8 +389,8 @@ class GpuRegime:
             self._from = m_cur
             self.switched_at = now
             self.guessed = False
-            self.transition = _TRANSITION_URGENT if staged else _TRANSITION
-            self.urgent = staged
+            self.transition = _TRANSITION_STAGED if staged else _TRANSITION
+            self.staged = staged
             self.legacy = 0
             if staged and not (urgent and overrun):
                 # (an overrun first width hands every cell over at once: see the module docstring)
@@ -464,7 +467,7 @@ class GpuRegime:
         four TP-2 copies as the transition ended, and narrowed back urgently 5 s later, restoring
         eight TP-1 copies cell by cell in the burst (1.028x fifo2; called off, 1.010)."""
         old = self._from
-        if (not _CALL_OFF or self.urgent or not old or old >= m_cur or old not in widths
+        if (not _CALL_OFF or self.staged or not old or old >= m_cur or old not in widths
                 or now - self.switched_at >= self.transition
                 or self.model.predict(fast, m_cur, G, cv_f)[2] <= _P_WAIT):
             return False
@@ -496,11 +499,11 @@ class GpuRegime:
         return sum(self._svc_queued.values()) >= max(1, G // m)
 
     def _just_narrowed(self, now: float) -> bool:
-        """Within ``_URGENT_HOLD`` s of an urgent narrowing: the width in force is still restoring
-        its copies, and its queue is the switch's, not its own. Deepsearch seed 7 narrowed
-        TP-4 -> TP-2 -> TP-1 2.2 s apart, before any TP-2 copy served (1.051x fifo2; 1.025 with the
-        hold)."""
-        return self.urgent and now - self.switched_at < _URGENT_HOLD
+        """Within ``_URGENT_HOLD`` s of a staged narrowing (an urgent one, or one under a backlog):
+        the width in force is still restoring its copies, and its queue is the switch's, not its
+        own. Deepsearch seed 7 narrowed TP-4 -> TP-2 -> TP-1 2.2 s apart, before any TP-2 copy
+        served (1.051x fifo2; 1.025 with the hold)."""
+        return self.staged and now - self.switched_at < _URGENT_HOLD
 
     def _backlog_confirms(self, kinds: list[Any], fast: list[Any], svcs: dict[str, Service], m: int,
                           G: int) -> bool:
