@@ -132,8 +132,8 @@ class GpuRegime:
     (the old width's GPUs still serving, :mod:`.gpu_handover`); ``spill`` and ``spill_mask`` (which
     services run beside the cells, and on which GPUs); ``cv_f`` (the Allen-Cunneen factor)."""
 
-    __slots__ = ("_kinds", "_resident", "_gpu_holder", "_cells", "_place", "gpu_slots", "restore_horizon",
-                 "gpu_instances", "regime_window", "_mkt", "_rates", "width",
+    __slots__ = ("_kinds", "_resident", "_gpu_holder", "_cells", "_place", "restore_horizon",
+                 "regime_window", "_mkt", "_rates", "width",
                  "switched_at", "transition", "cv_f", "pref", "prev_pref", "_false_alarms",
                  "_left_urgently", "model", "spill",
                  "spill_mask", "_svc_queued", "staged", "legacy", "_stage", "guessed", "eager", "_from")
@@ -156,12 +156,11 @@ class GpuRegime:
         self._gpu_holder = gpu_holder
         self._cells = cells
         self._place = place
-        self.gpu_slots = gpu_slots
         self.restore_horizon = restore_horizon
-        self.gpu_instances = gpu_instances
         self.regime_window = regime_window
         self._mkt: Any = None
-        self.model = WidthModel(kinds, place, gpu_slots, gpu_instances)  # what each width would cost
+        # what each width would cost; the one owner of gpu_slots and gpu_instances
+        self.model = WidthModel(kinds, place, gpu_slots, gpu_instances)
         self._false_alarms: dict[int, int] = {}
         self._rates = CallRates(kinds, default_duration)  # the call rates each market is priced at
         self.width = 1 << 30  # chosen at the first look (initial_gpu_width)
@@ -194,8 +193,9 @@ class GpuRegime:
     def sizes(self, spec: ActionSpec) -> tuple[int, ...]:
         lo = spec.gpus
         hi = spec.max_units if spec.elastic_resource == "gpu" else lo
-        if spec.service is not None and self.gpu_slots is not None:  # a copy must fit its GPUs
-            lo = copy_min(lo, hi, self._cells, self.gpu_slots, self.gpu_instances == "replica") or lo
+        model = self.model
+        if spec.service is not None and model.gpu_slots is not None:  # a copy must fit its GPUs
+            lo = copy_min(lo, hi, self._cells, model.gpu_slots, model.gpu_instances == "replica") or lo
         return tuple(c for c in self._cells if lo <= c <= hi) or (lo,)
 
     def initial_width(self, spec: ActionSpec, services: int = 1) -> int:
@@ -206,7 +206,7 @@ class GpuRegime:
         if spec.elastic_resource != "gpu":
             return spec.gpus
         G = max(1, len(self._gpu_holder))
-        unbounded = self.gpu_slots is None  # no memory model: every width holds every copy
+        unbounded = self.model.gpu_slots is None  # no memory model: every width holds every copy
         return max((m for m in sizes if G // m >= _START_CELLS and (
             unbounded or self.model.copies_fit(m, G) >= services)), default=sizes[0])
 
@@ -238,7 +238,7 @@ class GpuRegime:
         # TP-2, where 8 copies fit, and the ninth restored on every call (2.2 s mean ACT vs TP-1's
         # 0.63). A width may instead spill the coldest services onto the GPUs beside its cells
         # (:func:`.spill_plans`: 6 GPUs at batch 512, where fifo4's thrash beat TP-2 by 6 %)
-        if self.gpu_slots is not None:
+        if self.model.gpu_slots is not None:
             active = sum(1 for info in svcs.values() if info.lam > 0)
             if m_cur == 1 << 30:  # the first look: the services already resident count too
                 active = max(active, len(self._resident.by_service))

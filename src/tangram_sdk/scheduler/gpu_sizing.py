@@ -147,7 +147,7 @@ class GpuSizing:
         hit = memo.get(key)
         if hit is None:
             use = res.use_at
-            slots = self.regime.gpu_slots
+            slots = self.regime.model.gpu_slots
             G = len(self._gpu_holder)
             rows = []
             for o in range(0, G - m + 1, m):
@@ -300,7 +300,7 @@ class GpuSizing:
                 elif c < best - 1e-12:
                     best, choice, awaited = c, None, full
         r = self._place.restore_cost(svc)
-        slots = reg.gpu_slots
+        slots = reg.model.gpu_slots
         warm_off: dict[int, set[int]] = {}
         for pos in warm:
             warm_off.setdefault(len(pos), set()).add(pos[0])
@@ -331,7 +331,7 @@ class GpuSizing:
                 cr += reg.model.restore_lat(r, m) + mu_w * reg.model.restore_gpu_s(r, m)
             if fixed - cr >= best:
                 continue
-            need = 1.0 / m if reg.gpu_instances == "tp" else 1.0
+            need = 1.0 / m if reg.model.gpu_instances == "tp" else 1.0
             # a free cell with room evicts nothing: take the best fit of those (keeps empty GPUs
             # for wide instances); else price the evictions of every free cold cell
             cells = []
