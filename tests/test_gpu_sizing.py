@@ -1,7 +1,7 @@
-"""GPU sizing and placement (scheduler/gpu_regime.py, gpu_model.py, gpu_spill.py, gpu_copies.py,
-gpu_sizing.py, queueing.py, residency.py): the queueing formulas, restores priced as investments,
-one width per regime chosen by load, and the two memory models (tensor-parallel instances vs the
-torch manager's per-GPU replicas)."""
+"""GPU sizing and placement (scheduler/gpu_regime.py, gpu_rates.py, gpu_handover.py, gpu_model.py,
+gpu_spill.py, gpu_copies.py, gpu_sizing.py, queueing.py, residency.py): the queueing formulas,
+restores priced as investments, one width per regime chosen by load, and the two memory models
+(tensor-parallel instances vs the torch manager's per-GPU replicas)."""
 
 from __future__ import annotations
 
@@ -278,6 +278,7 @@ def test_an_urgent_narrowing_hands_the_old_cells_over_one_at_a_time(monkeypatch:
     Seed 1 (seed 0 until the ramp rule: since it narrows straight to TP-1, seeds 0 and 7 do better
     handed over at once, 1.013 / 1.018x fifo2 vs 1.019 / 1.024x, and seeds 1, 2 and 5 worse,
     1.025 / 1.029 / 1.029x vs 1.008 / 1.020 / 1.019x; 3, 4 and 6 tie)."""
+    import tangram_sdk.scheduler.gpu_handover as gh
     import tangram_sdk.scheduler.gpu_regime as gr
     import tangram_sdk.scheduler.gpu_sizing as gs
 
@@ -305,7 +306,7 @@ def test_an_urgent_narrowing_hands_the_old_cells_over_one_at_a_time(monkeypatch:
     monkeypatch.setattr(gs.GpuSizing, "choice", watched)
     staged = summarise(run_policy(wl, "tangram"))["act_mean_s"]
     assert seen["old"] > 0 and seen["new"] > 0 and seen["crossed"] == 0, seen
-    monkeypatch.setattr(gr, "_STAGE_CELLS", 0)  # every cell handed over at once, as before
+    monkeypatch.setattr(gh, "_STAGE_CELLS", 0)  # every cell handed over at once, as before
     at_once = summarise(run_policy(wl, "tangram"))["act_mean_s"]
     assert staged <= 1.02 * f2, (staged, f2)
     assert at_once > 1.005 * staged, (at_once, staged)
@@ -320,7 +321,8 @@ def test_after_an_urgent_narrowing_no_second_copy_restores_while_a_service_has_n
     Now, after an urgent narrowing, a service with a copy waits for it while another GPU service
     queues with none (1.023x). Measured with ``_CAL_NARROW`` off: scored on its measured waits,
     the guessed first width narrows here before the peak as a planned switch (test below), and
-    this rule, which acts after urgent narrowings only, has nothing left to do."""
+    this rule, which acts after staged narrowings only (urgent ones, or ones under a backlog), has
+    nothing left to do."""
     import tangram_sdk.scheduler.gpu_regime as gr
     import tangram_sdk.scheduler.gpu_sizing as gs
 
@@ -333,7 +335,7 @@ def test_after_an_urgent_narrowing_no_second_copy_restores_while_a_service_has_n
     def watched(self: gs.GpuSizing, a: Any, gfree: int, now: float) -> Any:
         out = choice(self, a, gfree, now)
         svc = a.spec.service
-        if out.units and self.regime.urgent and svc is not None:
+        if out.units and self.regime.staged and svc is not None:
             res = self._resident
             pos = tuple(range(out.cell, out.cell + out.units))
             others = [o for o, q in self._svc_queued.items() if q and o != svc and o.startswith("teacher")]

@@ -60,7 +60,7 @@ class CopyValue:
         staffing optimum), while it is worth a restore and memory lasts. Stable while rates are,
         so a full pool does not trade copies back and forth on noise."""
         G = max(1, len(self._gpu_holder))
-        slots = self._regime.gpu_slots if self._regime.gpu_slots is not None else 1.0
+        slots = self._regime.model.gpu_slots if self._regime.model.gpu_slots is not None else 1.0
         budget = G * slots  # models' worth of memory (a TP-k copy is one model spread over k)
         H = self._regime.restore_horizon
         heap: list[tuple[float, str]] = []
@@ -68,7 +68,7 @@ class CopyValue:
             info.target = 0
             if info.lam <= 0:
                 continue
-            mem = 1.0 if self._regime.gpu_instances == "tp" else float(info.pref)
+            mem = 1.0 if self._regime.model.gpu_instances == "tp" else float(info.pref)
             info.target = 1
             budget -= mem
             heap.append((-self._copy_gain(info, 1, mu, load, G, H), name))
@@ -78,7 +78,7 @@ class CopyValue:
             info = svcs[name]
             r = self._place.restore_cost(name)
             m = info.pref
-            mem = 1.0 if self._regime.gpu_instances == "tp" else float(m)
+            mem = 1.0 if self._regime.model.gpu_instances == "tp" else float(m)
             if -g < self._regime.model.restore_lat(r, m) + mu_w * self._regime.model.restore_gpu_s(r, m):
                 continue  # not worth a restore; others may still be
             if mem > budget + 1e-9 or info.target >= G // m:

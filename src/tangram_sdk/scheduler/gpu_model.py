@@ -71,7 +71,11 @@ class Service:
 class WidthModel:
     """Predicted mean execution, mean wait and chance to wait per width, the measured / modelled
     wait ratio per width (``wq_f``), and what copies and restores cost at a width. ``spill_plan``
-    (width -> (narrower width, services spilled to it)) is set by the regime each market."""
+    (width -> (narrower width, services spilled to it)) is set by the regime each market.
+
+    The one owner of ``gpu_slots`` (models a GPU's memory holds; None: no memory model) and
+    ``gpu_instances`` ('tp' or 'replica'): the regime, :class:`.CopyValue` and :class:`.GpuSizing`
+    read them here."""
 
     __slots__ = ("_kinds", "_place", "gpu_slots", "gpu_instances", "spill_plan", "_wq_obs", "wq_f",
                  "_pred_wq", "_drained_at")

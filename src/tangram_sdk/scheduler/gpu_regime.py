@@ -3,10 +3,10 @@ that may change.
 
 Every kind runs at one width at a time, the same for all its calls: the width a fixed TP-m FIFO
 would use, chosen per pool by load. Each candidate width is scored by the queueing model
-(:mod:`.gpu_model`) at the call rates learned per kind (smoothed over ~30 s); the cheapest
-predicted mean ACT wins, among widths whose calls would wait less than half the time (Erlang C <=
-0.55: with few wide cells the pooled model misses residency and fragmentation, and a wrong guess
-there queues without bound), and at which every service called now keeps a resident copy
+(:mod:`.gpu_model`) at the call rates learned per kind (:mod:`.gpu_rates`, smoothed over ~30 s);
+the cheapest predicted mean ACT wins, among widths whose calls would wait less than half the time
+(Erlang C <= 0.55: with few wide cells the pooled model misses residency and fragmentation, and a
+wrong guess there queues without bound), and at which every service called now keeps a resident copy
 (``G // m`` aligned cells of ``gpu_slots x m`` TP-m copies: the model sees no residency, and 9
 teachers on 5 GPUs at TP-2 thrashed a restore per call of the ninth), or which spills the coldest
 services onto the GPUs beside its cells at a narrower width (:mod:`.gpu_spill`). The first width,
@@ -26,16 +26,17 @@ each urgent narrowing that the smoothed rates undo (within two regime windows, o
 when the narrow width's calls waited more against the model than the wide one's: heavy-calls MOPD
 seed 1, 1.050 -> 1.032x fifo2) raises the bar for the next one from that width; one that only
 the latest rates call for, without a ramp, waits for a backlog as large as its own restores would
-cause (a clump of arrivals is not an overload), and is not heeded within
-10 s of the last urgent narrowing (its copies are still restoring). Any narrowing but a ramp's or
-an overrun's must also win at the latest rates two standard errors lower (near a width's capacity
-the modelled wait is so steep that a 30 s count's noise reads as an overload: heavy-calls MOPD
-seed 1 went TP-2 -> TP-1 and back twice, 1.032 -> 1.010x fifo2). For 60 s
-after a planned switch the old width's copies still serve while the new ones restore. An urgent
-narrowing hands the old width's cells over one at a time instead (:meth:`GpuRegime._plan_stages`):
-the cells not yet handed over serve at the old width and nowhere else, the new width restores on
-the others, so the pool never stops for a restore (deepsearch's judge burst: 1.020-1.023x fifo2
-with every cell handed over at once, 1.013-1.017x so).
+cause (a clump of arrivals is not an overload), and is not heeded within 10 s of the last staged
+narrowing (below: its copies are still restoring). Any narrowing but a ramp's or an overrun's
+must also win at the latest rates two standard errors lower (near a width's capacity the
+modelled wait is so steep that a 30 s count's noise reads as an overload: heavy-calls MOPD seed 1
+went TP-2 -> TP-1 and back twice, 1.032 -> 1.010x fifo2). For 60 s after a planned switch the old
+width's copies still serve while the new ones restore. A *staged* narrowing, an urgent one or one
+taken while calls wait per cell, hands the old width's cells over one at a time instead
+(:func:`.gpu_handover.plan_stages`): the cells not yet handed over serve at the old width and
+nowhere else, the new width restores on the others, so the pool never stops for a restore
+(deepsearch's judge burst: 1.020-1.023x fifo2 with every cell handed over at once, 1.013-1.017x
+so).
 
 Two rules read the queue, which the rates miss in a closed loop (stop 37): a width never grows
 while a call waits per cell (rates *fall* behind a backlog: the calls' trajectories are blocked),
@@ -72,8 +73,10 @@ from typing import Any
 
 from ..errors import SpecError
 from ..spec import ActionSpec
-from .action import Action, copy_min, spec_dur_min
+from .action import Action, copy_min
+from .gpu_handover import NO_STAGES, Stages, legacy_at, plan_stages
 from .gpu_model import Service, WidthModel, pool_load, size_at
+from .gpu_rates import RATE_WINDOW, CallRates
 from .gpu_spill import spill_plans
 from .learn import KindStats
 from .placement import Placement
@@ -84,13 +87,13 @@ from .residency import Residency
 __all__ = ["GpuRegime", "Service"]
 
 _MARKET_DT = 1.0  # seconds between market updates (rates are smooth; pricing every event costs)
-_RATE_WINDOW = 30.0  # seconds over which call rates and the GPU queue are smoothed
 _SWITCH = 0.03  # a width must score this much lower mean ACT to replace the one in force
 _P_WAIT = 0.55  # never grow into a width whose calls would wait this often (Erlang C)
 _TRANSITION = 60.0  # seconds after a switch during which the old width's copies still serve
-_TRANSITION_URGENT = 0.0  # ... after an urgent narrowing: none anywhere (saturated old cells never
-                          # free a GPU for the new width's copies; deepsearch's judge queued 5.9 s
-                          # so), only on the cells not yet handed over (``legacy``, _STAGE_CELLS)
+_TRANSITION_STAGED = 0.0  # ... after a staged narrowing (urgent, or under a backlog): none anywhere
+                          # (saturated old cells never free a GPU for the new width's copies;
+                          # deepsearch's judge queued 5.9 s so), only on the cells not yet handed
+                          # over (``legacy``, :mod:`.gpu_handover`)
 _P_URGENT = 0.15  # the width in force waits this much more often than that: narrow at once
 _QUEUE_GATE = 1.0  # ... when only the latest rates say so, once this many times the calls the
                    # switch's restores would hold up are queued (:meth:`GpuRegime._backlog_confirms`)
@@ -100,8 +103,7 @@ _CAL_NARROW = True  # the first width, a guess, narrows (planned) on the waits i
                     # as a width is grown into: heavy 8-GPU MOPD s2 1.021 -> 0.982x fifo2
 _ROBUST = 2.0  # a narrowing must also win at the latest rates this many standard errors lower
 _AHEAD = 1.5  # ... and then narrows to a width chosen at the latest rates this many times over
-_URGENT_HOLD = 10.0  # ... but not within this many seconds of the last urgent narrowing
-_STAGE_CELLS = 1  # an urgent narrowing hands this many of the old width's cells over at a time
+_URGENT_HOLD = 10.0  # ... but not within this many seconds of the last staged narrowing
 _PREP = 0.15  # the opening ramp: while the first width is a guess and the latest rates ramp, once they would
               # keep the narrowest width this busy, narrow to it at once and restore its copies then,
               # before the overload (:meth:`GpuRegime._prepares`)
@@ -120,19 +122,21 @@ _FALSE_ALARM_MEASURED = True  # an urgent narrowing undone at any age counts as 
 
 
 class GpuRegime:
-    """The width in force and the rules that change it: learned call rates per kind, the spill
-    plan per width, false alarms and hand-over stages; what each width would cost is asked of
-    :attr:`model` (:class:`.WidthModel`, which also keeps the measured waits per width).
+    """The width in force and the rules that change it: the spill plan per width, false alarms
+    and hand-over stages; the call rates are learned by :class:`.CallRates`, and what each width
+    would cost is asked of :attr:`model` (:class:`.WidthModel`, which also keeps the measured
+    waits per width).
 
     Read by the placement (:class:`.GpuSizing`): ``width``, ``pref`` (the size each spec takes now)
-    and, during a switch's ``transition``, ``prev_pref``; ``spill`` and ``spill_mask`` (which
+    and, during a switch's ``transition``, ``prev_pref``; after a ``staged`` narrowing, ``legacy``
+    (the old width's GPUs still serving, :mod:`.gpu_handover`); ``spill`` and ``spill_mask`` (which
     services run beside the cells, and on which GPUs); ``cv_f`` (the Allen-Cunneen factor)."""
 
-    __slots__ = ("_kinds", "_resident", "_gpu_holder", "_cells", "_place", "gpu_slots", "default_duration",
-                 "restore_horizon", "gpu_instances", "regime_window", "_mkt", "_rates", "width",
+    __slots__ = ("_kinds", "_resident", "_gpu_holder", "_cells", "_place", "restore_horizon",
+                 "regime_window", "_mkt", "_rates", "width",
                  "switched_at", "transition", "cv_f", "pref", "prev_pref", "_false_alarms",
                  "_left_urgently", "model", "spill",
-                 "spill_mask", "_svc_queued", "urgent", "legacy", "_stage", "guessed", "eager", "_from")
+                 "spill_mask", "_svc_queued", "staged", "legacy", "_stage", "guessed", "eager", "_from")
 
     @staticmethod
     def check_options(restore_horizon: float, gpu_instances: str, regime_window: float) -> None:
@@ -152,15 +156,13 @@ class GpuRegime:
         self._gpu_holder = gpu_holder
         self._cells = cells
         self._place = place
-        self.gpu_slots = gpu_slots
-        self.default_duration = default_duration
         self.restore_horizon = restore_horizon
-        self.gpu_instances = gpu_instances
         self.regime_window = regime_window
         self._mkt: Any = None
-        self.model = WidthModel(kinds, place, gpu_slots, gpu_instances)  # what each width would cost
+        # what each width would cost; the one owner of gpu_slots and gpu_instances
+        self.model = WidthModel(kinds, place, gpu_slots, gpu_instances)
         self._false_alarms: dict[int, int] = {}
-        self._rates: dict[str, Any] = {}
+        self._rates = CallRates(kinds, default_duration)  # the call rates each market is priced at
         self.width = 1 << 30  # chosen at the first look (initial_gpu_width)
         self.switched_at = -math.inf
         self.transition = _TRANSITION
@@ -169,7 +171,7 @@ class GpuRegime:
         self.prev_pref: dict[ActionSpec, int] = {}
         self.spill: tuple[int, frozenset[str]] | None = None  # the plan of the width in force
         self.spill_mask = 0  # ... its GPUs
-        self.urgent = False  # the last switch was an urgent narrowing, or one under a backlog (staged)
+        self.staged = False  # the last switch was a staged narrowing: an urgent one, or one under a backlog
         # the width in force is still the first one, chosen before any load was measured
         self.guessed = True
         # the width in force was taken to prepare for an opening ramp (:meth:`_prepares`): its
@@ -177,11 +179,10 @@ class GpuRegime:
         self.eager = False
         self._from = 0  # the width any switch left, 0 once called off: a planned widening's way back
         self._left_urgently = 0  # ... only if that switch was an urgent narrowing: its false alarms
-        # during an urgent narrowing, the GPUs on which the old width's copies still serve (the
-        # new width's may not), handed over cell by cell: (the old cells' masks in the order
-        # they are handed over, seconds a stage, cells a stage)
+        # during a staged narrowing, the GPUs on which the old width's copies still serve (the
+        # new width's may not), handed over cell by cell as ``_stage`` says (:class:`.Stages`)
         self.legacy = 0
-        self._stage: tuple[tuple[int, ...], float, int] = ((), 0.0, 1)
+        self._stage: Stages = NO_STAGES
 
     @property
     def last(self) -> tuple[float, dict[str, Service], float, float]:
@@ -192,8 +193,9 @@ class GpuRegime:
     def sizes(self, spec: ActionSpec) -> tuple[int, ...]:
         lo = spec.gpus
         hi = spec.max_units if spec.elastic_resource == "gpu" else lo
-        if spec.service is not None and self.gpu_slots is not None:  # a copy must fit its GPUs
-            lo = copy_min(lo, hi, self._cells, self.gpu_slots, self.gpu_instances == "replica") or lo
+        model = self.model
+        if spec.service is not None and model.gpu_slots is not None:  # a copy must fit its GPUs
+            lo = copy_min(lo, hi, self._cells, model.gpu_slots, model.gpu_instances == "replica") or lo
         return tuple(c for c in self._cells if lo <= c <= hi) or (lo,)
 
     def initial_width(self, spec: ActionSpec, services: int = 1) -> int:
@@ -204,7 +206,7 @@ class GpuRegime:
         if spec.elastic_resource != "gpu":
             return spec.gpus
         G = max(1, len(self._gpu_holder))
-        unbounded = self.gpu_slots is None  # no memory model: every width holds every copy
+        unbounded = self.model.gpu_slots is None  # no memory model: every width holds every copy
         return max((m for m in sizes if G // m >= _START_CELLS and (
             unbounded or self.model.copies_fit(m, G) >= services)), default=sizes[0])
 
@@ -217,54 +219,14 @@ class GpuRegime:
         if memo is not None and now - memo[0] < _MARKET_DT and now >= memo[0] and memo[1] == len(self._kinds):
             return None
         if self.legacy:
-            self._hand_over(now)
+            self.legacy = legacy_at(self._stage, now, self.switched_at)
         G = max(1, len(self._gpu_holder))
-        kinds, fast, svcs = self._demand(now)
+        kinds, fast, svcs = self._rates.demand(now, self.sizes)
         widths = self._candidates(kinds, fast, svcs, G)
         cv_f = self.cv_f = self.model.cv_factor(kinds)
         pick = self._choose(now, kinds, fast, svcs, widths, G, cv_f, memo)
         self.model.calibrate(kinds, pick, G, cv_f)
         return self._settle(now, kinds, svcs, pick, G)
-
-    def _demand(self, now: float) -> tuple[list[Any], list[Any], dict[str, Service]]:
-        """Per GPU kind ``(rate, spec, {size: seconds}, service)`` at the smoothed rates and at the
-        latest ones (a load rising is believed at once), and the services they call."""
-        kinds = []  # (rate, spec, {size: seconds}, service info)
-        fast = []
-        svcs: dict[str, Service] = {}
-        rates = self._rates
-        for name, st in self._kinds.items():
-            spec = st.spec
-            if spec is None or not spec.gpus:
-                continue
-            # arrivals per second smoothed over ~_RATE_WINDOW s: a 32-arrival window swings by
-            # a factor of two, and copies and sizes must not follow that
-            r = rates.get(name)
-            if r is None or r[3] is not st:
-                lam = st.window_rate(now)
-            else:
-                t0, n0, lam0, _st = r
-                dt = now - t0
-                lam = lam0 if dt <= 0 else lam0 + (1.0 - math.exp(-dt / _RATE_WINDOW)) * (
-                    (st.arrivals - n0) / dt - lam0)
-            rates[name] = (now, st.arrivals, lam, st)
-            d0 = spec_dur_min(spec, st, self.default_duration)
-            svc = spec.service
-            info = None
-            if svc is not None:
-                info = svcs.get(svc)
-                if info is None:
-                    info = svcs[svc] = Service(lam, spec, d0, st)
-                else:
-                    if lam > info.lam:  # the busiest kind speaks for the service's durations
-                        info.spec, info.d0, info.stats = spec, d0, st
-                    info.lam += lam
-                info.calls += st.arrivals
-            sizes = self.sizes(spec)
-            ts = {m: d0 * (st.rel(spec, m) if spec.elastic_resource == "gpu" else 1.0) for m in sizes}
-            kinds.append((lam, spec, ts, info))
-            fast.append((max(lam, st.window_rate(now)), spec, ts, info))
-        return kinds, fast, svcs
 
     def _candidates(self, kinds: list[Any], fast: list[Any], svcs: dict[str, Service], G: int) -> list[int]:
         """The widths that may be in force: every one of the kinds' sizes at which each service
@@ -276,7 +238,7 @@ class GpuRegime:
         # TP-2, where 8 copies fit, and the ninth restored on every call (2.2 s mean ACT vs TP-1's
         # 0.63). A width may instead spill the coldest services onto the GPUs beside its cells
         # (:func:`.spill_plans`: 6 GPUs at batch 512, where fifo4's thrash beat TP-2 by 6 %)
-        if self.gpu_slots is not None:
+        if self.model.gpu_slots is not None:
             active = sum(1 for info in svcs.values() if info.lam > 0)
             if m_cur == 1 << 30:  # the first look: the services already resident count too
                 active = max(active, len(self._resident.by_service))
@@ -427,12 +389,18 @@ class GpuRegime:
             self._from = m_cur
             self.switched_at = now
             self.guessed = False
-            self.transition = _TRANSITION_URGENT if staged else _TRANSITION
-            self.urgent = staged
+            self.transition = _TRANSITION_STAGED if staged else _TRANSITION
+            self.staged = staged
             self.legacy = 0
-            if staged and _STAGE_CELLS > 0 and not (urgent and overrun):
+            if staged and not (urgent and overrun):
                 # (an overrun first width hands every cell over at once: see the module docstring)
-                self._plan_stages(now, svcs, m_cur, pick, G)
+                stages = plan_stages(svcs, m_cur, pick, G, pref=self.pref, resident=self._resident,
+                                     holder=self._gpu_holder, model=self.model,
+                                     spilled=self.spill is not None)
+                if stages is not None:
+                    self._stage = stages
+                    self.transition = stages.seconds
+                    self.legacy = legacy_at(stages, now, self.switched_at)
             self.width = pick
             self.prev_pref = dict(self.pref)
         if not math.isfinite(self.switched_at):
@@ -451,7 +419,7 @@ class GpuRegime:
         lam = sum(k[0] for k in fast)
         if _ROBUST <= 0 or lam >= _RAMP * lam_sum:
             return True
-        f = max(0.0, 1.0 - _ROBUST / math.sqrt(max(1.0, lam * _RATE_WINDOW)))
+        f = max(0.0, 1.0 - _ROBUST / math.sqrt(max(1.0, lam * RATE_WINDOW)))
         low = [(k[0] * f,) + tuple(k[1:]) for k in fast]
         if measured:  # a narrowing taken on measured waits is checked on them too
             return self.model.measured(low, new, G, cv_f) < self.model.measured(low, old, G, cv_f)
@@ -499,7 +467,7 @@ class GpuRegime:
         four TP-2 copies as the transition ended, and narrowed back urgently 5 s later, restoring
         eight TP-1 copies cell by cell in the burst (1.028x fifo2; called off, 1.010)."""
         old = self._from
-        if (not _CALL_OFF or self.urgent or not old or old >= m_cur or old not in widths
+        if (not _CALL_OFF or self.staged or not old or old >= m_cur or old not in widths
                 or now - self.switched_at >= self.transition
                 or self.model.predict(fast, m_cur, G, cv_f)[2] <= _P_WAIT):
             return False
@@ -531,58 +499,11 @@ class GpuRegime:
         return sum(self._svc_queued.values()) >= max(1, G // m)
 
     def _just_narrowed(self, now: float) -> bool:
-        """Within ``_URGENT_HOLD`` s of an urgent narrowing: the width in force is still restoring
-        its copies, and its queue is the switch's, not its own. Deepsearch seed 7 narrowed
-        TP-4 -> TP-2 -> TP-1 2.2 s apart, before any TP-2 copy served (1.051x fifo2; 1.025 with the
-        hold)."""
-        return self.urgent and now - self.switched_at < _URGENT_HOLD
-
-    def _plan_stages(self, now: float, svcs: dict[str, Service], old: int, new: int, G: int) -> None:
-        """Hand the old width's cells over to the new width ``_STAGE_CELLS`` at a time, the least
-        busy first: the cells not yet handed over (``legacy``) keep serving at the old width, and
-        only there, while the new width's copies restore on the others, where a call restores
-        rather than wait for a busy old copy (:meth:`.GpuSizing.choice`). Handing every cell over
-        at once stopped the pool for a restore (deepsearch's judge: 4 s at ~12 calls/s, 1.020-1.023x
-        fifo2; one cell a stage 1.013-1.017x, two 1.018-1.027x). A stage lasts the restores of
-        the copies its cells take.
-
-        Not staged: cells with no old-width copy (just after a planned switch most have none: they
-        are handed over at once); beside a spill (its own region); and where a stage would restore
-        its copies in more rounds than the whole pool does (9 teachers on 8 GPUs, TP-4 -> TP-2:
-        half the pool restoring 9 copies in 5 rounds kept the overload going twice as long,
-        1.030-1.040x fifo2 where at once is 1.006-1.032x)."""
-        called = [n for n, info in svcs.items() if info.lam > 0]
-        if not called or self.spill is not None or self.model.spill_plan.get(new) is not None or old >= G:
-            return
-        holder = self._gpu_holder
-        # only cells holding an old-width copy of a service called now can serve at the old width
-        # (just after a planned switch most have none yet): the rest are handed over at once
-        warm: set[int] = set()
-        for n in called:
-            info = svcs[n]
-            warm |= {pos[0] for pos in self._resident.warm_cells(n, self.pref.get(info.spec, info.pref))
-                     if len(pos) == old}
-        cells = sorted((o for o in range(0, G - old + 1, old) if o in warm),
-                       key=lambda o: (sum(1 for p in range(o, o + old) if holder[p] is not None), o))
-        if len(cells) <= 1:
-            return
-        per = max(1, _STAGE_CELLS)
-        dt = self.model.restore_rounds(called, new, per * (old // new))
-        if dt > self.model.restore_rounds(called, new, G // new):
-            return  # a stage would restore its copies in more rounds than the whole pool does
-        masks = tuple(((1 << old) - 1) << o for o in cells)
-        self._stage = (masks, dt, per)
-        self.transition = dt * math.ceil(len(masks) / per)
-        self._hand_over(now)
-
-    def _hand_over(self, now: float) -> None:
-        """The old width's GPUs that still serve, ``_STAGE_CELLS`` cells handed over a stage."""
-        masks, dt, per = self._stage
-        done = per * (1 + int((now - self.switched_at) / dt)) if dt > 0 else len(masks)
-        legacy = 0
-        for m in masks[done:]:
-            legacy |= m
-        self.legacy = legacy
+        """Within ``_URGENT_HOLD`` s of a staged narrowing (an urgent one, or one under a backlog):
+        the width in force is still restoring its copies, and its queue is the switch's, not its
+        own. Deepsearch seed 7 narrowed TP-4 -> TP-2 -> TP-1 2.2 s apart, before any TP-2 copy
+        served (1.051x fifo2; 1.025 with the hold)."""
+        return self.staged and now - self.switched_at < _URGENT_HOLD
 
     def _backlog_confirms(self, kinds: list[Any], fast: list[Any], svcs: dict[str, Service], m: int,
                           G: int) -> bool:

@@ -25,14 +25,14 @@ Three parts, each in its own module:
     a free old-width copy instead, and every service restored at once when the transition ended
     (heavy MOPD 8/10 GPUs and heavy-calls: 0.004-0.008x fifo2 better).
 
-After an urgent narrowing (every copy restores at the new width, the pool saturated) a service
-that has a copy at its size restores no second one while another GPU service queues with none
-(:meth:`GpuSizing._starved`), when that restore takes longer than two of its calls: a hot teacher's
-queue credits it a copy, and on heavy 8-GPU MOPD (9 teachers on 4 TP-2 cells, a restore 5 calls
-long) second and third copies of the hot teachers put the last teachers' first copies in the 5th
-restore round instead of the 3rd (seed 2: 1.029 -> 1.023x fifo2). Where a restore is about one
-call long (heavy-calls MOPD, 3 GPU-s calls at TP-1) the second copies pay back at once: without the
-two-call condition that cell's seed 1 went 1.032 -> 1.050x.
+After a staged narrowing (an urgent one, or one under a backlog: every copy restores at the new
+width, the pool saturated) a service that has a copy at its size restores no second one while
+another GPU service queues with none (:meth:`GpuSizing._starved`), when that restore takes longer
+than two of its calls: a hot teacher's queue credits it a copy, and on heavy 8-GPU MOPD (9 teachers
+on 4 TP-2 cells, a restore 5 calls long) second and third copies of the hot teachers put the last
+teachers' first copies in the 5th restore round instead of the 3rd (seed 2: 1.029 -> 1.023x fifo2).
+Where a restore is about one call long (heavy-calls MOPD, 3 GPU-s calls at TP-1) the second copies
+pay back at once: without the two-call condition that cell's seed 1 went 1.032 -> 1.050x.
 
 A waiting call keeps its awaited cell from everyone behind it (FCFS across widths); the next call
 of its service sees that copy busy for its turn too, so the queue spreads over the free copies.
@@ -62,7 +62,7 @@ __all__ = ["GpuChoice", "GpuSizing"]
 _SWAP_MARGIN = 1.0  # a restore that evicts must save this many times its own cost more
 _EAGER_CREDIT = 1e9  # seconds credited to a copy below an eager target (:attr:`.GpuRegime.eager`): it
                      # restores on a free cold cell rather than the call take a free warm copy
-_UNSTARVE = True  # after an urgent narrowing no second copy restores while a service queues with none
+_UNSTARVE = True  # after a staged narrowing no second copy restores while a service queues with none
 _UNSTARVE_CALLS = 2.0  # ... when that restore is longer than this many calls (a cheap one pays back)
 _SUNK_FIRST_COPY = True  # in a planned widening's transition, a service's first copy at the new
                          # width is not charged its restore (paid anyway when the transition ends)
@@ -147,7 +147,7 @@ class GpuSizing:
         hit = memo.get(key)
         if hit is None:
             use = res.use_at
-            slots = self.regime.gpu_slots
+            slots = self.regime.model.gpu_slots
             G = len(self._gpu_holder)
             rows = []
             for o in range(0, G - m + 1, m):
@@ -179,7 +179,7 @@ class GpuSizing:
 
     def _starved(self, svc: str, sizes: tuple[int, ...], svcs: dict[str, Service]) -> bool:
         """Whether another service has calls queued and no copy (warm or restoring this round)
-        at any of ``sizes``: after an urgent narrowing every copy restores at the new width."""
+        at any of ``sizes``: after a staged narrowing every copy restores at the new width."""
         if not _UNSTARVE:
             return False
         res = self._resident
@@ -213,11 +213,11 @@ class GpuSizing:
         planned = False  # a planned switch's transition: the old width still serves beside the new
         if prev is not None and prev != pk:
             if reg.legacy:
-                # an urgent narrowing, handed over cell by cell: the old width serves on the
+                # a staged narrowing, handed over cell by cell: the old width serves on the
                 # cells not yet handed over, the new one restores on the others
                 legacy = reg.legacy
                 use_sizes = sizes + (prev,)
-            elif not reg.urgent and now - reg.switched_at < reg.transition:
+            elif not reg.staged and now - reg.switched_at < reg.transition:
                 # just after a switch the old width's copies still serve, while the new ones restore
                 use_sizes = sizes + (prev,)
                 planned = True
@@ -300,14 +300,14 @@ class GpuSizing:
                 elif c < best - 1e-12:
                     best, choice, awaited = c, None, full
         r = self._place.restore_cost(svc)
-        slots = reg.gpu_slots
+        slots = reg.model.gpu_slots
         warm_off: dict[int, set[int]] = {}
         for pos in warm:
             warm_off.setdefault(len(pos), set()).add(pos[0])
         # new instances only at the size the price prefers for this kind (what the fixed TP-m*
         # policy would hold): mixed sizes fragment memory into copies nobody uses
         gfree_new = gfree & ~legacy
-        if (have and reg.urgent and plan is None and svc is not None
+        if (have and reg.staged and plan is None and svc is not None
                 and reg.model.restore_lat(r, pref if pref in sizes else sizes[0]) > _UNSTARVE_CALLS * t_q
                 and self._starved(svc, sizes, svcs)):
             gfree_new = 0  # _UNSTARVE: a second copy waits while another service queues with none
@@ -331,7 +331,7 @@ class GpuSizing:
                 cr += reg.model.restore_lat(r, m) + mu_w * reg.model.restore_gpu_s(r, m)
             if fixed - cr >= best:
                 continue
-            need = 1.0 / m if reg.gpu_instances == "tp" else 1.0
+            need = 1.0 / m if reg.model.gpu_instances == "tp" else 1.0
             # a free cell with room evicts nothing: take the best fit of those (keeps empty GPUs
             # for wide instances); else price the evictions of every free cold cell
             cells = []
