@@ -58,6 +58,23 @@ def test_grows_into_idle_cores_past_its_estimate_and_shrinks_before_admission() 
     assert s.statistics().cpus_free == 8
 
 
+def test_a_minimum_wider_than_a_node_grows_on_the_nodes_it_holds() -> None:
+    """A 5-core minimum on 4-core NUMA nodes is granted across both nodes; when a core frees on
+    one of them it may grow there (the property test once asserted every resize stays on one
+    node, which such a grant cannot), and everything comes back at release."""
+    s = Scheduler(Pool(cpus="0-7", numa=[[0, 1, 2, 3], [4, 5, 6, 7]]))
+    assert s.handle(Submitted(1, ActionSpec(kind="a", cpus=1)), 0.0)[0].cpus == (0,)
+    wide = ActionSpec(kind="a", cpus=5, elastic=Elasticity("cpu", 8, Amdahl(1.0), malleable=True))
+    g = s.handle(Submitted(2, wide), 0.0)[0]
+    assert isinstance(g, Grant) and g.cpus == (1, 2, 3, 4, 5, 6, 7)
+    grow = _resizes(s.handle(Released(1), 5.0))
+    assert grow == [Resize(2, tuple(range(8)), 8)]
+    s.check_invariants()
+    s.handle(Released(2), 6.0)
+    s.check_invariants()
+    assert s.statistics().cpus_free == 8
+
+
 def test_a_young_action_is_not_grown_and_a_grown_one_gives_everything_back_when_cancelled() -> None:
     s = Scheduler(Pool(cpus=8))
     s.handle(Submitted(1, FIXED), 0.0)
