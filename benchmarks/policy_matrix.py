@@ -42,7 +42,7 @@ from typing import Any
 import attrs
 
 from tangram_sdk.sim.metrics import summarise
-from tangram_sdk.sim.workloads import Workload, ai_coding, deepsearch, mopd, run_policy
+from tangram_sdk.sim.workloads import Workload, ai_coding, deepsearch, mopd, rl_steps, run_policy
 
 ACT_BAR = 1.02       # tangram / best fixed, mean ACT and step, every cell
 CONTENDED_BAR = 0.92  # tangram / best fixed mean ACT, contended cells
@@ -69,6 +69,13 @@ class Cell:
 
     def workload(self) -> Workload:
         p = dict(self.params)
+        steps = p.pop("steps", 1)
+        wl = self._one_step(p) if steps == 1 else rl_steps(
+            lambda batch, **kw: self._one_step({**kw, "batch": batch}), p.pop("batch"), steps=steps,
+            seed=p.pop("seed"), **p)
+        return wl
+
+    def _one_step(self, p: dict[str, Any]) -> Workload:
         fam = self.family
         if fam == "ai-coding":
             if os.environ.get("TANGRAM_MATRIX_MALLEABLE") == "1":
@@ -191,6 +198,21 @@ def cells(quick: bool, seeds: int) -> list[Cell]:
             out.append(Cell(f"deepsearch heavy-judge b512 s{seed}", "deepsearch",
                             dict(batch=512, seed=seed, gpus=8, judge_work_mean=3.0),
                             ("tangram", "isolated", "fifo1", "fifo2", "fifo4", "fifo8")))
+    # two RL steps back to back (the trainer's update between them), judged on the second: the
+    # scheduler runs on with what it learned in the first, as a live runtime does for a job
+    for seed in range(1 if quick else seeds):
+        out.append(Cell(f"deepsearch heavy-judge b512 2step s{seed}", "deepsearch",
+                        dict(batch=512, seed=seed, gpus=8, judge_work_mean=3.0, steps=2),
+                        ("tangram", "isolated", "fifo1", "fifo2", "fifo4")))
+        if not quick:
+            out.append(Cell(f"deepsearch 2step s{seed}", "deepsearch", dict(batch=2048, seed=seed, steps=2),
+                            ("tangram", "isolated", "fifo1", "fifo2", "fifo4", "fifo8")))
+            out.append(Cell(f"mopd 10gpu tp4 2step s{seed}", "mopd",
+                            dict(batch=2048, gpus=10, seed=seed, teacher_max_gpus=4, steps=2),
+                            ("tangram", "isolated", "fifo1", "fifo2", "fifo4")))
+            out.append(Cell(f"ai-coding contended cap16 2step s{seed}", "ai-coding",
+                            dict(batch=1280, nodes=4, seed=seed, test_max_cpus=16, steps=2),
+                            ("tangram", "static") + _fifos(16), contended=True))
     out.append(Cell("trace replay cap16", "trace", dict(batch=96 if quick else 256, seed=7),
                     ("tangram", "static") + _fifos(16)))
     return out
@@ -225,7 +247,8 @@ def _policy_run(wl: Workload, pol: str) -> dict[str, Any]:
     if pol == "isolated" and wl.name == "mopd":
         kw["iso_gpus"] = None  # proportional to call share on this pool (>= 1 GPU per teacher)
     r = run_policy(wl, pol, measured=os.environ.get("TANGRAM_MATRIX_MEASURED") == "1", **kw)
-    s = summarise(r)
+    last = len(r.step_start) - 1  # a multi-step cell is judged on its last step
+    s = summarise(r, step=last) if last else summarise(r)
     alloc = s["cpu_alloc_mean"] if s["pool_cpus"] else s["gpu_alloc_mean"]
     busy = s["cpu_busy_mean"] if s["pool_cpus"] else s["gpu_busy_mean"]
     return {"policy": pol, "act": s["act_mean_s"], "p99": s["act_p99_s"], "step": s["step_s"],

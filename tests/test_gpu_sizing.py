@@ -707,3 +707,23 @@ def test_a_widening_the_latest_rates_no_longer_support_is_called_off_before_its_
     monkeypatch.setattr(gr, "_CALL_OFF", False)
     r0 = run_policy(wl, "tangram")
     assert summarise(r0)["act_mean_s"] > 1.02 * f2 and r0.restores > 16
+
+
+def test_a_load_returning_after_a_lull_is_met_at_the_width_its_last_peak_needed(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two RL steps of the saturated judge (batch 512, 3 GPU-s calls on 8 GPUs, seed 10). Step
+    0's tail thins and the pool widens (TP-2..TP-8); the trainer's update is a lull. Without a
+    memory of step 0, step 1's burst narrowed urgently with every TP-1 copy restored in the
+    overload: 1.36x isolated's step-1 mean ACT (whose eight servers stay loaded). Recalled (the
+    width step 0's peak needed, restored on the idle pool as the load returns): isolated's ACT."""
+    import tangram_sdk.scheduler.gpu_regime as gr
+    from tangram_sdk.sim.workloads import rl_steps
+
+    wl = rl_steps(deepsearch, 512, steps=2, seed=10, gpus=8, judge_work_mean=3.0)
+    iso = summarise(run_policy(wl, "isolated"), step=1)["act_mean_s"]
+    r = run_policy(wl, "tangram")
+    assert summarise(r, step=1)["act_mean_s"] <= 1.01 * iso, (summarise(r, step=1)["act_mean_s"], iso)
+    judge1 = (np.array(r.kind) == "judge") & (np.array(r.submit) > r.step_start[1])
+    assert (np.array(r.units)[judge1] == 1).mean() >= 0.95  # TP-1, but for the first calls and the tail
+    monkeypatch.setattr(gr, "_LULL", math.inf)  # no memory across the lull
+    assert summarise(run_policy(wl, "tangram"), step=1)["act_mean_s"] > 1.2 * iso

@@ -280,3 +280,48 @@ async def test_runtime_and_simulator_make_identical_gpu_decisions(gpus: int, slo
             assert {g.gpus for g in grants if g.units == 1 and g.restore} == {(i,) for i in range(gpus)}
             return
         assert late4 and all(not set(g) & set(grants[first].gpus) for g in late4), late4
+
+
+def test_an_rl_step_starts_when_every_trajectory_of_the_one_before_has_ended() -> None:
+    # step 0: two trajectories ending at 1.0 + 0.5 and 3.0 + 0.5; step 1 starts 2 s (the trainer's
+    # update) after the later one, its first action after its own think time
+    one = Act(SHELL, 1.0, 0.0)
+    three = Act(SHELL, 3.0, 0.0)
+    trajs = [Trajectory((one,), 0.0, 0.5), Trajectory((three,), 0.0, 0.5),
+             Trajectory((Act(SHELL, 1.0, 0.25),), 2.0, 0.0, step=1)]
+    r = simulate(trajs, make_policy("fifo1", Pool(cpus=4)))
+    barrier = r.traj_end[1]
+    assert barrier > r.traj_end[0] and barrier >= 3.5
+    assert r.step_start == [0.0, pytest.approx(barrier + 2.0)]
+    assert r.submit[2] == pytest.approx(barrier + 2.25)  # not at 0.25: it waited for the barrier
+    s1 = summarise(r, step=1)
+    assert (s1["actions"], s1["trajectories"]) == (1, 1)
+    assert s1["step_s"] == pytest.approx(r.traj_end[2] - (barrier + 2.0))  # its own length
+    assert s1["act_mean_s"] == pytest.approx(r.end[2] - r.submit[2])
+    s0 = summarise(r, step=0)
+    assert (s0["actions"], s0["step_s"]) == (2, pytest.approx(barrier))
+    assert s0["act_mean_s"] == pytest.approx((r.end[0] - r.submit[0] + r.end[1] - r.submit[1]) / 2)
+    assert summarise(r)["actions"] == 3
+    with pytest.raises(ValueError, match="step 2 not in this run"):
+        summarise(r, step=2)
+
+
+def test_rl_steps_must_be_numbered_without_a_gap() -> None:
+    trajs = [Trajectory((Act(SHELL, 1.0, 0.0),)), Trajectory((Act(SHELL, 1.0, 0.0),), step=2)]
+    with pytest.raises(ValueError, match="without a gap"):
+        simulate(trajs, make_policy("fifo1", Pool(cpus=2)))
+
+
+def test_rl_steps_builds_each_step_from_its_own_seed_and_the_scheduler_carries_on() -> None:
+    from tangram_sdk.sim.workloads import rl_steps
+
+    wl = rl_steps(ai_coding, 16, steps=2, seed=3, update_s=30.0, nodes=1, cores=16)
+    one = ai_coding(16, seed=3, nodes=1, cores=16)
+    assert len(wl.trajectories) == 2 * len(one.trajectories)
+    assert wl.trajectories[:len(one.trajectories)] == one.trajectories  # step 0: the one-step workload
+    second = wl.trajectories[len(one.trajectories):]
+    assert {t.step for t in second} == {1} and all(t.start == 30.0 for t in second)
+    assert [t.acts for t in second] != [t.acts for t in one.trajectories]  # drawn anew
+    r = run_policy(wl, "tangram")
+    assert r.step_start[1] == pytest.approx(max(r.traj_end[:len(one.trajectories)]) + 30.0)
+    assert min(r.submit[i] for i, t in enumerate(r.traj) if t >= len(one.trajectories)) >= r.step_start[1]

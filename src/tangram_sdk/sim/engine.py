@@ -90,11 +90,17 @@ class Act:
 
 @attrs.frozen(slots=True)
 class Trajectory:
-    """Starts at ``start``; runs ``acts`` in a closed loop; decodes ``tail`` seconds after the last."""
+    """Starts at ``start``; runs ``acts`` in a closed loop; decodes ``tail`` seconds after the last.
+
+    ``step``: the RL step it belongs to. Step 0 starts at time 0; step ``k`` once every trajectory
+    of step ``k - 1`` has ended (the trainer updates the policy in between), each of its
+    trajectories ``start`` seconds after that barrier. The scheduler runs on across steps with
+    what it learned, as a live runtime does for a whole job."""
 
     acts: tuple[Act, ...]
     start: float = 0.0
     tail: float = 0.0
+    step: int = 0
 
 
 class Change(NamedTuple):
@@ -136,6 +142,8 @@ class Result:
         self.units: list[int] = []
         self.traj_end: list[float] = []
         self.traj: list[int] = []  # per action: the index of its trajectory
+        self.traj_step: list[int] = []  # per trajectory: its RL step (:attr:`Trajectory.step`)
+        self.step_start: list[float] = [0.0]  # per RL step: its barrier plus its first trajectory's start
         self.changes: list[Change] = []
         self.restores = 0
         self.wall_s = 0.0
@@ -258,11 +266,27 @@ def simulate(
         lane.sched.handle(ServiceResidency(service, tuple(gpus), True,
                                            None if r0 is None else r0 / len(gpus)), 0.0)
 
-    for i, tr in enumerate(trajectories):
-        if tr.acts:
-            push(q(tr.start + tr.acts[0].think), _SUBMIT, i)
-        else:
-            push(q(tr.start + tr.tail), _END, i)
+    res.traj_step = [tr.step for tr in trajectories]
+    n_steps = max(res.traj_step, default=0) + 1
+    by_step: list[list[int]] = [[] for _ in range(n_steps)]
+    for i, st in enumerate(res.traj_step):
+        if st < 0:
+            raise ValueError(f"trajectory {i}: step must be >= 0, got {st}")
+        by_step[st].append(i)
+    if trajectories and any(not b for b in by_step):
+        raise ValueError(f"steps must be numbered 0..{n_steps - 1} without a gap, each with a trajectory")
+    left = [len(b) for b in by_step]  # trajectories of each step still running
+    res.step_start = [0.0] + [math.nan] * (n_steps - 1)
+
+    def open_step(st: int, t0: float) -> None:
+        for i in by_step[st]:
+            tr = trajectories[i]
+            if tr.acts:
+                push(q(t0 + tr.start + tr.acts[0].think), _SUBMIT, i)
+            else:
+                push(q(t0 + tr.start + tr.tail), _END, i)
+
+    open_step(0, 0.0)
 
     def arm(li: int) -> None:
         lane = lanes[li]
@@ -514,6 +538,11 @@ def simulate(
         elif cls == _END:
             ti = a
             res.traj_end[ti] = now
+            st = res.traj_step[ti]
+            left[st] -= 1
+            if not left[st] and st + 1 < n_steps:  # the step's barrier: the next one starts
+                res.step_start[st + 1] = now + min(trajectories[i].start for i in by_step[st + 1])
+                open_step(st + 1, now)
             hid = hold_of[ti]
             if hid:
                 g = grant_of.pop(hid)

@@ -19,36 +19,66 @@ def act_array(r: Result) -> np.ndarray:
     return out
 
 
-def summarise(r: Result) -> dict[str, Any]:
-    """One flat dict per run (JSON-friendly)."""
+def summarise(r: Result, step: int | None = None) -> dict[str, Any]:
+    """One flat dict per run (JSON-friendly). ``step``: only that RL step's actions, its own length
+    (barrier to last trajectory end) as ``step_s`` and units averaged over it (a multi-step run,
+    :attr:`.Trajectory.step`); None: the whole run."""
     end = np.asarray(r.end)
     sub = np.asarray(r.submit)
     gr = np.asarray(r.grant)
+    exec_s = np.asarray(r.exec_s)
+    overhead = np.asarray(r.overhead)
+    t0 = 0.0
+    if step is None:
+        step = -1
+        t_end = float(np.nanmax(r.traj_end)) if r.traj_end else 0.0
+        tl = timeline(r, bins=1)
+        means = {k: float(tl[k][0]) for k in ("cpu_alloc", "cpu_busy", "gpu_alloc", "gpu_busy")}
+    else:
+        if not 0 <= step < len(r.step_start):
+            raise ValueError(f"step {step} not in this run (steps 0..{len(r.step_start) - 1})")
+        t0 = r.step_start[step]
+        ts = np.asarray(r.traj_step)
+        t_end = float(np.nanmax(np.asarray(r.traj_end)[ts == step]))
+        mine = ts[np.asarray(r.traj, dtype=int)] == step if r.traj else np.zeros(0, dtype=bool)
+        end, sub, gr, exec_s, overhead = end[mine], sub[mine], gr[mine], exec_s[mine], overhead[mine]
+        means = _window_means(r, t0, t_end)
     act = end - sub
     n = len(act)
-    step = float(np.nanmax(r.traj_end)) if r.traj_end else 0.0
-    tl = timeline(r, bins=1)
+    span = t_end - t0
     out: dict[str, Any] = {
-        "workload": r.workload, "policy": r.policy, "actions": n, "trajectories": len(r.traj_end),
+        "workload": r.workload, "policy": r.policy, "actions": n,
+        "trajectories": len(r.traj_end) if step < 0 else r.traj_step.count(step),
         "act_mean_s": float(act.mean()) if n else 0.0,
         "act_p50_s": float(np.percentile(act, 50)) if n else 0.0,
         "act_p99_s": float(np.percentile(act, 99)) if n else 0.0,
         "queue_mean_s": float((gr - sub).mean()) if n else 0.0,
-        "exec_mean_s": float(np.mean(r.exec_s)) if n else 0.0,
-        "overhead_mean_s": float(np.mean(r.overhead)) if n else 0.0,
-        "step_s": step,
+        "exec_mean_s": float(np.mean(exec_s)) if n else 0.0,
+        "overhead_mean_s": float(np.mean(overhead)) if n else 0.0,
+        "step_s": span,
         "pool_cpus": r.pool_cpus, "pool_gpus": r.pool_gpus,
-        "cpu_alloc_mean": float(tl["cpu_alloc"][0]) if step else 0.0,
-        "cpu_busy_mean": float(tl["cpu_busy"][0]) if step else 0.0,
-        "gpu_alloc_mean": float(tl["gpu_alloc"][0]) if step else 0.0,
-        "gpu_busy_mean": float(tl["gpu_busy"][0]) if step else 0.0,
+        "cpu_alloc_mean": means["cpu_alloc"] if span else 0.0,
+        "cpu_busy_mean": means["cpu_busy"] if span else 0.0,
+        "gpu_alloc_mean": means["gpu_alloc"] if span else 0.0,
+        "gpu_busy_mean": means["gpu_busy"] if span else 0.0,
         "restores": r.restores, "wall_s": r.wall_s,
     }
+    if step >= 0:
+        out["step"] = step
     out["cpu_util"] = out["cpu_busy_mean"] / r.pool_cpus if r.pool_cpus else None
     out["gpu_util"] = out["gpu_busy_mean"] / r.pool_gpus if r.pool_gpus else None
-    out["cpu_core_s"] = out["cpu_alloc_mean"] * step
-    out["gpu_s"] = out["gpu_alloc_mean"] * step
+    out["cpu_core_s"] = out["cpu_alloc_mean"] * span
+    out["gpu_s"] = out["gpu_alloc_mean"] * span
     return out
+
+
+def _window_means(r: Result, t0: float, t1: float) -> dict[str, float]:
+    """Units allocated and busy averaged over ``[t0, t1]``: the run's integrals to each end, differenced."""
+    a = timeline(r, bins=1, until=t1)
+    b = timeline(r, bins=1, until=t0) if t0 > 0 else None
+    span = t1 - t0
+    return {k: (float(a[k][0]) * t1 - (float(b[k][0]) * t0 if b is not None else 0.0)) / span if span > 0 else 0.0
+            for k in ("cpu_alloc", "cpu_busy", "gpu_alloc", "gpu_busy")}
 
 
 def timeline(r: Result, bins: int = 200, until: float | None = None) -> dict[str, np.ndarray]:

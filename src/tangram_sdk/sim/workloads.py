@@ -251,6 +251,25 @@ _FRACTIONS = {"busy_frac": (False, True), "test_frac": (True, True), "test_paral
 _MOST = 1e9  # larger than any real figure: a 1e308 overflowed to inf inside the scheduler
 
 
+def rl_steps(make: Callable[..., Workload], batch: int, *, steps: int = 2, update_s: float = 120.0,
+             seed: int = 0, **kw: Any) -> Workload:
+    """``steps`` RL steps of ``make(batch, seed=..., **kw)`` back to back, each drawn with its own
+    seed (``seed``, ``seed + 1000``, ...), step ``k`` starting ``update_s`` seconds (the trainer's
+    update) after every trajectory of step ``k - 1`` has ended (:attr:`.Trajectory.step`).
+
+    One step from a cold scheduler is what the matrix measures by default; a job runs many, and a
+    live runtime carries what it learned (lengths, rates, widths, resident copies) from one to the
+    next. ``summarise(result, step=steps - 1)`` measures the last one."""
+    if steps < 1 or update_s < 0:
+        raise ValueError("steps must be >= 1 and update_s >= 0")
+    parts = [make(batch, seed=seed + 1000 * k, **kw) for k in range(steps)]
+    trajs = tuple(attrs.evolve(tr, step=k, start=tr.start + (update_s if k else 0.0))
+                  for k, wl in enumerate(parts) for tr in wl.trajectories)
+    first = parts[0]
+    return attrs.evolve(first, trajectories=trajs,
+                        params={**first.params, "steps": steps, "update_s": update_s})
+
+
 def _check_value(workload: str, name: str, v: Any, default: Any) -> None:
     where = f"{workload}: parameter {name}"
     if isinstance(v, bool) and not isinstance(default, bool):  # True is 1 to Python, not to a model
