@@ -11,7 +11,8 @@ Record them before a refactor, compare after::
 The workloads cover every decision path: priced CPU sizing with start-or-wait on NUMA nodes,
 malleable resizes and restarts of restartable stragglers, the
 GPU planner with restores and residency, its width switches (urgent narrowings, measured waits, a
-spill beside one cell), and quotas with rate limits.
+spill beside one cell, a width recalled after a lull between two RL steps), and quotas with rate
+limits.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from collections.abc import Callable
 from typing import Any
 
 from tangram_sdk.sim.engine import simulate
-from tangram_sdk.sim.workloads import Workload, ai_coding, deepsearch, mopd
+from tangram_sdk.sim.workloads import Workload, ai_coding, deepsearch, mopd, rl_steps
 
 
 def _workloads() -> dict[str, Callable[[], Workload]]:
@@ -47,6 +48,8 @@ def _workloads() -> dict[str, Callable[[], Workload]]:
         "mopd spill 6 gpus": lambda: mopd(256, gpus=6, seed=9),
         "deepsearch judge burst": lambda: deepsearch(2048, seed=0),
         "mopd heavy 8 gpus": lambda: mopd(4096, gpus=8, seed=0),
+        # two RL steps: the width the first step's peak needed, recalled after the lull
+        "deepsearch two steps": lambda: rl_steps(deepsearch, 512, steps=2, seed=10, gpus=8, judge_work_mean=3.0),
     }
 
 
