@@ -32,24 +32,24 @@ import attrs
 from .._deadline import check_expected, check_timeout, within
 from ..errors import (
     InfeasibleSpecError,
-    ManagerError,
-    QuarantineError,
     RuntimeClosedError,
     SchedulerBrokenError,
     SpecError,
     TangramError,
 )
 from ..lease import Lease
-from ..managers.base import BaseManager, Manager
+from ..managers.base import Manager
 from ..pool import Pool, Quota
 from ..runtime import Tangram
-from ..scheduler.decisions import Decision, Grant
+from ..scheduler.decisions import Decision
 from ..scheduler.events import Event
 from ..snapshot import ClusterStatistics, NodeStatistics
-from ..spec import ActionSpec, Amdahl, Custom, Elasticity, Table
+from ..spec import ActionSpec
 from . import _wire
+from ._agent_manager import _AgentManager
 from ._errors import NodeLostError
 from ._ray import require
+from ._specs import _decode_spec
 
 __all__ = ["SchedulerActor"]
 
@@ -64,64 +64,6 @@ _AGENT_START_MIN = 30.0
 async def _ref(ref: Any) -> Any:
     """A coroutine over a Ray ObjectRef (``within`` runs it as a task)."""
     return await ref
-
-
-class _AgentManager(BaseManager):
-    """The node runtime's one manager: forwards apply/release (and a malleable action's resize) to
-    the node agent (a Ray call), each bounded by ``timeout`` seconds (a frozen agent must not hold
-    a grant forever)."""
-
-    name = "ray-agent"
-
-    def __init__(self, agent: Any, label: str = "?", timeout: float | None = 120.0) -> None:
-        self.agent = agent
-        self.label = label
-        self.timeout = timeout
-
-    def _late(self, what: str, action_id: int) -> str:
-        return (f"the agent of node {self.label!r} did not answer {what} of action {action_id} "
-                f"within {self.timeout:g} s")
-
-    def _error(self, exc: Exception) -> Exception:
-        """What the agent raised (a RayTaskError's cause: the agent's managers' own typed error),
-        our own bound running out (ManagerError naming the agent), or Ray's error (the agent died)."""
-        if isinstance(exc, require("ray.exceptions").RayTaskError):
-            cause = getattr(exc, "cause", None)
-            return cause if isinstance(cause, Exception) else exc
-        if type(exc) is TimeoutError:  # `within`: the agent did not answer in time
-            return ManagerError(str(exc), resource=f"agent:{self.label}")
-        return exc
-
-    async def apply(self, grant: Grant, lease: Lease) -> None:
-        aid = lease.action_id
-        try:
-            keys = await within(self.agent.apply.remote(aid, grant, lease.spec), self.timeout,
-                                lambda: self._late("apply", aid))
-        except Exception as exc:
-            raise self._error(exc) from None
-        lease.attach("agent_keys", keys)
-
-    async def resize(self, old: Grant, new: Grant, lease: Lease) -> None:
-        """A malleable action's new cores (the node runtime's Resize): the agent applies them
-        through the node's managers and to its own copy of the lease (``lease.exec`` there)."""
-        aid = lease.action_id
-        try:
-            await within(self.agent.resize.remote(aid, old, new), self.timeout, lambda: self._late("resize", aid))
-        except Exception as exc:
-            raise self._error(exc) from None
-
-    async def release(self, grant: Grant, lease: Lease) -> None:
-        aid = lease.action_id
-        try:
-            out = await within(self.agent.release.remote(aid), self.timeout, lambda: self._late("release", aid))
-        except Exception as exc:
-            raise self._error(exc) from None
-        if isinstance(out, dict) and out.get("quarantined"):
-            # the agent's manager could not park a container: the node's runtime keeps these
-            # units out of its pool until the agent says the container is restored
-            until = asyncio.ensure_future(_ray_call(self.agent.restored.remote(aid)))
-            raise QuarantineError(f"node {self.label!r}: {out['quarantined']}", resource=f"agent:{self.label}",
-                                  until=until)
 
 
 _JOB_POLL = float(os.environ.get("TANGRAM_JOB_POLL", "5"))  # seconds between looks at the job table
@@ -170,59 +112,6 @@ async def _wait_job_end(job: str, is_dead: Callable[[str], bool] = _job_dead, po
     finally:
         if look is not None:
             look.cancel()  # the thread itself cannot be stopped; it ends when the GCS answers
-
-
-async def _ray_call(ref: Any) -> Any:
-    return await ref
-
-
-_FROZEN_MAX_UNITS = 4096  # efficiency values kept per spec; beyond, the speedup is held flat
-_SPEC_CACHE = 1024  # decoded specs kept by their bytes (rollouts send the same few specs again)
-
-
-@attrs.frozen
-class _Frozen:
-    """A user efficiency model's values ``E(1..n)``, taken once at submit: the scheduler actor's
-    planning then only indexes a tuple (no user code can raise inside the shared core)."""
-
-    values: tuple[float, ...]
-
-    def __call__(self, m: int) -> float:
-        v = self.values
-        n = len(v)
-        if 1 <= m <= n:
-            return v[int(m) - 1]
-        return v[-1] * n / m if m > n else v[0]
-
-
-def _freeze(spec: ActionSpec) -> ActionSpec:
-    """Re-validate a spec that arrived pickled (unpickling skips the attrs validators) and replace a
-    user efficiency callable by the table of its values. A model that raises or leaves (0, 1] here
-    fails this spec only, with SpecError to its caller."""
-    el = spec.elastic
-    eff = None if el is None else el.efficiency
-    try:
-        if el is not None and type(eff) not in (Amdahl, Table) and not (
-                isinstance(eff, Custom) and isinstance(eff.fn, _Frozen)):
-            values = []
-            for m in range(1, min(el.max_units, _FROZEN_MAX_UNITS) + 1):
-                try:
-                    e = float(el.efficiency.efficiency(m))
-                except Exception as exc:  # noqa: BLE001 - user code: anything may come out
-                    raise SpecError(
-                        f"{spec.kind}: the efficiency model raised at m={m} inside the scheduler actor "
-                        f"({type(exc).__name__}: {exc}); this spec was refused, nothing else was affected"
-                    ) from None
-                if not (0.0 < e <= 1.0 + 1e-9):
-                    raise SpecError(f"{spec.kind}: the efficiency model gave E({m}) = {e!r} inside the "
-                                    f"scheduler actor; it must be in (0, 1]")
-                values.append(min(e, 1.0))
-            el = Elasticity(el.resource, el.max_units, _Frozen(tuple(values)))
-        return attrs.evolve(spec, elastic=el)  # runs every validator again
-    except SpecError:
-        raise
-    except Exception as exc:  # noqa: BLE001 - a tampered or half-built spec
-        raise SpecError(f"{getattr(spec, 'kind', '?')}: invalid spec ({type(exc).__name__}: {exc})") from None
 
 
 class _Node:
@@ -734,24 +623,8 @@ class SchedulerActor:
         return max(ok, key=room)
 
     def _decode(self, kind: str, blob: bytes) -> ActionSpec:
-        """The request's spec, unpickled, re-validated and with its efficiency model frozen; any
-        failure is a SpecError for this request only (the connection and its leases stay)."""
-        hit = self._specs.get(blob)
-        if hit is not None:
-            return hit
-        try:
-            spec = pickle.loads(blob)
-        except Exception as exc:  # noqa: BLE001 - a class the actor cannot import, a raising __reduce__...
-            raise SpecError(
-                f"{kind}: the spec could not be unpickled by the scheduler actor ({type(exc).__name__}: {exc}); "
-                f"the classes and callables in it must be importable there or picklable by value") from None
-        if not isinstance(spec, ActionSpec):
-            raise SpecError(f"{kind}: acquire() needs an ActionSpec, got {type(spec).__name__}")
-        spec = _freeze(spec)
-        if len(self._specs) >= _SPEC_CACHE:
-            self._specs.clear()
-        self._specs[blob] = spec
-        return spec
+        """The request's spec (see :func:`._specs._decode_spec`), kept in ``self._specs`` by its bytes."""
+        return _decode_spec(self._specs, kind, blob)
 
     def _timed_out(self, spec: ActionSpec, timeout: float, held: _Held) -> str:
         """What the acquire waited for when its time ran out: quota units, or a node's resources."""
