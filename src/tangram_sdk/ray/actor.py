@@ -20,7 +20,6 @@ import functools
 import itertools
 import logging
 import os
-import pickle
 import secrets
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -47,9 +46,11 @@ from ..snapshot import ClusterStatistics, NodeStatistics
 from ..spec import ActionSpec
 from . import _wire
 from ._agent_manager import _AgentManager
+from ._conn import _Conn
 from ._errors import NodeLostError
 from ._ray import require
 from ._specs import _decode_spec
+from ._state import _Held, _Node
 
 __all__ = ["SchedulerActor"]
 
@@ -112,108 +113,6 @@ async def _wait_job_end(job: str, is_dead: Callable[[str], bool] = _job_dead, po
     finally:
         if look is not None:
             look.cancel()  # the thread itself cannot be stopped; it ends when the GCS answers
-
-
-class _Node:
-    __slots__ = (
-        "agent",
-        "agent_name",
-        "alive",
-        "containers",
-        "label",
-        "peak_cpus",
-        "peak_gpus",
-        "peak_memory",
-        "pool",
-        "ray_node_id",
-        "reason",
-        "rt",
-        "services",
-        "watch",
-    )
-
-    def __init__(self, label: str, ray_node_id: str, agent: Any, agent_name: str, rt: Tangram,
-                 info: Mapping[str, Any]) -> None:
-        self.label = label
-        self.ray_node_id = ray_node_id
-        self.agent = agent
-        self.agent_name = agent_name
-        self.rt = rt
-        self.pool: Pool = info["pool"]
-        self.containers: set[str] = set(info.get("containers") or ())
-        svc = info.get("services")
-        self.services: set[str] | None = None if svc is None else set(svc)
-        self.alive = True
-        self.reason: str | None = None
-        self.peak_cpus = self.peak_gpus = self.peak_memory = 0
-        self.watch: asyncio.Task[None] | None = None
-
-
-class _Held:
-    """What one client acquire holds inside the actor: a quota part and/or a node part."""
-
-    __slots__ = ("gid", "granted", "nlease", "node", "qlease", "route")
-
-    def __init__(self, gid: int) -> None:
-        self.gid = gid
-        self.granted = False  # handed to the client (counts in granted/released)
-        self.node: _Node | None = None  # the node whose runtime granted nlease (set once held)
-        self.route: _Node | None = None  # the node chosen for the node part (before it is held)
-        self.nlease: Lease | None = None  # the node part, held from node.rt
-        self.qlease: Lease | None = None  # the quota part, held from the job-wide quota runtime
-
-
-class _Conn:
-    """One client process's connection (authenticated by its first frame)."""
-
-    def __init__(self, actor: SchedulerActor, cid: int) -> None:
-        self.actor = actor
-        self.id = cid
-        self.proto = _wire.FrameProtocol(self._on_frame, self._on_lost)
-        self.proto.max_frame = 256  # the token frame; nothing bigger before authentication
-        self.authed = False
-        self.info: dict[str, Any] = {}
-        self.pending: dict[int, asyncio.Task[None]] = {}
-        self.held: dict[int, _Held] = {}
-        self.last_seen = time.monotonic()
-        self.closed = False
-
-    def send(self, msg: Any) -> None:
-        self.proto.send(msg)
-
-    def _on_frame(self, payload: bytes) -> None:
-        self.last_seen = time.monotonic()
-        if not self.authed:
-            import hmac
-
-            if not hmac.compare_digest(payload, self.actor._token):
-                log.warning("rejected a connection with a wrong token")
-                assert self.proto.transport is not None
-                self.proto.transport.abort()
-                return
-            self.authed = True
-            self.proto.max_frame = _wire.MAX_FRAME
-            self.actor._unauthed.pop(self.id, None)
-            self.actor._conns[self.id] = self
-            self.send(("welcome", self.actor._config()))
-            return
-        try:
-            msg = pickle.loads(payload)  # the envelope: builtins only (specs travel as bytes inside)
-            if not isinstance(msg, tuple) or not msg:
-                raise ValueError(f"not a message tuple: {type(msg).__name__}")
-        except Exception as exc:  # noqa: BLE001 - a broken or foreign client: nothing to answer to
-            log.error("client %s sent an undecodable frame (%r); dropping its connection", self.id, exc)
-            assert self.proto.transport is not None
-            self.proto.transport.abort()
-            return
-        self.actor._on_message(self, msg)
-
-    def _on_lost(self, exc: Exception | None) -> None:
-        if self.closed:
-            return
-        self.closed = True
-        self.actor._unauthed.pop(self.id, None)
-        self.actor._on_conn_lost(self, exc)
 
 
 class SchedulerActor:
