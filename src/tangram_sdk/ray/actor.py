@@ -26,11 +26,9 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import anyio
-import attrs
 
 from .._deadline import check_expected, check_timeout, within
 from ..errors import (
-    InfeasibleSpecError,
     RuntimeClosedError,
     SchedulerBrokenError,
     SpecError,
@@ -49,6 +47,7 @@ from ._agent_manager import _AgentManager
 from ._conn import _Conn
 from ._errors import NodeLostError
 from ._ray import require
+from ._routing import _route, _split
 from ._specs import _decode_spec
 from ._state import _Held, _Node
 
@@ -454,80 +453,13 @@ class SchedulerActor:
                     if conn.proto.transport is not None:
                         conn.proto.transport.abort()
 
-    @staticmethod
-    def _split(spec: ActionSpec) -> tuple[ActionSpec | None, ActionSpec | None]:
-        needs_node = bool(spec.cpus or spec.gpus or spec.memory or spec.needs or spec.container or spec.service)
-        if not needs_node:
-            return spec, None
-        if not spec.quotas and not spec.tokens:
-            return None, spec
-        qspec = ActionSpec(kind=spec.kind, quotas=spec.quotas, tokens=spec.tokens, duration=spec.duration,
-                           priority=spec.priority)
-        return qspec, attrs.evolve(spec, quotas=(), tokens=())
-
-    def _route(self, spec: ActionSpec, hint: str | None, caller: str | None) -> _Node:
-        """Which node serves ``spec``: the one named, the container's, else the feasible nodes
-        (having the service, if any) preferring the caller's own node while it has room, then the
-        emptiest."""
-        if hint is not None:
-            node = self._nodes.get(hint)
-            if node is None:
-                raise SpecError(f"unknown node {hint!r}; nodes: {sorted(self._nodes)}")
-            if not node.alive:
-                raise NodeLostError(f"node {hint!r} left the pool: {node.reason}")
-            if spec.container is not None:
-                owner = [n.label for n in self._nodes.values() if n.alive and spec.container in n.containers]
-                if owner and hint not in owner:
-                    raise SpecError(f"container {spec.container!r} lives on node {owner[0]!r}, not {hint!r}")
-            cands = [node]
-        elif spec.container is not None:
-            cands = [n for n in self._nodes.values() if n.alive and spec.container in n.containers]
-            if not cands:
-                alive = [n for n in self._nodes.values() if n.alive]
-                if len(alive) == 1 and len(self._nodes) == 1:
-                    cands = alive
-                else:
-                    raise SpecError(
-                        f"container {spec.container!r} is not registered with any live node; pass "
-                        f"acquire(..., node=...) or register it (deploy(containers=...)/register_containers)")
-        else:
-            cands = [n for n in self._nodes.values() if n.alive]
-            if spec.service is not None:
-                cands = [n for n in cands if n.services is None or spec.service in n.services]
-        if not cands:
-            raise InfeasibleSpecError(f"{spec.kind}: no live node can serve it (nodes: {sorted(self._nodes)})")
-        reasons: list[tuple[str, str]] = []
-        ok = []
-        for n in cands:
-            r = n.rt.feasibility(spec)
-            if r is None:
-                ok.append(n)
-            else:
-                reasons.append((n.label, r))
-        if not ok:
-            raise InfeasibleSpecError(f"{spec.kind}: {_reasons(reasons)}")
-        if len(ok) == 1:
-            return ok[0]
-
-        def room(n: _Node) -> tuple[int, int, int]:
-            rt = n.rt
-            free = rt.free_gpus if spec.gpus else rt.free_cpus
-            need = spec.gpus if spec.gpus else spec.cpus
-            return (int(free >= need and rt.queued == 0), free, -rt.queued)
-
-        if caller is not None:
-            mine = [n for n in ok if n.ray_node_id == caller]
-            if mine and room(mine[0])[0]:
-                return mine[0]
-        return max(ok, key=room)
-
     def _decode(self, kind: str, blob: bytes) -> ActionSpec:
         """The request's spec (see :func:`._specs._decode_spec`), kept in ``self._specs`` by its bytes."""
         return _decode_spec(self._specs, kind, blob)
 
     def _timed_out(self, spec: ActionSpec, timeout: float, held: _Held) -> str:
         """What the acquire waited for when its time ran out: quota units, or a node's resources."""
-        qspec, nspec = self._split(spec)
+        qspec, nspec = _split(spec)
         head = f"{spec.kind}: not granted within {timeout:g} s by the scheduler actor {self.name!r}"
         if qspec is not None and held.qlease is None and self._quota_rt is not None:
             return f"{head}; {self._quota_rt.shortage(qspec)} in the job-wide quotas"
@@ -610,8 +542,8 @@ class SchedulerActor:
                       deadline: float | None = None, expected: float | None = None) -> None:
         """Quota part, then node part; ``deadline`` (this loop's clock) bounds both grants;
         ``expected`` (a length hint) goes to the node part, where the cores are sized."""
-        qspec, nspec = self._split(spec)
-        node = self._route(nspec, hint, caller) if nspec is not None else None  # fail fast, before quotas
+        qspec, nspec = _split(spec)
+        node = _route(self._nodes, nspec, hint, caller) if nspec is not None else None  # fail fast, before quotas
         held.route = node
         try:
             if qspec is not None:
@@ -749,12 +681,3 @@ class SchedulerActor:
         if self.granted != self.released + self.lost + held:
             errs.append(f"granted {self.granted} != released {self.released} + lost {self.lost} + held {held}")
         return errs
-
-
-def _reasons(reasons: list[tuple[str, str]]) -> str:
-    """Why no node can serve a spec, for the caller (often the model, through an adapter): one
-    reason once when every node gives it, else per node, with Ray's 56-hex node ids cut to 12."""
-    if len({r for _, r in reasons}) == 1:
-        only = reasons[0][1]
-        return only if len(reasons) == 1 else f"{only} (on each of the {len(reasons)} nodes)"
-    return "; ".join(f"{label[:12] + '...' if len(label) == 56 else label}: {r}" for label, r in reasons)
