@@ -46,6 +46,7 @@ from . import _wire
 from ._agent_manager import _AgentManager
 from ._conn import _Conn
 from ._errors import NodeLostError
+from ._inspect import _cluster_statistics, _invariant_errors, _node_stats
 from ._ray import require
 from ._routing import _route, _split
 from ._specs import _decode_spec
@@ -256,7 +257,7 @@ class SchedulerActor:
                         managers: Callable[[], Sequence[Manager]] | None, containers: Sequence[str]) -> NodeStatistics:
         old = self._nodes.get(label)
         if old is not None and old.alive:
-            return self._node_stats(old)
+            return _node_stats(old)
         from .agent import NodeAgent
 
         ray = require()
@@ -290,7 +291,7 @@ class SchedulerActor:
         self._nodes[label] = node
         node.watch = self._spawn(self._watch(node))
         log.info("node %s added on %s: %s", label, ray_node_id, info["pool"].describe())
-        return self._node_stats(node)
+        return _node_stats(node)
 
     async def register_containers(self, label: str, names: Sequence[str]) -> None:
         await self._ensure_started()
@@ -418,7 +419,7 @@ class SchedulerActor:
         elif op == "hb":
             conn.send(("hb",))
         elif op == "stats":
-            conn.send(("reply", msg[1], self._statistics()))
+            conn.send(("reply", msg[1], _cluster_statistics(self)))
         elif op == "hello":
             conn.info = dict(msg[1])
         else:
@@ -616,30 +617,9 @@ class SchedulerActor:
             self.released += 1
 
     # ------------------------------------------------------------------------------ inspection
-    def _node_stats(self, node: _Node) -> NodeStatistics:
-        return NodeStatistics(
-            alive=node.alive, reason=node.reason, ray_node_id=node.ray_node_id, agent=node.agent_name,
-            pool=node.pool, containers=sorted(node.containers), peak_cpus_used=node.peak_cpus,
-            peak_gpus_used=node.peak_gpus, peak_memory_used=node.peak_memory,
-            runtime=node.rt.statistics() if node.alive else None)
-
-    def _statistics(self) -> ClusterStatistics:
-        quotas: dict[str, dict[str, Any]] = {}
-        if self._quota_rt is not None:
-            for n, q in self._quota_rt.statistics().quotas.items():
-                quotas[n] = {**q, "peak_used": self._peak_quota.get(n, 0)}
-        return ClusterStatistics(
-            name=self.name, pid=os.getpid(), scheduler_node=self._ray_node_id,
-            nodes={k: self._node_stats(n) for k, n in self._nodes.items()}, quotas=quotas,
-            clients=len(self._conns), held=sum(len(c.held) for c in self._conns.values()),
-            pending=sum(len(c.pending) for c in self._conns.values()),
-            granted=self.granted, released=self.released, lost=self.lost, expired_clients=self.expired,
-            failed_acquires=self.failed_acquires, lost_nodes=list(self._lost_nodes),
-            invariant_errors=list(self._errors[:20]))
-
     async def statistics(self) -> ClusterStatistics:
         await self._ensure_started()
-        return self._statistics()
+        return _cluster_statistics(self)
 
     async def check_invariants(self) -> list[str]:
         """Every runtime's ledger checks, plus: what the actor thinks clients hold is what the
@@ -648,36 +628,4 @@ class SchedulerActor:
         undoing = [t for t in self._tasks if t.get_name().startswith("undo")]
         if undoing:  # releases in flight: let them land first
             await asyncio.wait(undoing, timeout=5)
-        errs = list(self._errors)
-        quiet = not any(c.pending for c in self._conns.values())
-        held_per_node: dict[str, int] = {}
-        held_q = 0
-        for c in self._conns.values():
-            for h in c.held.values():
-                if h.node is not None:
-                    held_per_node[h.node.label] = held_per_node.get(h.node.label, 0) + 1
-                if h.qlease is not None:
-                    held_q += 1
-        for n in self._nodes.values():
-            if not n.alive:
-                continue
-            try:
-                n.rt.check_invariants()
-            except AssertionError as exc:
-                errs.append(f"node {n.label}: {exc}")
-            inside = n.rt.statistics().waiters  # acquired and not yet left, per the runtime
-            if quiet and inside != held_per_node.get(n.label, 0):
-                errs.append(f"node {n.label}: the runtime has {inside} leases out but clients hold "
-                            f"{held_per_node.get(n.label, 0)}")
-        assert self._quota_rt is not None
-        try:
-            self._quota_rt.check_invariants()
-        except AssertionError as exc:
-            errs.append(f"quotas: {exc}")
-        inside = self._quota_rt.statistics().waiters
-        if quiet and inside != held_q:
-            errs.append(f"quotas: the runtime has {inside} leases out but clients hold {held_q}")
-        held = sum(len(c.held) for c in self._conns.values())
-        if self.granted != self.released + self.lost + held:
-            errs.append(f"granted {self.granted} != released {self.released} + lost {self.lost} + held {held}")
-        return errs
+        return _invariant_errors(self)
