@@ -11,6 +11,11 @@ An action needing both takes its quota units first, then its node resources (a f
 deadlock); see ``docs/ray.md`` for why. Clients talk to the actor over the framed TCP data path in
 :mod:`._wire`; each connection is a client process, and everything it holds or waits for is released
 when it closes or stays silent for longer than ``ttl`` seconds.
+
+Its parts live beside it: :mod:`._agent_manager` (the node runtime's manager), :mod:`._conn` (a
+client's connection), :mod:`._specs` (request specs decoded and frozen), :mod:`._routing` (quota
+part, node part, which node), :mod:`._state` (node and lease records) and :mod:`._inspect`
+(statistics, invariant checks).
 """
 
 from __future__ import annotations
