@@ -11,6 +11,11 @@ An action needing both takes its quota units first, then its node resources (a f
 deadlock); see ``docs/ray.md`` for why. Clients talk to the actor over the framed TCP data path in
 :mod:`._wire`; each connection is a client process, and everything it holds or waits for is released
 when it closes or stays silent for longer than ``ttl`` seconds.
+
+Its parts live beside it: :mod:`._agent_manager` (the node runtime's manager), :mod:`._conn` (a
+client's connection), :mod:`._specs` (request specs decoded and frozen), :mod:`._routing` (quota
+part, node part, which node), :mod:`._state` (node and lease records) and :mod:`._inspect`
+(statistics, invariant checks).
 """
 
 from __future__ import annotations
@@ -20,36 +25,37 @@ import functools
 import itertools
 import logging
 import os
-import pickle
 import secrets
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import anyio
-import attrs
 
 from .._deadline import check_expected, check_timeout, within
 from ..errors import (
-    InfeasibleSpecError,
-    ManagerError,
-    QuarantineError,
     RuntimeClosedError,
     SchedulerBrokenError,
     SpecError,
     TangramError,
 )
 from ..lease import Lease
-from ..managers.base import BaseManager, Manager
+from ..managers.base import Manager
 from ..pool import Pool, Quota
 from ..runtime import Tangram
-from ..scheduler.decisions import Decision, Grant
+from ..scheduler.decisions import Decision
 from ..scheduler.events import Event
 from ..snapshot import ClusterStatistics, NodeStatistics
-from ..spec import ActionSpec, Amdahl, Custom, Elasticity, Table
+from ..spec import ActionSpec
 from . import _wire
+from ._agent_manager import _AgentManager
+from ._conn import _Conn
 from ._errors import NodeLostError
+from ._inspect import _cluster_statistics, _invariant_errors, _node_stats
 from ._ray import require
+from ._routing import _route, _split
+from ._specs import _decode_spec
+from ._state import _Held, _Node
 
 __all__ = ["SchedulerActor"]
 
@@ -64,64 +70,6 @@ _AGENT_START_MIN = 30.0
 async def _ref(ref: Any) -> Any:
     """A coroutine over a Ray ObjectRef (``within`` runs it as a task)."""
     return await ref
-
-
-class _AgentManager(BaseManager):
-    """The node runtime's one manager: forwards apply/release (and a malleable action's resize) to
-    the node agent (a Ray call), each bounded by ``timeout`` seconds (a frozen agent must not hold
-    a grant forever)."""
-
-    name = "ray-agent"
-
-    def __init__(self, agent: Any, label: str = "?", timeout: float | None = 120.0) -> None:
-        self.agent = agent
-        self.label = label
-        self.timeout = timeout
-
-    def _late(self, what: str, action_id: int) -> str:
-        return (f"the agent of node {self.label!r} did not answer {what} of action {action_id} "
-                f"within {self.timeout:g} s")
-
-    def _error(self, exc: Exception) -> Exception:
-        """What the agent raised (a RayTaskError's cause: the agent's managers' own typed error),
-        our own bound running out (ManagerError naming the agent), or Ray's error (the agent died)."""
-        if isinstance(exc, require("ray.exceptions").RayTaskError):
-            cause = getattr(exc, "cause", None)
-            return cause if isinstance(cause, Exception) else exc
-        if type(exc) is TimeoutError:  # `within`: the agent did not answer in time
-            return ManagerError(str(exc), resource=f"agent:{self.label}")
-        return exc
-
-    async def apply(self, grant: Grant, lease: Lease) -> None:
-        aid = lease.action_id
-        try:
-            keys = await within(self.agent.apply.remote(aid, grant, lease.spec), self.timeout,
-                                lambda: self._late("apply", aid))
-        except Exception as exc:
-            raise self._error(exc) from None
-        lease.attach("agent_keys", keys)
-
-    async def resize(self, old: Grant, new: Grant, lease: Lease) -> None:
-        """A malleable action's new cores (the node runtime's Resize): the agent applies them
-        through the node's managers and to its own copy of the lease (``lease.exec`` there)."""
-        aid = lease.action_id
-        try:
-            await within(self.agent.resize.remote(aid, old, new), self.timeout, lambda: self._late("resize", aid))
-        except Exception as exc:
-            raise self._error(exc) from None
-
-    async def release(self, grant: Grant, lease: Lease) -> None:
-        aid = lease.action_id
-        try:
-            out = await within(self.agent.release.remote(aid), self.timeout, lambda: self._late("release", aid))
-        except Exception as exc:
-            raise self._error(exc) from None
-        if isinstance(out, dict) and out.get("quarantined"):
-            # the agent's manager could not park a container: the node's runtime keeps these
-            # units out of its pool until the agent says the container is restored
-            until = asyncio.ensure_future(_ray_call(self.agent.restored.remote(aid)))
-            raise QuarantineError(f"node {self.label!r}: {out['quarantined']}", resource=f"agent:{self.label}",
-                                  until=until)
 
 
 _JOB_POLL = float(os.environ.get("TANGRAM_JOB_POLL", "5"))  # seconds between looks at the job table
@@ -170,161 +118,6 @@ async def _wait_job_end(job: str, is_dead: Callable[[str], bool] = _job_dead, po
     finally:
         if look is not None:
             look.cancel()  # the thread itself cannot be stopped; it ends when the GCS answers
-
-
-async def _ray_call(ref: Any) -> Any:
-    return await ref
-
-
-_FROZEN_MAX_UNITS = 4096  # efficiency values kept per spec; beyond, the speedup is held flat
-_SPEC_CACHE = 1024  # decoded specs kept by their bytes (rollouts send the same few specs again)
-
-
-@attrs.frozen
-class _Frozen:
-    """A user efficiency model's values ``E(1..n)``, taken once at submit: the scheduler actor's
-    planning then only indexes a tuple (no user code can raise inside the shared core)."""
-
-    values: tuple[float, ...]
-
-    def __call__(self, m: int) -> float:
-        v = self.values
-        n = len(v)
-        if 1 <= m <= n:
-            return v[int(m) - 1]
-        return v[-1] * n / m if m > n else v[0]
-
-
-def _freeze(spec: ActionSpec) -> ActionSpec:
-    """Re-validate a spec that arrived pickled (unpickling skips the attrs validators) and replace a
-    user efficiency callable by the table of its values. A model that raises or leaves (0, 1] here
-    fails this spec only, with SpecError to its caller."""
-    el = spec.elastic
-    eff = None if el is None else el.efficiency
-    try:
-        if el is not None and type(eff) not in (Amdahl, Table) and not (
-                isinstance(eff, Custom) and isinstance(eff.fn, _Frozen)):
-            values = []
-            for m in range(1, min(el.max_units, _FROZEN_MAX_UNITS) + 1):
-                try:
-                    e = float(el.efficiency.efficiency(m))
-                except Exception as exc:  # noqa: BLE001 - user code: anything may come out
-                    raise SpecError(
-                        f"{spec.kind}: the efficiency model raised at m={m} inside the scheduler actor "
-                        f"({type(exc).__name__}: {exc}); this spec was refused, nothing else was affected"
-                    ) from None
-                if not (0.0 < e <= 1.0 + 1e-9):
-                    raise SpecError(f"{spec.kind}: the efficiency model gave E({m}) = {e!r} inside the "
-                                    f"scheduler actor; it must be in (0, 1]")
-                values.append(min(e, 1.0))
-            el = Elasticity(el.resource, el.max_units, _Frozen(tuple(values)))
-        return attrs.evolve(spec, elastic=el)  # runs every validator again
-    except SpecError:
-        raise
-    except Exception as exc:  # noqa: BLE001 - a tampered or half-built spec
-        raise SpecError(f"{getattr(spec, 'kind', '?')}: invalid spec ({type(exc).__name__}: {exc})") from None
-
-
-class _Node:
-    __slots__ = (
-        "agent",
-        "agent_name",
-        "alive",
-        "containers",
-        "label",
-        "peak_cpus",
-        "peak_gpus",
-        "peak_memory",
-        "pool",
-        "ray_node_id",
-        "reason",
-        "rt",
-        "services",
-        "watch",
-    )
-
-    def __init__(self, label: str, ray_node_id: str, agent: Any, agent_name: str, rt: Tangram,
-                 info: Mapping[str, Any]) -> None:
-        self.label = label
-        self.ray_node_id = ray_node_id
-        self.agent = agent
-        self.agent_name = agent_name
-        self.rt = rt
-        self.pool: Pool = info["pool"]
-        self.containers: set[str] = set(info.get("containers") or ())
-        svc = info.get("services")
-        self.services: set[str] | None = None if svc is None else set(svc)
-        self.alive = True
-        self.reason: str | None = None
-        self.peak_cpus = self.peak_gpus = self.peak_memory = 0
-        self.watch: asyncio.Task[None] | None = None
-
-
-class _Held:
-    """What one client acquire holds inside the actor: a quota part and/or a node part."""
-
-    __slots__ = ("gid", "granted", "nlease", "node", "qlease", "route")
-
-    def __init__(self, gid: int) -> None:
-        self.gid = gid
-        self.granted = False  # handed to the client (counts in granted/released)
-        self.node: _Node | None = None  # the node whose runtime granted nlease (set once held)
-        self.route: _Node | None = None  # the node chosen for the node part (before it is held)
-        self.nlease: Lease | None = None  # the node part, held from node.rt
-        self.qlease: Lease | None = None  # the quota part, held from the job-wide quota runtime
-
-
-class _Conn:
-    """One client process's connection (authenticated by its first frame)."""
-
-    def __init__(self, actor: SchedulerActor, cid: int) -> None:
-        self.actor = actor
-        self.id = cid
-        self.proto = _wire.FrameProtocol(self._on_frame, self._on_lost)
-        self.proto.max_frame = 256  # the token frame; nothing bigger before authentication
-        self.authed = False
-        self.info: dict[str, Any] = {}
-        self.pending: dict[int, asyncio.Task[None]] = {}
-        self.held: dict[int, _Held] = {}
-        self.last_seen = time.monotonic()
-        self.closed = False
-
-    def send(self, msg: Any) -> None:
-        self.proto.send(msg)
-
-    def _on_frame(self, payload: bytes) -> None:
-        self.last_seen = time.monotonic()
-        if not self.authed:
-            import hmac
-
-            if not hmac.compare_digest(payload, self.actor._token):
-                log.warning("rejected a connection with a wrong token")
-                assert self.proto.transport is not None
-                self.proto.transport.abort()
-                return
-            self.authed = True
-            self.proto.max_frame = _wire.MAX_FRAME
-            self.actor._unauthed.pop(self.id, None)
-            self.actor._conns[self.id] = self
-            self.send(("welcome", self.actor._config()))
-            return
-        try:
-            msg = pickle.loads(payload)  # the envelope: builtins only (specs travel as bytes inside)
-            if not isinstance(msg, tuple) or not msg:
-                raise ValueError(f"not a message tuple: {type(msg).__name__}")
-        except Exception as exc:  # noqa: BLE001 - a broken or foreign client: nothing to answer to
-            log.error("client %s sent an undecodable frame (%r); dropping its connection", self.id, exc)
-            assert self.proto.transport is not None
-            self.proto.transport.abort()
-            return
-        self.actor._on_message(self, msg)
-
-    def _on_lost(self, exc: Exception | None) -> None:
-        if self.closed:
-            return
-        self.closed = True
-        self.actor._unauthed.pop(self.id, None)
-        self.actor._on_conn_lost(self, exc)
 
 
 class SchedulerActor:
@@ -469,7 +262,7 @@ class SchedulerActor:
                         managers: Callable[[], Sequence[Manager]] | None, containers: Sequence[str]) -> NodeStatistics:
         old = self._nodes.get(label)
         if old is not None and old.alive:
-            return self._node_stats(old)
+            return _node_stats(old)
         from .agent import NodeAgent
 
         ray = require()
@@ -503,7 +296,7 @@ class SchedulerActor:
         self._nodes[label] = node
         node.watch = self._spawn(self._watch(node))
         log.info("node %s added on %s: %s", label, ray_node_id, info["pool"].describe())
-        return self._node_stats(node)
+        return _node_stats(node)
 
     async def register_containers(self, label: str, names: Sequence[str]) -> None:
         await self._ensure_started()
@@ -631,7 +424,7 @@ class SchedulerActor:
         elif op == "hb":
             conn.send(("hb",))
         elif op == "stats":
-            conn.send(("reply", msg[1], self._statistics()))
+            conn.send(("reply", msg[1], _cluster_statistics(self)))
         elif op == "hello":
             conn.info = dict(msg[1])
         else:
@@ -666,96 +459,13 @@ class SchedulerActor:
                     if conn.proto.transport is not None:
                         conn.proto.transport.abort()
 
-    @staticmethod
-    def _split(spec: ActionSpec) -> tuple[ActionSpec | None, ActionSpec | None]:
-        needs_node = bool(spec.cpus or spec.gpus or spec.memory or spec.needs or spec.container or spec.service)
-        if not needs_node:
-            return spec, None
-        if not spec.quotas and not spec.tokens:
-            return None, spec
-        qspec = ActionSpec(kind=spec.kind, quotas=spec.quotas, tokens=spec.tokens, duration=spec.duration,
-                           priority=spec.priority)
-        return qspec, attrs.evolve(spec, quotas=(), tokens=())
-
-    def _route(self, spec: ActionSpec, hint: str | None, caller: str | None) -> _Node:
-        """Which node serves ``spec``: the one named, the container's, else the feasible nodes
-        (having the service, if any) preferring the caller's own node while it has room, then the
-        emptiest."""
-        if hint is not None:
-            node = self._nodes.get(hint)
-            if node is None:
-                raise SpecError(f"unknown node {hint!r}; nodes: {sorted(self._nodes)}")
-            if not node.alive:
-                raise NodeLostError(f"node {hint!r} left the pool: {node.reason}")
-            if spec.container is not None:
-                owner = [n.label for n in self._nodes.values() if n.alive and spec.container in n.containers]
-                if owner and hint not in owner:
-                    raise SpecError(f"container {spec.container!r} lives on node {owner[0]!r}, not {hint!r}")
-            cands = [node]
-        elif spec.container is not None:
-            cands = [n for n in self._nodes.values() if n.alive and spec.container in n.containers]
-            if not cands:
-                alive = [n for n in self._nodes.values() if n.alive]
-                if len(alive) == 1 and len(self._nodes) == 1:
-                    cands = alive
-                else:
-                    raise SpecError(
-                        f"container {spec.container!r} is not registered with any live node; pass "
-                        f"acquire(..., node=...) or register it (deploy(containers=...)/register_containers)")
-        else:
-            cands = [n for n in self._nodes.values() if n.alive]
-            if spec.service is not None:
-                cands = [n for n in cands if n.services is None or spec.service in n.services]
-        if not cands:
-            raise InfeasibleSpecError(f"{spec.kind}: no live node can serve it (nodes: {sorted(self._nodes)})")
-        reasons: list[tuple[str, str]] = []
-        ok = []
-        for n in cands:
-            r = n.rt.feasibility(spec)
-            if r is None:
-                ok.append(n)
-            else:
-                reasons.append((n.label, r))
-        if not ok:
-            raise InfeasibleSpecError(f"{spec.kind}: {_reasons(reasons)}")
-        if len(ok) == 1:
-            return ok[0]
-
-        def room(n: _Node) -> tuple[int, int, int]:
-            rt = n.rt
-            free = rt.free_gpus if spec.gpus else rt.free_cpus
-            need = spec.gpus if spec.gpus else spec.cpus
-            return (int(free >= need and rt.queued == 0), free, -rt.queued)
-
-        if caller is not None:
-            mine = [n for n in ok if n.ray_node_id == caller]
-            if mine and room(mine[0])[0]:
-                return mine[0]
-        return max(ok, key=room)
-
     def _decode(self, kind: str, blob: bytes) -> ActionSpec:
-        """The request's spec, unpickled, re-validated and with its efficiency model frozen; any
-        failure is a SpecError for this request only (the connection and its leases stay)."""
-        hit = self._specs.get(blob)
-        if hit is not None:
-            return hit
-        try:
-            spec = pickle.loads(blob)
-        except Exception as exc:  # noqa: BLE001 - a class the actor cannot import, a raising __reduce__...
-            raise SpecError(
-                f"{kind}: the spec could not be unpickled by the scheduler actor ({type(exc).__name__}: {exc}); "
-                f"the classes and callables in it must be importable there or picklable by value") from None
-        if not isinstance(spec, ActionSpec):
-            raise SpecError(f"{kind}: acquire() needs an ActionSpec, got {type(spec).__name__}")
-        spec = _freeze(spec)
-        if len(self._specs) >= _SPEC_CACHE:
-            self._specs.clear()
-        self._specs[blob] = spec
-        return spec
+        """The request's spec (see :func:`._specs._decode_spec`), kept in ``self._specs`` by its bytes."""
+        return _decode_spec(self._specs, kind, blob)
 
     def _timed_out(self, spec: ActionSpec, timeout: float, held: _Held) -> str:
         """What the acquire waited for when its time ran out: quota units, or a node's resources."""
-        qspec, nspec = self._split(spec)
+        qspec, nspec = _split(spec)
         head = f"{spec.kind}: not granted within {timeout:g} s by the scheduler actor {self.name!r}"
         if qspec is not None and held.qlease is None and self._quota_rt is not None:
             return f"{head}; {self._quota_rt.shortage(qspec)} in the job-wide quotas"
@@ -838,8 +548,8 @@ class SchedulerActor:
                       deadline: float | None = None, expected: float | None = None) -> None:
         """Quota part, then node part; ``deadline`` (this loop's clock) bounds both grants;
         ``expected`` (a length hint) goes to the node part, where the cores are sized."""
-        qspec, nspec = self._split(spec)
-        node = self._route(nspec, hint, caller) if nspec is not None else None  # fail fast, before quotas
+        qspec, nspec = _split(spec)
+        node = _route(self._nodes, nspec, hint, caller) if nspec is not None else None  # fail fast, before quotas
         held.route = node
         try:
             if qspec is not None:
@@ -912,30 +622,9 @@ class SchedulerActor:
             self.released += 1
 
     # ------------------------------------------------------------------------------ inspection
-    def _node_stats(self, node: _Node) -> NodeStatistics:
-        return NodeStatistics(
-            alive=node.alive, reason=node.reason, ray_node_id=node.ray_node_id, agent=node.agent_name,
-            pool=node.pool, containers=sorted(node.containers), peak_cpus_used=node.peak_cpus,
-            peak_gpus_used=node.peak_gpus, peak_memory_used=node.peak_memory,
-            runtime=node.rt.statistics() if node.alive else None)
-
-    def _statistics(self) -> ClusterStatistics:
-        quotas: dict[str, dict[str, Any]] = {}
-        if self._quota_rt is not None:
-            for n, q in self._quota_rt.statistics().quotas.items():
-                quotas[n] = {**q, "peak_used": self._peak_quota.get(n, 0)}
-        return ClusterStatistics(
-            name=self.name, pid=os.getpid(), scheduler_node=self._ray_node_id,
-            nodes={k: self._node_stats(n) for k, n in self._nodes.items()}, quotas=quotas,
-            clients=len(self._conns), held=sum(len(c.held) for c in self._conns.values()),
-            pending=sum(len(c.pending) for c in self._conns.values()),
-            granted=self.granted, released=self.released, lost=self.lost, expired_clients=self.expired,
-            failed_acquires=self.failed_acquires, lost_nodes=list(self._lost_nodes),
-            invariant_errors=list(self._errors[:20]))
-
     async def statistics(self) -> ClusterStatistics:
         await self._ensure_started()
-        return self._statistics()
+        return _cluster_statistics(self)
 
     async def check_invariants(self) -> list[str]:
         """Every runtime's ledger checks, plus: what the actor thinks clients hold is what the
@@ -944,45 +633,4 @@ class SchedulerActor:
         undoing = [t for t in self._tasks if t.get_name().startswith("undo")]
         if undoing:  # releases in flight: let them land first
             await asyncio.wait(undoing, timeout=5)
-        errs = list(self._errors)
-        quiet = not any(c.pending for c in self._conns.values())
-        held_per_node: dict[str, int] = {}
-        held_q = 0
-        for c in self._conns.values():
-            for h in c.held.values():
-                if h.node is not None:
-                    held_per_node[h.node.label] = held_per_node.get(h.node.label, 0) + 1
-                if h.qlease is not None:
-                    held_q += 1
-        for n in self._nodes.values():
-            if not n.alive:
-                continue
-            try:
-                n.rt.check_invariants()
-            except AssertionError as exc:
-                errs.append(f"node {n.label}: {exc}")
-            inside = n.rt.statistics().waiters  # acquired and not yet left, per the runtime
-            if quiet and inside != held_per_node.get(n.label, 0):
-                errs.append(f"node {n.label}: the runtime has {inside} leases out but clients hold "
-                            f"{held_per_node.get(n.label, 0)}")
-        assert self._quota_rt is not None
-        try:
-            self._quota_rt.check_invariants()
-        except AssertionError as exc:
-            errs.append(f"quotas: {exc}")
-        inside = self._quota_rt.statistics().waiters
-        if quiet and inside != held_q:
-            errs.append(f"quotas: the runtime has {inside} leases out but clients hold {held_q}")
-        held = sum(len(c.held) for c in self._conns.values())
-        if self.granted != self.released + self.lost + held:
-            errs.append(f"granted {self.granted} != released {self.released} + lost {self.lost} + held {held}")
-        return errs
-
-
-def _reasons(reasons: list[tuple[str, str]]) -> str:
-    """Why no node can serve a spec, for the caller (often the model, through an adapter): one
-    reason once when every node gives it, else per node, with Ray's 56-hex node ids cut to 12."""
-    if len({r for _, r in reasons}) == 1:
-        only = reasons[0][1]
-        return only if len(reasons) == 1 else f"{only} (on each of the {len(reasons)} nodes)"
-    return "; ".join(f"{label[:12] + '...' if len(label) == 56 else label}: {r}" for label, r in reasons)
+        return _invariant_errors(self)
