@@ -14,9 +14,7 @@ Cancellation is safe at every ``await``: a waiter that leaves for any reason pos
 which the core treats as "drop from the queue" or "release the grant", whichever is true by then.
 
 A *Resize* (a running malleable action grown or shrunk by the core) changes the waiter's grant and
-its lease's ``cpus``/``units`` at once, in the round; the managers' ``resize`` and the lease's
-callbacks then run in one task per lease, in order, after its apply. Leaving waits for that task
-(bounded) before the managers release, so what they undo is what the action holds by then.
+its lease at once, in the round; the managers' part follows in one task per lease (``_resizes``).
 """
 
 from __future__ import annotations
@@ -30,6 +28,7 @@ from types import MappingProxyType, TracebackType
 from typing import Any
 
 from ._deadline import check_deadline, check_expected, check_timeout, settle, wait_future
+from ._resizes import apply_resize, start_resizing, stop_resizing
 from ._validate import check_tokens_used
 from ._shield import finish
 from .errors import (
@@ -57,10 +56,6 @@ log = logging.getLogger("tangram_sdk")
 _EVENT_TYPES = (Submitted, Released, Cancelled, Tick, ServiceResidency, TokensUsed)
 _MISSING = object()  # not a spec: the checked-specs cache's miss (a None spec is not checked)
 
-_RESIZE_WAIT_S = 30.0  # leaving waits this long for a manager's resize in flight, then cancels it
-# seconds between retries of a manager's resize that raised, then it gives up (logged): a shrink it
-# missed leaves the container on cores the pool has already handed to someone else
-_RESIZE_RETRY_S = (0.05, 0.2, 1.0, 2.0, 5.0)
 
 class Tangram:
     """Action-level resource manager for one pool, embedded in the current asyncio loop.
@@ -636,7 +631,7 @@ class Tangram:
             w = waiters.get(aid)
             if isinstance(d, Resize):
                 if w is not None:  # unknown or finished: nothing runs to resize
-                    self._resize(w, d)
+                    apply_resize(w, d)
                 continue
             fut = None if w is None else w.fut
             if fut is None:
@@ -657,29 +652,6 @@ class Tangram:
                 fut.set_exception(_refusal(d))
         for obs in self.observers:
             obs(events, now, decisions)
-
-    def _resize(self, w: _Waiter, d: Resize) -> None:
-        """Apply the core's Resize to ``w``'s record at once (the grant its release gives back, the
-        lease's ``cpus``/``units``); the managers' part runs in the lease's resize task."""
-        if w.left:
-            return
-        base = w.grant
-        if base is None:
-            fut = w.fut
-            if fut is None or not fut.done() or fut.cancelled() or fut.exception() is not None:
-                return  # not granted: nothing to resize
-            base = fut.result()
-        new = base._replace(cpus=tuple(d.cpus), units=d.units)
-        w.grant = new  # granted but not entered yet: __aenter__ builds the lease from this
-        lease = w.lease
-        if lease is None:
-            return
-        if w.applied is not None:
-            w.applied.grant = new  # what the managers release is what it holds now
-        lease._resize(new.cpus, new.units)
-        w.resize_queue.append((base, new))
-        if w.live and w.resizer is None:
-            w.start_resizing()
 
     def _arm_timer(self, when: float | None) -> None:
         if when == self._timer_at:  # the common case: no rate-limited waiter, nothing to change
@@ -873,86 +845,8 @@ class _Waiter:
                 raise
         self.live = True
         if self.resize_queue:  # resized while the managers applied: bring them up to date
-            self.start_resizing()
+            start_resizing(self)
         return lease
-
-    def start_resizing(self) -> None:
-        self.resizer = asyncio.get_running_loop().create_task(
-            self._resizing(), name=f"tangram-resize-{self.aid}")
-
-    async def _resizing(self) -> None:
-        """Apply queued resizes in order: each manager that has ``resize`` (in apply order), then
-        the lease's own (its ``run`` commands re-pinned, its callbacks). A manager that raises is
-        logged and counted, and the action goes on with what it has; that manager's resize is
-        retried (``_RESIZE_RETRY_S``) until it applies the latest one, a newer one comes, the
-        action leaves, or the retries run out: a shrink it missed leaves the work on cores the
-        pool already gave back (the release parks the container on what it holds either way)."""
-        rt, lease = self.rt, self.lease
-        assert lease is not None
-        missed: dict[int, tuple[Any, Grant, Grant]] = {}  # id(manager) -> (it, what it has, the target)
-        tries = 0
-        try:
-            while not self.left and (self.resize_queue or missed):
-                if not self.resize_queue:  # only retries left: back off, then try the target again
-                    if tries == len(_RESIZE_RETRY_S):
-                        for m, have, new in missed.values():
-                            log.error("manager %s never applied action %s's resize to cpus %s (it has %s); "
-                                      "gave up after %d retries", getattr(m, "name", m), self.aid,
-                                      list(new.cpus), list(have.cpus), tries)
-                        break
-                    self.retrying = True
-                    try:
-                        await asyncio.sleep(_RESIZE_RETRY_S[tries])
-                    finally:
-                        self.retrying = False
-                    tries += 1
-                    for key, (m, have, new) in list(missed.items()):
-                        if self.left or self.resize_queue:
-                            break
-                        if await self._resize_one(m, have, new, lease):
-                            del missed[key]
-                    continue
-                old, new = self.resize_queue.pop(0)
-                tries = 0
-                for m in list(self.applied.managers) if self.applied is not None else ():
-                    if getattr(m, "resize", None) is None:
-                        continue
-                    prev = missed.pop(id(m), None)
-                    have = old if prev is None else prev[1]  # what this manager last applied
-                    if not await self._resize_one(m, have, new, lease):
-                        missed[id(m)] = (m, have, new)
-                if self.left:
-                    break
-                rt._resizes += 1
-                lease._resized()
-        finally:
-            self.resizer = None
-
-    async def _resize_one(self, m: Any, have: Grant, new: Grant, lease: Lease) -> bool:
-        """``m.resize(have, new)``; False (logged, counted) when it raised."""
-        try:
-            await m.resize(have, new, lease)
-            return True
-        except Exception:
-            self.rt._resize_failures += 1
-            log.exception("manager %s failed to resize action %s (%s) from cpus %s to %s",
-                          getattr(m, "name", m), self.aid, self.spec.kind, list(have.cpus), list(new.cpus))
-            return False
-
-    async def _stop_resizing(self) -> None:
-        """Leaving: drop resizes not begun, let one in flight finish (bounded), then cancel it."""
-        self.resize_queue.clear()
-        task = self.resizer
-        if task is None or task.done():
-            return
-        if self.retrying:  # only backing off before a retry: nothing in flight to wait for
-            task.cancel()
-        done, _ = await asyncio.wait([task], timeout=_RESIZE_WAIT_S)
-        if not done:
-            log.error("action %s: a manager's resize did not finish within %g s; cancelled", self.aid,
-                      _RESIZE_WAIT_S)
-            task.cancel()
-            await asyncio.wait([task])
 
     def _timed_out(self) -> str:
         """The TimeoutError message: the action kind, the wait, what it waited for and how full
@@ -1018,7 +912,7 @@ class _Waiter:
         async def cleanup() -> None:
             until: list[Any] = []
             try:
-                await self._stop_resizing()
+                await stop_resizing(self)
                 until = [e.until for e in await applied.release() if e.until is not None]
             finally:
                 if until:  # a container not parked yet: its cores stay out of the pool until it is
