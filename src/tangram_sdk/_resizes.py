@@ -18,7 +18,7 @@ from .lease import Lease
 from .scheduler import Grant, Resize
 
 if TYPE_CHECKING:
-    from .runtime import _Waiter
+    from ._waiters import _Waiter
 
 __all__ = ["apply_resize", "start_resizing", "stop_resizing"]
 
