@@ -14,6 +14,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from ._deadline import wait_future
+from ._demand import check_spec
 from ._resizes import start_resizing, stop_resizing
 from ._shield import finish
 from .errors import DeadlineError, InfeasibleSpecError, TangramError, UsageError
@@ -76,7 +77,7 @@ class _Waiter:
                              "another thread use tangram_sdk.integrations.SyncTangram")
         queue_timeout = self.timeout
         if rt._resolvers:
-            rt._check_spec(self.spec)  # a malformed name is a SpecError before any lookup
+            check_spec(rt._core, rt.managers, rt._checked, self.spec)  # a bad name: SpecError before a lookup
             self.aid = -1  # entered: a second entry of this context is refused while we look up
             queue_timeout = await rt._resolve(self.spec, self.timeout)
         t0 = rt._clock()

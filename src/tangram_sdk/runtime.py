@@ -28,15 +28,15 @@ from types import MappingProxyType, TracebackType
 from typing import Any
 
 from ._deadline import check_deadline, check_expected, check_timeout, settle
+from ._demand import MISSING, check_spec, shortage
 from ._resizes import apply_resize
 from ._validate import check_tokens_used
 from ._waiters import _refusal, _Waiter
-from .errors import InfeasibleSpecError, RuntimeClosedError, SchedulerBrokenError, SpecError, UsageError
+from .errors import RuntimeClosedError, SchedulerBrokenError, SpecError, UsageError
 from .lease import Lease
 from .managers.base import Manager, ManagerContext
 from .options import SchedulerOptions, merge_options
 from .pool import Pool
-from .resources import MEMORY
 from .scheduler import (Cancelled, Decision, Event, Grant, Observer, Released, Resize, Scheduler, Submitted,
                         ServiceResidency, Tick, TokensUsed)
 from .snapshot import RuntimeStatistics
@@ -46,7 +46,6 @@ __all__ = ["Tangram", "Observer"]
 
 log = logging.getLogger("tangram_sdk")
 _EVENT_TYPES = (Submitted, Released, Cancelled, Tick, ServiceResidency, TokensUsed)
-_MISSING = object()  # not a spec: the checked-specs cache's miss (a None spec is not checked)
 
 
 class Tangram:
@@ -435,68 +434,9 @@ class Tangram:
         return f"<Tangram {core.ledger.usage() or 'empty pool'} | {core.running} running, {core.queued} queued{state}>"
 
     # ------------------------------------------------------------------------------ internals
-    def _check_spec(self, spec: ActionSpec) -> None:
-        checked = self._checked
-        if checked.get(id(spec), _MISSING) is not spec:  # rollouts acquire the same few spec objects again
-            key = spec
-            if isinstance(spec, ActionSpec) and (spec.group is not None or spec.container is not None):
-                # a copy per trajectory (the adapters' group, a sandbox): what the pool decides does
-                # not depend on either, so the core's one stripped object stands for all of them
-                key = self._core.without_container(spec)
-            if checked.get(id(key), _MISSING) is not key:
-                self._check_against_pool(key)
-                if len(checked) > 1024:
-                    checked.clear()
-                checked[id(key)] = key  # holds the spec, so its id cannot be reused while cached
-        for m in self.managers:  # not cached: a container or service can go away between acquires
-            m.check(spec)
-
-    def _check_against_pool(self, spec: ActionSpec) -> None:
-        """What the pool alone decides (fixed for a Tangram's life, so checked once per spec)."""
-        if not isinstance(spec, ActionSpec):
-            raise SpecError(f"acquire() needs an ActionSpec, got {type(spec).__name__}")
-        if spec.quotas:
-            conc = self._core.ledger.q_conc
-            for name, _ in spec.quotas:
-                if name not in conc:
-                    raise SpecError(f"unknown quota {name!r}; this pool has {sorted(conc) or 'no quotas'}")
-        for name, _ in spec.needs:
-            if name not in self._core.ledger.counted_free:
-                raise SpecError(f"unknown resource {name!r}; this pool counts "
-                                f"{sorted(self._core.ledger.counted_free) or 'no resources'}")
-        reason = self._core.feasibility(spec)
-        if reason is not None:
-            raise InfeasibleSpecError(f"{spec.kind}: {reason}")
-
     def shortage(self, spec: ActionSpec) -> str:
         """``waited for 2 cpus + api x1 (cpus 0/4 free, api 1/1 used, 3 queued)``."""
-        if not isinstance(spec, ActionSpec):
-            raise SpecError(f"shortage() needs an ActionSpec, got {type(spec).__name__}")
-        need: list[str] = []
-        have: list[str] = []
-        L = self._core.ledger
-        if spec.cpus:
-            need.append(f"{spec.cpus} cpu{'s' if spec.cpus != 1 else ''}")
-            have.append(f"cpus {L.free_cpus}/{len(self.pool.cpus)} free")
-        if spec.gpus:
-            need.append(f"{spec.gpus} gpu{'s' if spec.gpus != 1 else ''}")
-            have.append(f"gpus {L.free_gpus}/{len(self.pool.gpus)} free")
-        unit_of = {k.name: k.unit for k, _ in self.pool.counted_kinds}
-        for name, n in (*((("memory", spec.memory),) if spec.memory else ()), *spec.needs):
-            unit = unit_of.get(name, MEMORY.unit if name == MEMORY.name else "units")  # memory= may be uncounted
-            need.append(f"{n} {unit} {name}")
-            free = L.counted_free.get(name)
-            if free is not None:
-                have.append(f"{name} {free} {unit} free")
-        for name, units in spec.quotas:
-            need.append(f"quota {name} x{units}")
-            conc = L.q_conc.get(name)
-            used = L.q_used.get(name, 0)
-            have.append(f"{name} {used}/{conc} used" if conc is not None else f"{name} rate-limited")
-        if spec.service is not None:
-            need.append(f"service {spec.service!r}")
-        what = " + ".join(need) or "nothing (an empty spec)"
-        return f"waited for {what} ({', '.join([*have, f'{self._core.queued} queued'])})"
+        return shortage(self._core, self.pool, spec)
 
     def _post(self, ev: Event, now: float | None = None) -> None:
         """Feed an event to the core now, on the caller's stack (no await: decide, then act).
@@ -713,8 +653,8 @@ class Tangram:
         """Register ``w`` and submit its spec: the grant when the core made it inline (the
         uncontended fast path: no future is created), else the future a later round resolves."""
         spec = w.spec
-        if self.managers or self._checked.get(id(spec), _MISSING) is not spec:  # _check_spec's cache, inline
-            self._check_spec(spec)
+        if self.managers or self._checked.get(id(spec), MISSING) is not spec:  # check_spec's cache, inline
+            check_spec(self._core, self.managers, self._checked, spec)
         aid = w.aid = next(self._ids)
         self._waiters[aid] = w
         w.inline = True  # decisions for it are stored on the record while we are on the stack
