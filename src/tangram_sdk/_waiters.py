@@ -76,10 +76,10 @@ class _Waiter:
             raise UsageError("Tangram.acquire() awaited on an event loop other than the Tangram's; from "
                              "another thread use tangram_sdk.integrations.SyncTangram")
         queue_timeout = self.timeout
-        if rt._resolvers:
+        if rt._lookups.resolvers:
             check_spec(rt._core, rt.managers, rt._checked, self.spec)  # a bad name: SpecError before a lookup
             self.aid = -1  # entered: a second entry of this context is refused while we look up
-            queue_timeout = await rt._resolve(self.spec, self.timeout)
+            queue_timeout = await rt._lookups.resolve(self.spec, self.timeout, rt._ensure_open)
         t0 = rt._clock()
         got = rt._submit(self, t0)
         if isinstance(got, Grant):  # granted inline, at t0: no wait, no second clock read

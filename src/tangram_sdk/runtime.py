@@ -29,6 +29,7 @@ from typing import Any
 
 from ._deadline import check_deadline, check_expected, check_timeout, settle
 from ._demand import MISSING, check_spec, shortage
+from ._lookups import Lookups
 from ._resizes import apply_resize
 from ._validate import check_tokens_used
 from ._waiters import _refusal, _Waiter
@@ -82,10 +83,7 @@ class Tangram:
             missing = [n for n in ("start", "check", "apply", "release", "aclose") if not callable(getattr(m, n, None))]
             if missing:
                 raise SpecError(f"managers must implement the Manager protocol; {m!r} has no {', '.join(missing)}")
-        # managers that look a spec's named resources up before it queues (an unknown container is an
-        # error at acquire, not after the wait for a grant it could never use)
-        self._resolvers = tuple(m for m in self.managers if callable(getattr(m, "resolve", None)))
-        self._lookups: set[asyncio.Future[Any]] = set()  # resolves in flight (aclose ends them first)
+        self._lookups = Lookups(self.managers)  # managers' lookups of what a spec names, before it queues
         self.observers: list[Observer] = list(observers)
         for obs in self.observers:  # called on every round: a bad one would break the Tangram there
             if not callable(obs):
@@ -196,10 +194,7 @@ class Tangram:
             cancelled = await settle(self._task)
             if not self._task.cancelled():
                 self._task.exception()  # a failure was already reported to waiters (SchedulerBrokenError)
-        for t in list(self._lookups):  # a lookup in flight would reopen a manager's closed connection
-            t.cancel()
-        if self._lookups:
-            cancelled |= await settle(asyncio.gather(*self._lookups, return_exceptions=True))
+        cancelled |= await self._lookups.end()  # one in flight would reopen a manager's closed connection
         cancelled = await self._wait_for_holders(limit, cancelled)
         cleanups = asyncio.gather(*self._cleanups, return_exceptions=True)
         cancelled |= await settle(cleanups)  # releases in flight finish before managers close
@@ -244,38 +239,6 @@ class Tangram:
                 cancelled = True
             finally:
                 ev.cancel()
-
-    async def _resolve(self, spec: ActionSpec, timeout: float | None) -> float | None:
-        """The managers' lookups of what ``spec`` names (a container not met yet) before it queues;
-        returns what is left of ``timeout`` for the queue. A manager's ``resolve(spec)`` returns
-        the awaitable lookup, or None when there is nothing to look up. Each runs as a child task: the caller's
-        cancel ends it (and wins), the timeout bounds it (TimeoutError), and aclose ends it before
-        the managers close (RuntimeClosedError here)."""
-        loop = asyncio.get_running_loop()
-        start = loop.time()
-        for m in self._resolvers:
-            lookup = m.resolve(spec)  # type: ignore[attr-defined]
-            if lookup is None:  # nothing to look up (the common case: no task, no wait)
-                continue
-            left = None if timeout is None else max(0.0, timeout - (loop.time() - start))
-            child = asyncio.ensure_future(lookup)
-            self._lookups.add(child)
-            child.add_done_callback(self._lookups.discard)
-            try:
-                await asyncio.wait([child], timeout=left)
-            except BaseException:  # cancelled: so is the lookup (it holds nothing but a request)
-                child.cancel()
-                raise
-            if not child.done():
-                child.cancel()
-                raise TimeoutError(f"{spec.kind}: {getattr(m, 'name', m)} did not finish looking up what the spec "
-                                   f"names ({spec.container!r}) within {timeout:g} s")
-            if child.cancelled():  # aclose ended it
-                self._ensure_open()
-                raise RuntimeClosedError("this Tangram has been closed")
-            child.result()  # its error (DockerError: no such container), if any
-        self._ensure_open()  # closed while we looked
-        return None if timeout is None else max(0.0, timeout - (loop.time() - start))
 
     async def _close_managers(self) -> None:
         for m in reversed(self._started_managers):
