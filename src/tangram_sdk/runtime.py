@@ -27,6 +27,7 @@ from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from types import MappingProxyType, TracebackType
 from typing import Any
 
+from ._closing import wait_for_holders
 from ._deadline import check_deadline, check_expected, check_timeout, settle
 from ._demand import MISSING, check_spec, shortage
 from ._lookups import Lookups
@@ -195,7 +196,8 @@ class Tangram:
             if not self._task.cancelled():
                 self._task.exception()  # a failure was already reported to waiters (SchedulerBrokenError)
         cancelled |= await self._lookups.end()  # one in flight would reopen a manager's closed connection
-        cancelled = await self._wait_for_holders(limit, cancelled)
+        left_event = self._managed_left = asyncio.Event()  # set by each holder's leave
+        cancelled = await wait_for_holders(self._waiters, left_event, limit, cancelled)
         cleanups = asyncio.gather(*self._cleanups, return_exceptions=True)
         cancelled |= await settle(cleanups)  # releases in flight finish before managers close
         closing = asyncio.ensure_future(self._close_managers())
@@ -208,37 +210,6 @@ class Tangram:
             cancelled |= await settle(asyncio.gather(*self._held_back.values(), return_exceptions=True))
         if cancelled:
             raise asyncio.CancelledError
-
-    async def _wait_for_holders(self, limit: float | None, cancelled: bool) -> bool:
-        """Wait until no other task holds a lease granted while managers run (see aclose); return whether
-        the caller was cancelled meanwhile."""
-        me = asyncio.current_task()
-        loop = asyncio.get_running_loop()
-        left_event = self._managed_left = asyncio.Event()
-        deadline = None if limit is None else loop.time() + limit
-        told = cancelled
-
-        def holders() -> list[asyncio.Task[Any]]:
-            return [w.task for w in self._waiters.values()
-                    if w.task is not None and w.task is not me and not w.task.done()]
-
-        while True:
-            waiting = holders()
-            if not waiting:
-                return cancelled
-            if not told and (cancelled or (deadline is not None and loop.time() >= deadline)):
-                for t in waiting:
-                    t.cancel()
-                told = True
-            left_event.clear()
-            ev = loop.create_task(left_event.wait())
-            timeout = None if told or deadline is None else max(0.0, deadline - loop.time())
-            try:
-                await asyncio.wait([ev, *waiting], timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
-            except asyncio.CancelledError:
-                cancelled = True
-            finally:
-                ev.cancel()
 
     async def _close_managers(self) -> None:
         for m in reversed(self._started_managers):
