@@ -27,6 +27,7 @@ from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from types import MappingProxyType, TracebackType
 from typing import Any
 
+from ._alarm import Alarm
 from ._closing import wait_for_holders
 from ._deadline import check_deadline, check_expected, check_timeout, settle
 from ._demand import MISSING, check_spec, shortage
@@ -97,9 +98,7 @@ class Tangram:
         self._ids = itertools.count(1)
         self._waiters: dict[int, _Waiter] = {}  # every acquire from submit until it leaves
         self._pending: list[Event] = []
-        self._wake: asyncio.Event | None = None
-        self._timer: asyncio.TimerHandle | None = None
-        self._timer_at: float | None = None
+        self._alarm = Alarm()  # the timer on the core's next wake-up (rate-limit tokens)
         self._task: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._close_done: asyncio.Future[None] | None = None  # set by the first aclose, done when it is
@@ -134,7 +133,7 @@ class Tangram:
         loop_time = self._loop.time  # looked up on the instance: a patched clock is honoured
         plain = getattr(loop_time, "__func__", None) is asyncio.BaseEventLoop.time
         self._clock = time.monotonic if plain else loop_time
-        self._wake = asyncio.Event()
+        self._alarm.start(self._loop)
         ctx = ManagerContext(pool=self.pool, post=self._post)
         self._state = "starting"
         try:
@@ -187,8 +186,7 @@ class Tangram:
             fut = w.fut
             if fut is not None and not fut.done():
                 fut.set_exception(closed)
-        if self._timer is not None:
-            self._timer.cancel()
+        self._alarm.cancel()
         cancelled = False
         if self._task is not None:
             self._task.cancel()
@@ -410,7 +408,7 @@ class Tangram:
             decisions = self._core.submit(aid, spec, now)
             if decisions or self.observers:  # an arrival that queues decides nothing
                 self._dispatch((), now, decisions)
-            if self._pending or self._core.next_wakeup != self._timer_at:  # _settle_round, inline
+            if self._pending or self._core.next_wakeup != self._alarm.at:  # _settle_round, inline
                 self._settle_round()
         except BaseException as exc:
             self._die(exc)
@@ -430,7 +428,7 @@ class Tangram:
             decisions = self._core.release(aid, now, failed=failed, parallelism=parallelism)
             if decisions or self.observers:  # a release with nothing queued decides nothing
                 self._dispatch((), now, decisions)
-            if self._pending or self._core.next_wakeup != self._timer_at:  # _settle_round, inline
+            if self._pending or self._core.next_wakeup != self._alarm.at:  # _settle_round, inline
                 self._settle_round()
         except BaseException as exc:
             self._die(exc)
@@ -457,8 +455,8 @@ class Tangram:
         """After a round: handle what it queued, and keep the timer on the core's next wake-up."""
         if self._pending:
             self._drain()
-        elif self._core.next_wakeup != self._timer_at:
-            self._arm_timer(self._core.next_wakeup)
+        elif self._core.next_wakeup != self._alarm.at:
+            self._alarm.arm(self._core.next_wakeup)
 
     def _die(self, exc: BaseException) -> None:
         self._break(exc)
@@ -475,11 +473,11 @@ class Tangram:
             else:
                 for ev in events:
                     self._dispatch((ev,), now, core.handle(ev, now))
-        self._arm_timer(core.next_wakeup)
+        self._alarm.arm(core.next_wakeup)
 
     async def _run(self) -> None:
         """Serve timer wake-ups: a rate-limited quota's next token, then a Tick round."""
-        wake = self._wake
+        wake = self._alarm.wake
         assert wake is not None
         while True:
             await wake.wait()
@@ -518,24 +516,6 @@ class Tangram:
                 fut.set_exception(_refusal(d))
         for obs in self.observers:
             obs(events, now, decisions)
-
-    def _arm_timer(self, when: float | None) -> None:
-        if when == self._timer_at:  # the common case: no rate-limited waiter, nothing to change
-            return
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-        self._timer_at = when
-        if when is not None:
-            assert self._loop is not None and self._wake is not None
-            wake = self._wake
-
-            def fire() -> None:
-                self._timer = None
-                self._timer_at = None
-                wake.set()
-
-            self._timer = self._loop.call_at(when, fire)
 
     def _break(self, exc: BaseException) -> None:
         self._broken = exc
