@@ -200,7 +200,7 @@ async def test_a_failed_shrink_is_retried_until_the_manager_applies_it() -> None
 async def test_retries_of_a_failed_resize_give_up_and_never_delay_leaving(monkeypatch: pytest.MonkeyPatch) -> None:
     """Retries are bounded (then an error is logged), and an action leaving while one backs off
     leaves at once."""
-    import tangram_sdk.runtime as rt_mod
+    import tangram_sdk._resizes as rt_mod
 
     monkeypatch.setattr(rt_mod, "_RESIZE_RETRY_S", (0.001, 0.001))
     bad = FakeManager("bad").fail("resize", OSError("cpuset write refused"))

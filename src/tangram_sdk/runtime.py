@@ -6,17 +6,15 @@ the timer task for rate-limit tokens) resolves -> the waiter applies the grant t
 managers (in its own task, so a slow Docker call delays only that action) -> the action runs ->
 leaving the context parks/evicts (shielded) and releases its units to the core.
 
-Each acquire is one :class:`_Waiter` record, registered from submit until it leaves: the grant or
-refusal decided inline, the future a later round resolves, the lease, the managers applied and
-the task holding it (which ``aclose`` waits for) all live there.
+Each acquire is one :class:`_Waiter` record (``_waiters``), registered from submit until it leaves:
+the grant or refusal decided inline, the future a later round resolves, the lease, the managers
+applied and the task holding it (which ``aclose`` waits for) all live there.
 
 Cancellation is safe at every ``await``: a waiter that leaves for any reason posts *Cancelled*,
 which the core treats as "drop from the queue" or "release the grant", whichever is true by then.
 
 A *Resize* (a running malleable action grown or shrunk by the core) changes the waiter's grant and
-its lease's ``cpus``/``units`` at once, in the round; the managers' ``resize`` and the lease's
-callbacks then run in one task per lease, in order, after its apply. Leaving waits for that task
-(bounded) before the managers release, so what they undo is what the action holds by then.
+its lease at once, in the round; the managers' part follows in one task per lease (``_resizes``).
 """
 
 from __future__ import annotations
@@ -29,24 +27,20 @@ from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from types import MappingProxyType, TracebackType
 from typing import Any
 
-from ._deadline import check_deadline, check_expected, check_timeout, settle, wait_future
+from ._alarm import Alarm
+from ._closing import wait_for_holders
+from ._deadline import check_deadline, check_expected, check_timeout, settle
+from ._demand import MISSING, check_spec, shortage
+from ._lookups import Lookups
+from ._resizes import apply_resize
 from ._validate import check_tokens_used
-from ._shield import finish
-from .errors import (
-    DeadlineError,
-    InfeasibleSpecError,
-    RuntimeClosedError,
-    SchedulerBrokenError,
-    SpecError,
-    TangramError,
-    UsageError,
-)
-from .lease import Lease, grow_ceiling
-from .managers.base import Applied, Manager, ManagerContext
+from ._waiters import _refusal, _Waiter
+from .errors import RuntimeClosedError, SchedulerBrokenError, SpecError, UsageError
+from .lease import Lease
+from .managers.base import Manager, ManagerContext
 from .options import SchedulerOptions, merge_options
 from .pool import Pool
-from .resources import MEMORY
-from .scheduler import (Cancelled, Decision, Event, Grant, Observer, Reject, Released, Resize, Scheduler, Submitted,
+from .scheduler import (Cancelled, Decision, Event, Grant, Observer, Released, Resize, Scheduler, Submitted,
                         ServiceResidency, Tick, TokensUsed)
 from .snapshot import RuntimeStatistics
 from .spec import ActionSpec
@@ -55,12 +49,7 @@ __all__ = ["Tangram", "Observer"]
 
 log = logging.getLogger("tangram_sdk")
 _EVENT_TYPES = (Submitted, Released, Cancelled, Tick, ServiceResidency, TokensUsed)
-_MISSING = object()  # not a spec: the checked-specs cache's miss (a None spec is not checked)
 
-_RESIZE_WAIT_S = 30.0  # leaving waits this long for a manager's resize in flight, then cancels it
-# seconds between retries of a manager's resize that raised, then it gives up (logged): a shrink it
-# missed leaves the container on cores the pool has already handed to someone else
-_RESIZE_RETRY_S = (0.05, 0.2, 1.0, 2.0, 5.0)
 
 class Tangram:
     """Action-level resource manager for one pool, embedded in the current asyncio loop.
@@ -96,10 +85,7 @@ class Tangram:
             missing = [n for n in ("start", "check", "apply", "release", "aclose") if not callable(getattr(m, n, None))]
             if missing:
                 raise SpecError(f"managers must implement the Manager protocol; {m!r} has no {', '.join(missing)}")
-        # managers that look a spec's named resources up before it queues (an unknown container is an
-        # error at acquire, not after the wait for a grant it could never use)
-        self._resolvers = tuple(m for m in self.managers if callable(getattr(m, "resolve", None)))
-        self._lookups: set[asyncio.Future[Any]] = set()  # resolves in flight (aclose ends them first)
+        self._lookups = Lookups(self.managers)  # managers' lookups of what a spec names, before it queues
         self.observers: list[Observer] = list(observers)
         for obs in self.observers:  # called on every round: a bad one would break the Tangram there
             if not callable(obs):
@@ -112,9 +98,7 @@ class Tangram:
         self._ids = itertools.count(1)
         self._waiters: dict[int, _Waiter] = {}  # every acquire from submit until it leaves
         self._pending: list[Event] = []
-        self._wake: asyncio.Event | None = None
-        self._timer: asyncio.TimerHandle | None = None
-        self._timer_at: float | None = None
+        self._alarm = Alarm()  # the timer on the core's next wake-up (rate-limit tokens)
         self._task: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._close_done: asyncio.Future[None] | None = None  # set by the first aclose, done when it is
@@ -149,7 +133,7 @@ class Tangram:
         loop_time = self._loop.time  # looked up on the instance: a patched clock is honoured
         plain = getattr(loop_time, "__func__", None) is asyncio.BaseEventLoop.time
         self._clock = time.monotonic if plain else loop_time
-        self._wake = asyncio.Event()
+        self._alarm.start(self._loop)
         ctx = ManagerContext(pool=self.pool, post=self._post)
         self._state = "starting"
         try:
@@ -202,19 +186,16 @@ class Tangram:
             fut = w.fut
             if fut is not None and not fut.done():
                 fut.set_exception(closed)
-        if self._timer is not None:
-            self._timer.cancel()
+        self._alarm.cancel()
         cancelled = False
         if self._task is not None:
             self._task.cancel()
             cancelled = await settle(self._task)
             if not self._task.cancelled():
                 self._task.exception()  # a failure was already reported to waiters (SchedulerBrokenError)
-        for t in list(self._lookups):  # a lookup in flight would reopen a manager's closed connection
-            t.cancel()
-        if self._lookups:
-            cancelled |= await settle(asyncio.gather(*self._lookups, return_exceptions=True))
-        cancelled = await self._wait_for_holders(limit, cancelled)
+        cancelled |= await self._lookups.end()  # one in flight would reopen a manager's closed connection
+        left_event = self._managed_left = asyncio.Event()  # set by each holder's leave
+        cancelled = await wait_for_holders(self._waiters, left_event, limit, cancelled)
         cleanups = asyncio.gather(*self._cleanups, return_exceptions=True)
         cancelled |= await settle(cleanups)  # releases in flight finish before managers close
         closing = asyncio.ensure_future(self._close_managers())
@@ -227,69 +208,6 @@ class Tangram:
             cancelled |= await settle(asyncio.gather(*self._held_back.values(), return_exceptions=True))
         if cancelled:
             raise asyncio.CancelledError
-
-    async def _wait_for_holders(self, limit: float | None, cancelled: bool) -> bool:
-        """Wait until no other task holds a lease granted while managers run (see aclose); return whether
-        the caller was cancelled meanwhile."""
-        me = asyncio.current_task()
-        loop = asyncio.get_running_loop()
-        left_event = self._managed_left = asyncio.Event()
-        deadline = None if limit is None else loop.time() + limit
-        told = cancelled
-
-        def holders() -> list[asyncio.Task[Any]]:
-            return [w.task for w in self._waiters.values()
-                    if w.task is not None and w.task is not me and not w.task.done()]
-
-        while True:
-            waiting = holders()
-            if not waiting:
-                return cancelled
-            if not told and (cancelled or (deadline is not None and loop.time() >= deadline)):
-                for t in waiting:
-                    t.cancel()
-                told = True
-            left_event.clear()
-            ev = loop.create_task(left_event.wait())
-            timeout = None if told or deadline is None else max(0.0, deadline - loop.time())
-            try:
-                await asyncio.wait([ev, *waiting], timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
-            except asyncio.CancelledError:
-                cancelled = True
-            finally:
-                ev.cancel()
-
-    async def _resolve(self, spec: ActionSpec, timeout: float | None) -> float | None:
-        """The managers' lookups of what ``spec`` names (a container not met yet) before it queues;
-        returns what is left of ``timeout`` for the queue. A manager's ``resolve(spec)`` returns
-        the awaitable lookup, or None when there is nothing to look up. Each runs as a child task: the caller's
-        cancel ends it (and wins), the timeout bounds it (TimeoutError), and aclose ends it before
-        the managers close (RuntimeClosedError here)."""
-        loop = asyncio.get_running_loop()
-        start = loop.time()
-        for m in self._resolvers:
-            lookup = m.resolve(spec)  # type: ignore[attr-defined]
-            if lookup is None:  # nothing to look up (the common case: no task, no wait)
-                continue
-            left = None if timeout is None else max(0.0, timeout - (loop.time() - start))
-            child = asyncio.ensure_future(lookup)
-            self._lookups.add(child)
-            child.add_done_callback(self._lookups.discard)
-            try:
-                await asyncio.wait([child], timeout=left)
-            except BaseException:  # cancelled: so is the lookup (it holds nothing but a request)
-                child.cancel()
-                raise
-            if not child.done():
-                child.cancel()
-                raise TimeoutError(f"{spec.kind}: {getattr(m, 'name', m)} did not finish looking up what the spec "
-                                   f"names ({spec.container!r}) within {timeout:g} s")
-            if child.cancelled():  # aclose ended it
-                self._ensure_open()
-                raise RuntimeClosedError("this Tangram has been closed")
-            child.result()  # its error (DockerError: no such container), if any
-        self._ensure_open()  # closed while we looked
-        return None if timeout is None else max(0.0, timeout - (loop.time() - start))
 
     async def _close_managers(self) -> None:
         for m in reversed(self._started_managers):
@@ -448,68 +366,9 @@ class Tangram:
         return f"<Tangram {core.ledger.usage() or 'empty pool'} | {core.running} running, {core.queued} queued{state}>"
 
     # ------------------------------------------------------------------------------ internals
-    def _check_spec(self, spec: ActionSpec) -> None:
-        checked = self._checked
-        if checked.get(id(spec), _MISSING) is not spec:  # rollouts acquire the same few spec objects again
-            key = spec
-            if isinstance(spec, ActionSpec) and (spec.group is not None or spec.container is not None):
-                # a copy per trajectory (the adapters' group, a sandbox): what the pool decides does
-                # not depend on either, so the core's one stripped object stands for all of them
-                key = self._core.without_container(spec)
-            if checked.get(id(key), _MISSING) is not key:
-                self._check_against_pool(key)
-                if len(checked) > 1024:
-                    checked.clear()
-                checked[id(key)] = key  # holds the spec, so its id cannot be reused while cached
-        for m in self.managers:  # not cached: a container or service can go away between acquires
-            m.check(spec)
-
-    def _check_against_pool(self, spec: ActionSpec) -> None:
-        """What the pool alone decides (fixed for a Tangram's life, so checked once per spec)."""
-        if not isinstance(spec, ActionSpec):
-            raise SpecError(f"acquire() needs an ActionSpec, got {type(spec).__name__}")
-        if spec.quotas:
-            conc = self._core.ledger.q_conc
-            for name, _ in spec.quotas:
-                if name not in conc:
-                    raise SpecError(f"unknown quota {name!r}; this pool has {sorted(conc) or 'no quotas'}")
-        for name, _ in spec.needs:
-            if name not in self._core.ledger.counted_free:
-                raise SpecError(f"unknown resource {name!r}; this pool counts "
-                                f"{sorted(self._core.ledger.counted_free) or 'no resources'}")
-        reason = self._core.feasibility(spec)
-        if reason is not None:
-            raise InfeasibleSpecError(f"{spec.kind}: {reason}")
-
     def shortage(self, spec: ActionSpec) -> str:
         """``waited for 2 cpus + api x1 (cpus 0/4 free, api 1/1 used, 3 queued)``."""
-        if not isinstance(spec, ActionSpec):
-            raise SpecError(f"shortage() needs an ActionSpec, got {type(spec).__name__}")
-        need: list[str] = []
-        have: list[str] = []
-        L = self._core.ledger
-        if spec.cpus:
-            need.append(f"{spec.cpus} cpu{'s' if spec.cpus != 1 else ''}")
-            have.append(f"cpus {L.free_cpus}/{len(self.pool.cpus)} free")
-        if spec.gpus:
-            need.append(f"{spec.gpus} gpu{'s' if spec.gpus != 1 else ''}")
-            have.append(f"gpus {L.free_gpus}/{len(self.pool.gpus)} free")
-        unit_of = {k.name: k.unit for k, _ in self.pool.counted_kinds}
-        for name, n in (*((("memory", spec.memory),) if spec.memory else ()), *spec.needs):
-            unit = unit_of.get(name, MEMORY.unit if name == MEMORY.name else "units")  # memory= may be uncounted
-            need.append(f"{n} {unit} {name}")
-            free = L.counted_free.get(name)
-            if free is not None:
-                have.append(f"{name} {free} {unit} free")
-        for name, units in spec.quotas:
-            need.append(f"quota {name} x{units}")
-            conc = L.q_conc.get(name)
-            used = L.q_used.get(name, 0)
-            have.append(f"{name} {used}/{conc} used" if conc is not None else f"{name} rate-limited")
-        if spec.service is not None:
-            need.append(f"service {spec.service!r}")
-        what = " + ".join(need) or "nothing (an empty spec)"
-        return f"waited for {what} ({', '.join([*have, f'{self._core.queued} queued'])})"
+        return shortage(self._core, self.pool, spec)
 
     def _post(self, ev: Event, now: float | None = None) -> None:
         """Feed an event to the core now, on the caller's stack (no await: decide, then act).
@@ -549,7 +408,7 @@ class Tangram:
             decisions = self._core.submit(aid, spec, now)
             if decisions or self.observers:  # an arrival that queues decides nothing
                 self._dispatch((), now, decisions)
-            if self._pending or self._core.next_wakeup != self._timer_at:  # _settle_round, inline
+            if self._pending or self._core.next_wakeup != self._alarm.at:  # _settle_round, inline
                 self._settle_round()
         except BaseException as exc:
             self._die(exc)
@@ -569,7 +428,7 @@ class Tangram:
             decisions = self._core.release(aid, now, failed=failed, parallelism=parallelism)
             if decisions or self.observers:  # a release with nothing queued decides nothing
                 self._dispatch((), now, decisions)
-            if self._pending or self._core.next_wakeup != self._timer_at:  # _settle_round, inline
+            if self._pending or self._core.next_wakeup != self._alarm.at:  # _settle_round, inline
                 self._settle_round()
         except BaseException as exc:
             self._die(exc)
@@ -596,8 +455,8 @@ class Tangram:
         """After a round: handle what it queued, and keep the timer on the core's next wake-up."""
         if self._pending:
             self._drain()
-        elif self._core.next_wakeup != self._timer_at:
-            self._arm_timer(self._core.next_wakeup)
+        elif self._core.next_wakeup != self._alarm.at:
+            self._alarm.arm(self._core.next_wakeup)
 
     def _die(self, exc: BaseException) -> None:
         self._break(exc)
@@ -614,11 +473,11 @@ class Tangram:
             else:
                 for ev in events:
                     self._dispatch((ev,), now, core.handle(ev, now))
-        self._arm_timer(core.next_wakeup)
+        self._alarm.arm(core.next_wakeup)
 
     async def _run(self) -> None:
         """Serve timer wake-ups: a rate-limited quota's next token, then a Tick round."""
-        wake = self._wake
+        wake = self._alarm.wake
         assert wake is not None
         while True:
             await wake.wait()
@@ -636,7 +495,7 @@ class Tangram:
             w = waiters.get(aid)
             if isinstance(d, Resize):
                 if w is not None:  # unknown or finished: nothing runs to resize
-                    self._resize(w, d)
+                    apply_resize(w, d)
                 continue
             fut = None if w is None else w.fut
             if fut is None:
@@ -657,47 +516,6 @@ class Tangram:
                 fut.set_exception(_refusal(d))
         for obs in self.observers:
             obs(events, now, decisions)
-
-    def _resize(self, w: _Waiter, d: Resize) -> None:
-        """Apply the core's Resize to ``w``'s record at once (the grant its release gives back, the
-        lease's ``cpus``/``units``); the managers' part runs in the lease's resize task."""
-        if w.left:
-            return
-        base = w.grant
-        if base is None:
-            fut = w.fut
-            if fut is None or not fut.done() or fut.cancelled() or fut.exception() is not None:
-                return  # not granted: nothing to resize
-            base = fut.result()
-        new = base._replace(cpus=tuple(d.cpus), units=d.units)
-        w.grant = new  # granted but not entered yet: __aenter__ builds the lease from this
-        lease = w.lease
-        if lease is None:
-            return
-        if w.applied is not None:
-            w.applied.grant = new  # what the managers release is what it holds now
-        lease._resize(new.cpus, new.units)
-        w.resize_queue.append((base, new))
-        if w.live and w.resizer is None:
-            w.start_resizing()
-
-    def _arm_timer(self, when: float | None) -> None:
-        if when == self._timer_at:  # the common case: no rate-limited waiter, nothing to change
-            return
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-        self._timer_at = when
-        if when is not None:
-            assert self._loop is not None and self._wake is not None
-            wake = self._wake
-
-            def fire() -> None:
-                self._timer = None
-                self._timer_at = None
-                wake.set()
-
-            self._timer = self._loop.call_at(when, fire)
 
     def _break(self, exc: BaseException) -> None:
         self._broken = exc
@@ -749,8 +567,8 @@ class Tangram:
         """Register ``w`` and submit its spec: the grant when the core made it inline (the
         uncontended fast path: no future is created), else the future a later round resolves."""
         spec = w.spec
-        if self.managers or self._checked.get(id(spec), _MISSING) is not spec:  # _check_spec's cache, inline
-            self._check_spec(spec)
+        if self.managers or self._checked.get(id(spec), MISSING) is not spec:  # check_spec's cache, inline
+            check_spec(self._core, self.managers, self._checked, spec)
         aid = w.aid = next(self._ids)
         self._waiters[aid] = w
         w.inline = True  # decisions for it are stored on the record while we are on the stack
@@ -784,249 +602,3 @@ class Tangram:
             self._released(w.aid, failed, None if lease is None or not lease._run_s else lease.parallelism)
         else:
             self._post(Cancelled(w.aid))
-
-
-def _refusal(d: Reject) -> TangramError:
-    """The error a waiter gets for a Reject: its code says which."""
-    if d.code == "deadline":
-        return DeadlineError(d.reason)
-    return InfeasibleSpecError(d.reason)
-
-
-class _Waiter:
-    """One acquire, from submit until it leaves (the runtime's only per-action record), and the
-    async context manager :meth:`Tangram.acquire` returns."""
-
-    __slots__ = ("aid", "applied", "closing", "deadline", "error", "expected", "fut", "grant", "inline", "lease",
-                 "left", "live", "resize_queue", "resizer", "retrying", "rt", "spec", "task", "timeout")
-
-    def __init__(self, rt: Tangram, spec: ActionSpec, timeout: float | None, deadline: float | None,
-                 expected: float | None = None) -> None:
-        self.rt = rt
-        self.spec = spec
-        self.timeout = timeout
-        self.deadline = deadline
-        self.expected = expected
-        self.aid = 0
-        self.inline = False  # on the stack of submit: a decision is stored here, not on a future
-        self.fut: asyncio.Future[Grant] | None = None  # queued: the future a later round resolves
-        self.grant: Grant | None = None
-        self.error: BaseException | None = None  # refused (or the core broke) while inline
-        self.lease: Lease | None = None
-        self.applied: Applied | None = None  # the managers whose apply began (None: no managers)
-        self.task: asyncio.Task[Any] | None = None  # the holder, while managers run (aclose waits)
-        self.left = False
-        self.closing: asyncio.Task[None] | None = None  # the managers' release in flight (_finish)
-        self.live = False  # applied: resizes may run (before that they queue)
-        self.resize_queue: list[tuple[Grant, Grant]] = []  # (old, new) not applied yet, in order
-        self.resizer: asyncio.Task[None] | None = None  # applies resize_queue (one per lease at a time)
-        self.retrying = False  # the resizer is backing off before retrying a manager's failed resize
-
-    async def __aenter__(self) -> Lease:
-        rt = self.rt
-        if rt._state != "open" or rt._broken is not None:
-            rt._ensure_open()
-        if self.aid:
-            raise UsageError("this acquire() context was entered already: each `async with` needs its own "
-                             "tangram.acquire(spec) call")
-        if asyncio.get_running_loop() is not rt._loop:
-            raise UsageError("Tangram.acquire() awaited on an event loop other than the Tangram's; from "
-                             "another thread use tangram_sdk.integrations.SyncTangram")
-        queue_timeout = self.timeout
-        if rt._resolvers:
-            rt._check_spec(self.spec)  # a malformed name is a SpecError before any lookup
-            self.aid = -1  # entered: a second entry of this context is refused while we look up
-            queue_timeout = await rt._resolve(self.spec, self.timeout)
-        t0 = rt._clock()
-        got = rt._submit(self, t0)
-        if isinstance(got, Grant):  # granted inline, at t0: no wait, no second clock read
-            grant = got
-            now = t0
-        else:
-            assert isinstance(got, asyncio.Future)
-            try:
-                # never asyncio.wait_for here: it can return the grant and drop a cancel that
-                # lands in the same iteration (3.10/3.11); see _deadline
-                grant = await got if queue_timeout is None else await wait_future(got, queue_timeout, self._timed_out)
-            except BaseException:
-                # a grant that landed with the cancel/timeout is given back: the core treats
-                # Cancelled as "drop from the queue" or "release the grant", whichever is true
-                rt._leave(self, failed=True, granted=False)
-                raise
-            now = rt._clock()
-            if self.grant is not None:  # resized between the grant and this wake-up
-                grant = self.grant
-        self.grant = grant
-        # positional: keyword arguments cost a third of the lease's construction on the hot path
-        lease = Lease(self.aid, self.spec, grant.cpus, grant.gpus, grant.units, grant.memory, grant.quotas,
-                      now - t0, now, grant.counted,
-                      None if self.spec.elastic is None else grow_ceiling(self.spec, grant.cpus, rt.pool))
-        lease._granter = rt
-        self.lease = lease
-        if rt.managers:
-            self.task = asyncio.current_task()  # aclose waits for it to leave (see there)
-            self.applied = applied = Applied(grant, lease)
-            try:
-                await applied.apply(rt.managers)  # the one manager contract (managers/base.py)
-            except BaseException:
-                await self._finish(failed=True)
-                raise
-        self.live = True
-        if self.resize_queue:  # resized while the managers applied: bring them up to date
-            self.start_resizing()
-        return lease
-
-    def start_resizing(self) -> None:
-        self.resizer = asyncio.get_running_loop().create_task(
-            self._resizing(), name=f"tangram-resize-{self.aid}")
-
-    async def _resizing(self) -> None:
-        """Apply queued resizes in order: each manager that has ``resize`` (in apply order), then
-        the lease's own (its ``run`` commands re-pinned, its callbacks). A manager that raises is
-        logged and counted, and the action goes on with what it has; that manager's resize is
-        retried (``_RESIZE_RETRY_S``) until it applies the latest one, a newer one comes, the
-        action leaves, or the retries run out: a shrink it missed leaves the work on cores the
-        pool already gave back (the release parks the container on what it holds either way)."""
-        rt, lease = self.rt, self.lease
-        assert lease is not None
-        missed: dict[int, tuple[Any, Grant, Grant]] = {}  # id(manager) -> (it, what it has, the target)
-        tries = 0
-        try:
-            while not self.left and (self.resize_queue or missed):
-                if not self.resize_queue:  # only retries left: back off, then try the target again
-                    if tries == len(_RESIZE_RETRY_S):
-                        for m, have, new in missed.values():
-                            log.error("manager %s never applied action %s's resize to cpus %s (it has %s); "
-                                      "gave up after %d retries", getattr(m, "name", m), self.aid,
-                                      list(new.cpus), list(have.cpus), tries)
-                        break
-                    self.retrying = True
-                    try:
-                        await asyncio.sleep(_RESIZE_RETRY_S[tries])
-                    finally:
-                        self.retrying = False
-                    tries += 1
-                    for key, (m, have, new) in list(missed.items()):
-                        if self.left or self.resize_queue:
-                            break
-                        if await self._resize_one(m, have, new, lease):
-                            del missed[key]
-                    continue
-                old, new = self.resize_queue.pop(0)
-                tries = 0
-                for m in list(self.applied.managers) if self.applied is not None else ():
-                    if getattr(m, "resize", None) is None:
-                        continue
-                    prev = missed.pop(id(m), None)
-                    have = old if prev is None else prev[1]  # what this manager last applied
-                    if not await self._resize_one(m, have, new, lease):
-                        missed[id(m)] = (m, have, new)
-                if self.left:
-                    break
-                rt._resizes += 1
-                lease._resized()
-        finally:
-            self.resizer = None
-
-    async def _resize_one(self, m: Any, have: Grant, new: Grant, lease: Lease) -> bool:
-        """``m.resize(have, new)``; False (logged, counted) when it raised."""
-        try:
-            await m.resize(have, new, lease)
-            return True
-        except Exception:
-            self.rt._resize_failures += 1
-            log.exception("manager %s failed to resize action %s (%s) from cpus %s to %s",
-                          getattr(m, "name", m), self.aid, self.spec.kind, list(have.cpus), list(new.cpus))
-            return False
-
-    async def _stop_resizing(self) -> None:
-        """Leaving: drop resizes not begun, let one in flight finish (bounded), then cancel it."""
-        self.resize_queue.clear()
-        task = self.resizer
-        if task is None or task.done():
-            return
-        if self.retrying:  # only backing off before a retry: nothing in flight to wait for
-            task.cancel()
-        done, _ = await asyncio.wait([task], timeout=_RESIZE_WAIT_S)
-        if not done:
-            log.error("action %s: a manager's resize did not finish within %g s; cancelled", self.aid,
-                      _RESIZE_WAIT_S)
-            task.cancel()
-            await asyncio.wait([task])
-
-    def _timed_out(self) -> str:
-        """The TimeoutError message: the action kind, the wait, what it waited for and how full
-        the pool was when the time ran out (so a log line alone says what was short)."""
-        return f"{self.spec.kind}: not granted within {self.timeout:g} s; {self.rt.shortage(self.spec)}"
-
-    enter = __aenter__  # what Tangram.acquire_lease awaits (no extra coroutine on the hot path)
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        if self.left:  # released already (Tangram.release inside the block)
-            await self._released_elsewhere()
-        elif self.applied:
-            await self._finish(failed=exc_type is not None)
-        else:  # no manager to undo: just return the units (the common, fast case)
-            self.left = True
-            self.rt._leave(self, failed=exc_type is not None, granted=True)
-
-    async def exit(self, *, failed: bool) -> None:
-        """``__aexit__`` for Tangram.release: the same, with ``failed`` said directly."""
-        if self.left:
-            await self._released_elsewhere()
-        elif self.applied:
-            await self._finish(failed=failed)
-        else:
-            self.left = True
-            self.rt._leave(self, failed=failed, granted=True)
-
-    async def _released_elsewhere(self) -> None:
-        """A second release of this lease: it does nothing, but returns only once the first one's
-        managers are done (two tasks releasing one lease both see the units back); the first
-        release's errors are its caller's."""
-        closing = self.closing
-        if closing is not None and not closing.done():
-            await asyncio.wait([closing])
-
-    def exit_nowait(self, *, failed: bool = False) -> bool:
-        """Leave without awaiting when no manager has anything to undo (True; a later exit is a
-        no-op); False, with nothing done, when a manager must run first."""
-        if self.applied or self.grant is None:
-            return False
-        if not self.left:
-            self.left = True
-            self.rt._leave(self, failed=failed, granted=True)
-        return True
-
-    leave_now = exit_nowait  # the name this had before Tangram.release_nowait
-
-    async def _finish(self, *, failed: bool) -> None:
-        """Undo the managers' work, then return the units — in that order, so cores go back to the
-        pool only once the container is parked — and do both even if this task is cancelled
-        meanwhile: the cleanup runs as its own task, awaited through ``asyncio.shield`` (a native
-        ``Task.cancel()`` is not stopped by an anyio shield) until it is done, and only then does a
-        cancellation propagate. It is also tracked so closing the Tangram waits for it."""
-        rt = self.rt
-        self.left = True
-        applied = self.applied
-        if not applied:
-            rt._leave(self, failed=failed, granted=True)
-            return
-
-        async def cleanup() -> None:
-            until: list[Any] = []
-            try:
-                await self._stop_resizing()
-                until = [e.until for e in await applied.release() if e.until is not None]
-            finally:
-                if until:  # a container not parked yet: its cores stay out of the pool until it is
-                    rt._hold_back(self, failed, until)
-                else:
-                    rt._leave(self, failed=failed, granted=True)
-
-        task = self.closing = rt._track(cleanup())
-        _done, cancelled = await finish(task)
-        if cancelled:
-            raise asyncio.CancelledError
