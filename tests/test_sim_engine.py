@@ -4,6 +4,7 @@ closed-loop trajectories, deterministic, and every baseline behaves as documente
 from __future__ import annotations
 
 import asyncio
+import math
 from typing import Any
 
 import numpy as np
@@ -217,6 +218,35 @@ class _Memory:
         return True
 
 
+async def _live_gpu(pool: Pool, trajs: list[Trajectory], slots: float,
+                    restore: dict[str, float]) -> list[tuple[object, ...]]:
+    """The live runtime's decision log for ``trajs`` on looptime's clock: each RL step's
+    trajectories run once the step before has ended (after their ``start``), cold grants charged by
+    :class:`_Memory`."""
+    rt_log: list[tuple[object, ...]] = []
+    memory = _Memory(slots)
+    loop = asyncio.get_running_loop()
+    async with Tangram(pool, observers=[_recorder(rt_log)], batch=False, gpu_slots=slots) as tangram:
+
+        async def run(tr: Trajectory) -> None:
+            if tr.start:
+                await asyncio.sleep(tr.start)
+            for act in tr.acts:
+                await asyncio.sleep(act.think)
+                async with tangram.acquire(act.spec) as lease:
+                    now = loop.time()
+                    cold = memory.cold(str(act.spec.service), lease.gpus, now)
+                    extra = restore[act.spec.service] / len(lease.gpus) if cold else 0.0
+                    end = round((now + (act.work * act.spec.relative_duration(lease.units) + extra))
+                                * 1_000_000) / 1_000_000
+                    await asyncio.sleep(end - now)
+            await asyncio.sleep(tr.tail)
+
+        for step in range(max(t.step for t in trajs) + 1):
+            await asyncio.gather(*(run(t) for t in trajs if t.step == step))
+    return rt_log
+
+
 @pytest.mark.looptime
 @pytest.mark.parametrize("gpus,slots,n_svc,n_act,seed,prep", [(8, 8.0, 3, 6, 3, True), (6, 1.0, 5, 300, 3, True),
                                                               (8, 1.0, 1, 40, 4, False), (8, 1.0, 1, 40, 4, True)])
@@ -247,25 +277,7 @@ async def test_runtime_and_simulator_make_identical_gpu_decisions(gpus: int, slo
     pol.report_residency = False
     simulate(trajs, pol, observers=[_recorder(sim_log)], time_resolution=1e-6, restore_s=restore, gpu_slots=slots)
 
-    rt_log: list[tuple[object, ...]] = []
-    memory = _Memory(slots)
-    loop = asyncio.get_running_loop()
-    async with Tangram(pool, observers=[_recorder(rt_log)], batch=False, gpu_slots=slots) as tangram:
-
-        async def run(tr: Trajectory) -> None:
-            for act in tr.acts:
-                await asyncio.sleep(act.think)
-                async with tangram.acquire(act.spec) as lease:
-                    now = loop.time()
-                    cold = memory.cold(str(act.spec.service), lease.gpus, now)
-                    extra = restore[act.spec.service] / len(lease.gpus) if cold else 0.0
-                    end = round((now + (act.work * act.spec.relative_duration(lease.units) + extra))
-                                * 1_000_000) / 1_000_000
-                    await asyncio.sleep(end - now)
-            await asyncio.sleep(tr.tail)
-
-        await asyncio.gather(*(run(t) for t in trajs))
-
+    rt_log = await _live_gpu(pool, trajs, slots, restore)
     _same_logs(sim_log, rt_log)
     grants = [d for _e, _t, ds in sim_log for d in ds if isinstance(d, Grant)]
     assert any(g.units > 1 for g in grants) and any(g.restore for g in grants)
@@ -325,3 +337,37 @@ def test_rl_steps_builds_each_step_from_its_own_seed_and_the_scheduler_carries_o
     r = run_policy(wl, "tangram")
     assert r.step_start[1] == pytest.approx(max(r.traj_end[:len(one.trajectories)]) + 30.0)
     assert min(r.submit[i] for i, t in enumerate(r.traj) if t >= len(one.trajectories)) >= r.step_start[1]
+
+
+@pytest.mark.looptime
+async def test_runtime_and_simulator_make_identical_gpu_decisions_across_rl_steps(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two RL steps with a 61 s update between them: step 0 ends at TP-1, and the first call of
+    step 1 comes after a lull. Live and simulated, the core keeps TP-1 (the width step 0's peak
+    needed) instead of widening on rates that decayed over the lull; with the memory off it
+    opens step 1 at TP-4."""
+    import attrs
+
+    import tangram_sdk.scheduler.gpu_regime as gr
+
+    pool = Pool(gpus=8)
+    restore = {"t0": 1.0}
+    trajs = (_gpu_trace(seed=4, n_traj=8, n_act=40, n_svc=1)
+             + [attrs.evolve(t, start=61.0, step=1) for t in _gpu_trace(seed=5, n_traj=8, n_act=40, n_svc=1)])
+
+    def simulated() -> tuple[list[tuple[object, ...]], Any]:
+        log: list[tuple[object, ...]] = []
+        pol = make_policy("tangram", pool, gpu_slots=1.0)
+        pol.report_residency = False
+        r = simulate(trajs, pol, observers=[_recorder(log)], time_resolution=1e-6, restore_s=restore,
+                     gpu_slots=1.0)
+        return log, r
+
+    sim_log, r = simulated()
+    _same_logs(sim_log, await _live_gpu(pool, trajs, 1.0, restore))
+    units, submit = np.asarray(r.units), np.asarray(r.submit)
+    first = units[submit > r.step_start[1]][:12]
+    assert units[submit <= r.step_start[1]][-8:].max() == 1 and first.max() == 1
+    monkeypatch.setattr(gr, "_LULL", math.inf)
+    off_log, off = simulated()
+    assert np.asarray(off.units)[np.asarray(off.submit) > off.step_start[1]][:12].min() == 4

@@ -64,7 +64,9 @@ at, once its latest rates would keep the narrowest width ``_PREP`` busy, restore
 nearly idle pool before its calls need it (:meth:`GpuRegime._recalled`): the tail of
 a step widens as its load thins (deepsearch's saturated judge ends a step at TP-8), and the next
 step's burst then narrowed urgently with every TP-1 copy restored in the overload, 1.06-1.07x
-isolated's step-2 mean ACT (whose servers stay loaded); recalled, 1.000x.
+isolated's step-2 mean ACT (whose servers stay loaded); recalled, 1.000x. Nor does the pool widen
+for ``RATE_WINDOW`` seconds after a lull: the rates decayed over it read ~0, and a step that ended
+at TP-1 opened the next at TP-4, to narrow back 8 s on.
 
 Mixed widths at the same time were tried and lost: a TP-2 call in a 4-GPU cell keeps a TP-4 call
 out of it (buddy fragmentation), and copies of every width split memory.
@@ -147,7 +149,7 @@ class GpuRegime:
                  "switched_at", "transition", "cv_f", "pref", "prev_pref", "_false_alarms",
                  "_left_urgently", "model", "spill",
                  "spill_mask", "_svc_queued", "staged", "legacy", "_stage", "guessed", "eager", "_from",
-                 "_narrowest", "_recall")
+                 "_narrowest", "_recall", "_last_call", "_hold")
 
     @staticmethod
     def check_options(restore_horizon: float, gpu_instances: str, regime_window: float) -> None:
@@ -197,6 +199,8 @@ class GpuRegime:
         # the narrowest width in force since the last lull, and after one the width to return to
         self._narrowest = 1 << 30
         self._recall = 0
+        self._last_call: float | None = None  # the latest GPU call arrival the last market saw
+        self._hold = -math.inf  # no widening before this (the rates relearn a load after a lull)
 
     @property
     def last(self) -> tuple[float, dict[str, Service], float, float]:
@@ -235,9 +239,17 @@ class GpuRegime:
         if self.legacy:
             self.legacy = legacy_at(self._stage, now, self.switched_at)
         G = max(1, len(self._gpu_holder))
-        if memo is not None and now - memo[0] >= _LULL and all(h is None for h in self._gpu_holder):
-            # no market (so no GPU call placed) for a lull, nothing running: the load returns
+        last = max((st.last_arrival or 0.0 for st in self._kinds.values() if st.spec is not None and st.spec.gpus),
+                   default=0.0)
+        if (self._last_call is not None and last - self._last_call >= _LULL
+                and all(h is None for h in self._gpu_holder)):
+            # the first GPU call after a lull (markets price every placement, so the previous
+            # market saw the lull's last call), nothing running: the load returns
             self._recall, self._narrowest = self._narrowest, self.width
+            # and no widening while the rates relearn the load: decayed over the lull they read
+            # ~0, and the market widened TP-1 -> TP-4 at a step's first call, to narrow back 8 s on
+            self._hold = now + RATE_WINDOW
+        self._last_call = last
         kinds, fast, svcs = self._rates.demand(now, self.sizes)
         widths = self._candidates(kinds, fast, svcs, G)
         cv_f = self.cv_f = self.model.cv_factor(kinds)
@@ -336,7 +348,7 @@ class GpuRegime:
                 pick, urgent = m_cur, False  # a clump, an echo or a restore transient, not (yet) an overload
         elif (best_m != m_cur and now - self.switched_at >= self.regime_window
               and scores[best_m][0] < cur[0] * (1.0 - _SWITCH)
-              and (best_m < m_cur or not self._backlogged(m_cur, G))):
+              and (best_m < m_cur or (not self._backlogged(m_cur, G) and now >= self._hold))):
             # at the latest rates too (a rising load must not be met by growing wider)
             ex_f, wq_f, pw_f = self.model.predict(fast, best_m, G, cv_f)
             if best_m > m_cur and self.model.wq_f:
