@@ -709,13 +709,13 @@ def test_a_widening_the_latest_rates_no_longer_support_is_called_off_before_its_
     assert summarise(r0)["act_mean_s"] > 1.02 * f2 and r0.restores > 16
 
 
-def test_a_load_returning_after_a_lull_is_met_at_the_width_its_last_peak_needed(
+def test_a_load_returning_after_a_lull_is_met_at_the_width_its_last_peak_saturated(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """Two RL steps of the saturated judge (batch 512, 3 GPU-s calls on 8 GPUs, seed 10). Step
     0's tail thins and the pool widens (TP-2..TP-8); the trainer's update is a lull. Without a
     memory of step 0, step 1's burst narrowed urgently with every TP-1 copy restored in the
-    overload: 1.36x isolated's step-1 mean ACT (whose eight servers stay loaded). Recalled (the
-    width step 0's peak needed, restored on the idle pool as the load returns): isolated's ACT."""
+    overload: 1.36x isolated's step-1 mean ACT (whose eight servers stay loaded). Recalled (TP-1,
+    which step 0 ran saturated at, restored on the idle pool as the load returns): isolated's."""
     import tangram_sdk.scheduler.gpu_regime as gr
     from tangram_sdk.sim.workloads import rl_steps
 

@@ -58,15 +58,19 @@ load rose and narrowed only at the peak, urgently, every teacher restored in the
 planned widening whose width the latest rates would no longer grow into is called off before its
 transition ends, while no copy at its width is restored yet (:meth:`GpuRegime._called_off`).
 
-A load that returns after a lull (``_LULL`` seconds without a GPU call on an idle pool: the next RL
-step, after the trainer's update) is met at the narrowest width the last busy period was in force
-at, once its latest rates would keep the narrowest width ``_PREP`` busy, restored on the still
-nearly idle pool before its calls need it (:meth:`GpuRegime._recalled`): the tail of
-a step widens as its load thins (deepsearch's saturated judge ends a step at TP-8), and the next
-step's burst then narrowed urgently with every TP-1 copy restored in the overload, 1.06-1.07x
-isolated's step-2 mean ACT (whose servers stay loaded); recalled, 1.000x. Nor does the pool widen
-for ``RATE_WINDOW`` seconds after a lull: the rates decayed over it read ~0, and a step that ended
-at TP-1 opened the next at TP-4, to narrow back 8 s on.
+A load that returns after a lull (``_LULL`` seconds between GPU calls, the pool idle: the next RL
+step, after the trainer's update) is met at the narrowest width the last busy period ran
+saturated at (a call queued per cell in half its markets: a width it *needed*), once its latest
+rates would keep the narrowest width ``_RECALL_LOAD`` busy, with the copies restored on the still
+nearly idle pool before its calls need them (:meth:`GpuRegime._recalled`). A step's tail thins and
+the pool widens (deepsearch's saturated judge ends a step at TP-8); the next step's burst then
+narrowed urgently with every TP-1 copy restored in the overload: 1.04-1.36x isolated's step-2
+mean ACT at batch 512 (whose servers stay loaded), 1.000-1.003x recalled. With no saturated width
+to recall, the opening rules apply again, as at the first look (the default judge at batch 2048,
+seed 0: step 2 1.021 -> 1.010x fifo2; recalling its unsaturated TP-1 instead cost 1-4 % in
+lighter cells). Nor does the pool widen for ``RATE_WINDOW`` seconds after a lull: the rates
+decayed over it read ~0, and a step that ended at TP-1 opened the next at TP-4, to narrow back 8 s
+on.
 
 Mixed widths at the same time were tried and lost: a TP-2 call in a 4-GPU cell keeps a TP-4 call
 out of it (buddy fragmentation), and copies of every width split memory.
@@ -123,6 +127,8 @@ _CALL_OFF = True  # a planned widening the latest rates no longer support is cal
 _START_CELLS = 2  # the first width: the widest that still leaves this many cells in the pool
 _LULL = 60.0  # seconds without a GPU call, the pool idle, after which the load's return is recalled
 _RECALL_LOAD = 0.03  # ... once its latest rates keep the narrowest width this busy (not one straggler)
+_REOPEN = True  # ... and with no width to recall, the opening rules apply again (a new opening)
+_RECALL_BACKLOG = 0.5  # ... at the narrowest width that queued a call per cell in this share of its markets
 _MU_MAX = PRICE_GRID[-2]  # the largest finite price (an overloaded pool still restores cold services)
 _SWITCH_MU = 2.0  # a switch's restores cost their GPU-seconds at this many times the price mu_work
                   # (the cells they stop, the mixed widths meanwhile, and the likely way back;
@@ -149,7 +155,7 @@ class GpuRegime:
                  "switched_at", "transition", "cv_f", "pref", "prev_pref", "_false_alarms",
                  "_left_urgently", "model", "spill",
                  "spill_mask", "_svc_queued", "staged", "legacy", "_stage", "guessed", "eager", "_from",
-                 "_narrowest", "_recall", "_last_call", "_hold")
+                 "_backlog_at", "_recall", "_last_call", "_hold")
 
     @staticmethod
     def check_options(restore_horizon: float, gpu_instances: str, regime_window: float) -> None:
@@ -196,8 +202,9 @@ class GpuRegime:
         # new width's may not), handed over cell by cell as ``_stage`` says (:class:`.Stages`)
         self.legacy = 0
         self._stage: Stages = NO_STAGES
-        # the narrowest width in force since the last lull, and after one the width to return to
-        self._narrowest = 1 << 30
+        # per width in force since the last lull: markets, and those with a call queued per cell;
+        # after a lull, the width to return to
+        self._backlog_at: dict[int, tuple[int, int]] = {}
         self._recall = 0
         self._last_call: float | None = None  # the latest GPU call arrival the last market saw
         self._hold = -math.inf  # no widening before this (the rates relearn a load after a lull)
@@ -245,7 +252,11 @@ class GpuRegime:
                 and all(h is None for h in self._gpu_holder)):
             # the first GPU call after a lull (markets price every placement, so the previous
             # market saw the lull's last call), nothing running: the load returns
-            self._recall, self._narrowest = self._narrowest, self.width
+            sat = [m for m, (n, b) in self._backlog_at.items() if b >= _RECALL_BACKLOG * n]
+            self._recall = min(sat, default=0)
+            self._backlog_at = {}
+            if not self._recall and _REOPEN:
+                self.guessed = True  # a new opening: the opening rules again (ramp, overrun)
             # and no widening while the rates relearn the load: decayed over the lull they read
             # ~0, and the market widened TP-1 -> TP-4 at a step's first call, to narrow back 8 s on
             self._hold = now + RATE_WINDOW
@@ -254,7 +265,8 @@ class GpuRegime:
         widths = self._candidates(kinds, fast, svcs, G)
         cv_f = self.cv_f = self.model.cv_factor(kinds)
         pick = self._choose(now, kinds, fast, svcs, widths, G, cv_f, memo)
-        self._narrowest = min(self._narrowest, pick)
+        n, b = self._backlog_at.get(pick, (0, 0))
+        self._backlog_at[pick] = (n + 1, b + (sum(self._svc_queued.values()) >= G // pick))
         self.model.calibrate(kinds, pick, G, cv_f)
         return self._settle(now, kinds, svcs, pick, G)
 
@@ -492,10 +504,12 @@ class GpuRegime:
 
     def _recalled(self, widths: list[int], m_cur: int, fast: list[Any], G: int) -> int:
         """After a lull, the width to meet the returning load at: the narrowest the last busy
-        period was in force at (the widest candidate not wider), once the latest rates would keep
-        the narrowest width ``_PREP`` busy (a straggler's call after a lull is not the load coming
-        back: the matrix's heavy MOPD tails restored six copies for it); 0 until then, and for
-        good once the width in force is as narrow."""
+        period ran saturated at (a call queued per cell in ``_RECALL_BACKLOG`` of its markets: a
+        width it *needed*; the default judge narrows to TP-1 unsaturated, where a recall cost
+        1-4 %), the widest candidate not wider, once the latest rates would keep the narrowest
+        width ``_RECALL_LOAD`` busy (a straggler's call after a lull is not the load coming back:
+        the matrix's heavy MOPD tails restored six copies for it); 0 until then, and for good once
+        the width in force is as narrow."""
         back = self._recall
         if not back:
             return 0
