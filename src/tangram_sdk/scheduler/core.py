@@ -42,7 +42,7 @@ what the core records.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -50,7 +50,6 @@ import attrs
 from ..errors import SpecError
 from ..options import OBJECTIVE_PRICES, SchedulerOptions, check_ranges, merge_options
 from ..pool import Pool
-from ..snapshot import Snapshot
 from ..spec import CHECKED_UNITS, ActionSpec
 from .action import Action, Shape, dur_min, shape_of, spec_dur_min
 from .admission import Admission
@@ -71,6 +70,7 @@ from .pricing import PRICE_GRID
 from .planning import Planner
 from .residency import Residency
 from .restart import Restarts
+from .stats import SchedulerStats, ledger_fields
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -84,47 +84,6 @@ __all__ = ["Scheduler", "SchedulerStats"]
 _DEFAULT_MU_GRID = (0.0, 0.05, 0.15, 0.5, 1.5, 5.0, math.inf)
 _MAX_KINDS = 4096  # learned per-kind state kept (least recently seen forgotten beyond it)
 # objective -> default max_price (seconds of ACT one core-second may cost at most)
-
-
-@attrs.frozen(eq=False)
-class SchedulerStats(Snapshot):
-    """:meth:`Scheduler.statistics`: the pool's ledger and the core's counters right now (frozen;
-    ``asdict()`` for JSON; ``s["granted"]``, ``.get``, ``dict(s)`` keep working for one release).
-
-    ``quotas``: per quota ``used``, ``concurrency``, ``tokens`` and ``token_level`` (the request
-    and token buckets, None without one). ``counted``: per counted kind the pool accounts (memory
-    when counted, and its declared ``resources``) ``total``, ``free``, ``used`` and ``unit``.
-    ``resizes``: Resize decisions so far (malleable actions grown or shrunk, restartable ones
-    restarted); ``grown``: running malleable ones holding more than they were admitted with now;
-    ``restarts``: restartable actions restarted on more cores. Means are None until there is
-    something to average."""
-
-    cpus_total: int
-    cpus_free: int
-    gpus_total: int
-    gpus_free: int
-    memory_total: int | None
-    memory_free: int | None
-    quotas: Mapping[str, Mapping[str, Any]]
-    counted: Mapping[str, Mapping[str, Any]]
-    running: int
-    queued: int
-    submitted: int
-    granted: int
-    released: int
-    cancelled: int
-    rejected: int
-    failed: int
-    completed: int
-    rounds: int
-    evictions: int
-    resizes: int
-    grown: int
-    restarts: int
-    mean_act_s: float | None
-    mean_queue_s: float | None
-    mean_exec_s: float | None
-    resident_services: int
 
 
 class Scheduler:
@@ -407,19 +366,8 @@ class Scheduler:
         return d_min * (st.rel(spec, units) if st is not None else spec.relative_duration(units))
 
     def statistics(self) -> SchedulerStats:
-        L = self.ledger
-        pool = self.pool
-        s = SchedulerStats(
-            cpus_total=len(pool.cpus), cpus_free=L.free_cpus,
-            gpus_total=len(pool.gpus), gpus_free=L.free_gpus,
-            memory_total=pool.memory, memory_free=L.mem_free,
-            counted={k.name: {"total": cap, "free": L.counted_free[k.name],
-                              "used": cap - L.counted_free[k.name], "unit": k.unit}
-                     for k, cap in pool.counted_kinds},
-            quotas={n: {"used": L.q_used[n], "concurrency": L.q_conc[n],
-                        "tokens": (round(L.tokens[n], 3) if n in L.tokens else None),
-                        "token_level": (round(L.tokens["#" + n], 3) if "#" + n in L.tokens else None)}
-                    for n in L.q_used},
+        return SchedulerStats(
+            **ledger_fields(self.pool, self.ledger),
             running=len(self._running), queued=self._queue.n,
             submitted=self.submitted, granted=self.granted, released=self.released,
             cancelled=self.cancelled, rejected=self.rejected, failed=self.failed,
@@ -431,7 +379,6 @@ class Scheduler:
             mean_exec_s=(self._sum_exec / self.completed) if self.completed else None,
             resident_services=len(self._resident),
         )
-        return s
 
     def check_invariants(self) -> None:
         """Raise AssertionError if the ledger disagrees with the running grants (for tests)."""
