@@ -43,15 +43,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-import attrs
 
 from ..errors import SpecError
 from ..options import OBJECTIVE_PRICES, SchedulerOptions, check_ranges, merge_options
 from ..pool import Pool
-from ..spec import CHECKED_UNITS, ActionSpec
-from .action import Action, Shape, dur_min, shape_of, spec_dur_min
+from ..spec import ActionSpec
+from .action import Action, dur_min, spec_dur_min
 from .admission import Admission
 from .decisions import Decision, Grant, Reject
 from . import invariants
@@ -70,6 +69,7 @@ from .pricing import PRICE_GRID
 from .planning import Planner
 from .residency import Residency
 from .restart import Restarts
+from .specs import SpecForms
 from .stats import SchedulerStats, ledger_fields
 
 if TYPE_CHECKING:
@@ -202,11 +202,9 @@ class Scheduler:
         self._resident = Residency(ng, replica=self.gpu_instances == "replica")
         self._restore_s: dict[str, float] = {}
         self.next_wakeup: float | None = None
-        self._shape: dict[ActionSpec, Shape] = {}  # per distinct spec, see Shape
-        self._bare: dict[tuple[Any, ...], ActionSpec] = {}  # a spec's fields but container and group -> that spec
-        self._capped_memo: dict[ActionSpec, ActionSpec] = {}
-        # the most units of each elastic resource the pool could ever grant one action
-        self._unit_cap = {"cpu": len(pool.cpus), "gpu": len(pool.gpus)}
+        # a spec without its container, capped to the pool, its Shape: each once per distinct spec
+        self._specs = SpecForms(pool, self.ledger, self._cells, gpu_slots, self.gpu_instances == "replica")
+        self._shape = self._specs.shapes  # read inline on the hot path (and by the soak test's bound)
         # Placement.pick_cold_cell answers per (size, free mask): valid until residency changes
         self._cell_memo: dict[tuple[int, int], int] = {}
         self._memo = RoundMemo()  # what this round computes once (reset at each round's start)
@@ -249,20 +247,12 @@ class Scheduler:
         """Why ``spec`` can never be granted by this pool, or None when it can (memoised: rollouts
         submit the same few specs millions of times, differing at most in container or group)."""
         if spec.container is not None or spec.group is not None:
-            spec = self.without_container(spec)
-        return self._shape_of(spec).reason
+            spec = self._specs.without_container(spec)
+        return self._specs.shape(spec).reason
 
-    def _shape_of(self, spec: ActionSpec) -> Shape:
-        cache = self._shape
-        try:
-            return cache[spec]
-        except KeyError:
-            pass
-        if len(cache) > 4096:
-            cache.clear()
-        shape = cache[spec] = shape_of(spec, self.pool, self.ledger, self._cells, self.gpu_slots,
-                                       self.gpu_instances == "replica")
-        return shape
+    def without_container(self, spec: ActionSpec) -> ActionSpec:
+        """``spec`` without its container and group, one object per distinct rest (see :mod:`.specs`)."""
+        return self._specs.without_container(spec)
 
     def handle(self, event: Event, now: float) -> list[Decision]:
         """Apply one event at time ``now`` and run a scheduling round."""
@@ -684,16 +674,15 @@ class Scheduler:
             # the sandbox (or group) is where the action runs or what it belongs to, not what it
             # needs: sized, priced and queued as one spec with every other sandbox's (one spec per
             # trajectory would split the market)
-            spec = self.without_container(spec)
-        el = spec.elastic
-        if el is not None and (el.max_units > self._unit_cap[el.resource] or el.max_units > CHECKED_UNITS):
-            capped = self._capped(spec)  # never priced or planned beyond what the pool holds
+            spec = self._specs.without_container(spec)
+        if spec.elastic is not None:
+            capped = self._specs.capped(spec)  # never priced or planned beyond what the pool holds
             if isinstance(capped, str):
                 self.rejected += 1
                 out.append(Reject(aid, capped))
                 return None
             spec = capped
-        shape = self._shape.get(spec) or self._shape_of(spec)  # the memo, inline: the hot path
+        shape = self._shape.get(spec) or self._specs.shape(spec)  # the memo, inline: the hot path
         reason = shape.reason
         if reason is not None:
             self.rejected += 1
@@ -735,42 +724,6 @@ class Scheduler:
             self._need_round = True
         wq.add(a, keys)
         return a
-
-    def _capped(self, spec: ActionSpec) -> ActionSpec | str:
-        """``spec`` with its elastic range cut to what the pool holds of that resource: sizes,
-        prices and plans evaluate ``T(m)`` for every ``m`` in the range, so a ``max_units`` of
-        10**7 cost seconds per arrival, and a user efficiency was checked only up to 1024 (one
-        raising beyond it broke every later round). A reason string: the efficiency fails in the
-        range the spec's own check left out (the action is refused)."""
-        hit = self._capped_memo.get(spec)
-        if hit is not None:
-            return hit
-        el = spec.elastic
-        assert el is not None
-        cap = min(el.max_units, max(self._unit_cap[el.resource], spec.cpus if el.resource == "cpu" else spec.gpus, 1))
-        capped = spec if cap == el.max_units else attrs.evolve(spec, elastic=attrs.evolve(el, max_units=cap))
-        problem = el.efficiency_problem(CHECKED_UNITS + 1, cap)  # what the spec's own check left out
-        if problem is not None:
-            return f"{spec.kind}: {problem}"
-        if len(self._capped_memo) > 4096:
-            self._capped_memo.clear()
-        self._capped_memo[spec] = capped
-        return capped
-
-    def without_container(self, spec: ActionSpec) -> ActionSpec:
-        """``spec`` without its container and group, one object per distinct rest: every trajectory
-        names its own, and the maps keyed by spec downstream (prices, markets, shapes) must hit by
-        identity, not compare a fresh copy field by field on every lookup (that, and an
-        ``attrs.evolve`` per trajectory, cost ~25 us an acquire)."""
-        key = (spec.kind, spec.cpus, spec.gpus, spec.memory, spec.quotas, spec.elastic, spec.duration,
-               spec.priority, spec.service, spec.tokens, spec.needs)
-        cache = self._bare
-        bare = cache.get(key)
-        if bare is None:
-            if len(cache) > 4096:
-                cache.clear()
-            bare = cache[key] = attrs.evolve(spec, container=None, group=None)
-        return bare
 
     def _forget_kinds(self) -> None:
         """Bound what is learned per kind: a job naming kinds per task (``f"pytest-{repo}"``) must
