@@ -45,7 +45,6 @@ import math
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-
 from ..errors import SpecError
 from ..options import OBJECTIVE_PRICES, SchedulerOptions, check_ranges, merge_options
 from ..pool import Pool
