@@ -647,14 +647,11 @@ class Scheduler:
         elif isinstance(ev, Cancelled):
             self._cancel(ev.action_id, now)
         elif isinstance(ev, ServiceResidency):
-            self._residency(ev, now)
+            self._place.observe_residency(ev, now, self.alpha, tp=self.gpu_instances == "tp")
         elif isinstance(ev, Tick):
             pass
         elif isinstance(ev, TokensUsed):
-            if "#" + ev.quota not in self.ledger.tokens:
-                raise KeyError(f"tokens used of unknown weighted quota {ev.quota!r}")
-            self.ledger.refill(now)
-            self.ledger.correct_tokens(ev.quota, ev.delta)
+            self.ledger.tokens_used(ev.quota, ev.delta, now)
         else:
             raise TypeError(f"unknown event {ev!r}")
 
@@ -792,20 +789,3 @@ class Scheduler:
             self.cancelled += 1
             self._release(aid, now, failed=True)
         # unknown ids (already released, or rejected) are ignored: cancellation races are normal
-
-    def _residency(self, ev: ServiceResidency, now: float) -> None:
-        pos = self.ledger.gpu_pos
-        try:
-            key = (ev.service, tuple(pos[g] for g in ev.gpus))
-        except KeyError:
-            return
-        if ev.resident:
-            self._resident.add(key, now)
-        else:
-            self._resident.remove(key)
-        self._cell_memo.clear()
-        if ev.restore_s is not None and ev.restore_s >= 0:
-            # kept as one full model's restore: a TP-k instance loads 1/k per GPU in parallel
-            r = ev.restore_s * (len(ev.gpus) if self.gpu_instances == "tp" else 1)
-            old = self._restore_s.get(ev.service)
-            self._restore_s[ev.service] = r if old is None else (1 - self.alpha) * old + self.alpha * r

@@ -4,7 +4,9 @@ displace, priced by their learned call rates).
 
 A collaborator the core owns, not a base class: it reads the ledger, the residency, who holds each
 GPU, the wait queue's counts, the learned kinds and the round memo it is given (all shared
-objects, mutated in place by the core), and changes none of them but its own cell memo.
+objects, mutated in place by the core), and changes none of them but its own cell memo, except
+when the GPU manager reports a restore or an eviction (:meth:`Placement.observe_residency`): what
+is resident where, and what a restore costs, are the prices it keeps.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import math
 
 from .action import Action, dur_min
+from .events import ServiceResidency
 from .learn import KindStats
 from .ledger import Ledger
 from .memo import RoundMemo
@@ -35,9 +38,28 @@ class Placement:
         self._kinds = kinds
         self._memo = memo
         self._cell_memo = cell_memo  # pick_cold_cell per (size, free mask): the core clears it
-        self._restore_s = restore_s  # learned restore seconds per service (the core updates it)
+        self._restore_s = restore_s  # learned restore seconds per service (observe_residency)
         self.default_restore_s = default_restore_s
         self.gpu_slots = gpu_slots
+
+    def observe_residency(self, ev: ServiceResidency, now: float, alpha: float, *, tp: bool) -> None:
+        """The ``ServiceResidency`` event: the copy added or removed (the cell memo cleared with it)
+        and its restore seconds learned, as one full model's restore when ``tp`` (a TP-k instance
+        loads 1/k per GPU in parallel). GPUs the pool does not hold: ignored."""
+        pos = self.ledger.gpu_pos
+        try:
+            key = (ev.service, tuple(pos[g] for g in ev.gpus))
+        except KeyError:
+            return
+        if ev.resident:
+            self._resident.add(key, now)
+        else:
+            self._resident.remove(key)
+        self._cell_memo.clear()
+        if ev.restore_s is not None and ev.restore_s >= 0:
+            r = ev.restore_s * (len(ev.gpus) if tp else 1)
+            old = self._restore_s.get(ev.service)
+            self._restore_s[ev.service] = r if old is None else (1 - alpha) * old + alpha * r
 
     def restore_cost(self, service: str | None) -> float:
         if service is None:
