@@ -545,29 +545,10 @@ class Scheduler:
         L = self.ledger
         if L.tokens:
             L.refill(now)
-        if a.plain and len(L.node_count) == 1:
-            # Admission.fits for a plain CPU action on a one-node pool, inline (the uncontended
-            # acquire's path): cores are all it can lack, node 0 the only place; the same answer
-            if L.node_count[0] >= a.cpu_min:
-                self._round_now = now
-                a.node, a.cell, a.span = 0, -1, False
-                return True
-        lack, node, cell, span, wake = self._admission.fits(a, L.node_count, L.gpu_free, L.counted_free,
-                                                            L.q_used, L.tokens, now)
+        lack, wake = self._admission.alone(a, now, self.planner == "priced")
+        self._round_now = now
         if wake is not None and (self.next_wakeup is None or wake < self.next_wakeup):
             self.next_wakeup = wake
-        self._round_now = now
-        if not lack and cell >= 0 and a.spec.service:
-            if self.planner == "priced":
-                gpu = self._gpu
-                gpu.begin_round()
-                choice = gpu.choice(a, L.gpu_free, now)
-                if not choice.units:
-                    lack = [f"svc:{a.spec.service}:{a.gpu_min}"]
-                else:
-                    cell = choice.cell
-            elif self._place.should_wait_for_resident(a, cell, now):
-                lack = [f"svc:{a.spec.service}:{a.gpu_min}"]
         if lack:
             if self._gpu_holder and lack[0].startswith("svc:"):
                 self._arm_gpu_wait(now)
@@ -575,7 +556,6 @@ class Scheduler:
             self._time_sensitive = self.next_wakeup is not None or bool(a.spec.service)
             self._need_round = False
             return False
-        a.node, a.cell, a.span = node, cell, span
         return True
 
     # -- grants ---------------------------------------------------------------------------------
