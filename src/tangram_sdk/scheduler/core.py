@@ -64,9 +64,9 @@ from .deadlines import Deadlines
 from .gpu_sizing import GpuSizing
 from .lengths import SandboxLengths
 from .moldable import RISK_MIN_RATIO, RISK_Z, CpuSizing
-from .pricing import PRICE_GRID
 from .planning import Planner
 from .residency import Residency
+from .resizing import Resizing
 from .restart import Restarts
 from .specs import SpecForms
 from .stats import SchedulerStats, ledger_fields
@@ -214,6 +214,7 @@ class Scheduler:
         self._planner = Planner(self._running, self._queue, self._place, self._resident, self._memo, self._cells,
                                 window=window, depth=depth, lookahead=lookahead, lookahead_cap=lookahead_cap,
                                 mu_grid=self.mu_grid, max_evictions=max_evictions)
+        self._resizing = Resizing(self.ledger, self._queue, self._mall, self._rst, self._cpu)
         # the GPU market: widths, copies per service, start / wait / restore at admission
         self._gpu = GpuSizing(self._kinds, self._resident, self._gpu_holder, self._cells, self._queue.svc_queued,
                               self._place, gpu_slots=gpu_slots, default_duration=default_duration,
@@ -382,31 +383,23 @@ class Scheduler:
         """One round at ``now``: malleable actions shrunk first and grown after when any run,
         restartable ones restarted after it, queued deadlines expired and armed when any are
         kept, admission, plan and grants."""
-        mall = self._mall
-        rst = self._rst
-        if mall.running or rst.running:  # shrink before admission; grow and restart after
+        if self._mall.running or self._rst.running:  # shrink before admission; grow and restart after
             pre: list[Decision] = []
-            if mall.grown and self._cpu_waiting() and mall.shrink_all(pre, now):
+            if self._resizing.shrink(pre, now):
                 self._need_round = True
-                self._cpu.forget_releases()  # the release line holds their cores
             pre.extend(self._round_plain(now))
-            if not self._cpu_waiting() and self.ledger.free_cpus:
-                n = len(pre)
-                wake = mall.grow_idle(pre, now, self._cpu.dops_of) if mall.running else None
-                if rst.running and self.ledger.free_cpus:
-                    w = rst.restart_idle(pre, now, lambda a: self._restart_size(a, now),
-                                         lambda spec: self._cpu.dops_of(spec)[0])
-                    if w is not None and (wake is None or w < wake):
-                        wake = w
-                if len(pre) > n:
-                    self._cpu.forget_releases()
-                if wake is not None and (self.next_wakeup is None or wake < self.next_wakeup):
-                    self.next_wakeup = wake  # look again when a young one outruns its estimate
+            self._arm(self._resizing.lend_idle(pre, now))  # look again when a young one outruns its estimate
             return pre
         out = self._round_plain(now) if self._deadlines.heap else self._round_fcfs(now)
-        if out and (mall.running or rst.running):  # it started the first malleable/restartable one
-            self._arm_elastic(now)
+        if out and (self._mall.running or self._rst.running):  # it started the first malleable/restartable one
+            # its first look: the round that granted it did not take the branch that arms it
+            self._arm(self._resizing.due(now))
         return out
+
+    def _arm(self, t: float | None) -> None:
+        """Keep ``next_wakeup`` no later than ``t`` (None: nothing asks)."""
+        if t is not None and (self.next_wakeup is None or t < self.next_wakeup):
+            self.next_wakeup = t
 
     def _arm_gpu_wait(self, now: float) -> None:
         """A service call chose to wait for a busy warm copy: the choice changes with time (a
@@ -422,22 +415,9 @@ class Scheduler:
                 wake = t
         self.next_wakeup = wake
 
-    def _arm_elastic(self, now: float) -> None:
-        """Keep ``next_wakeup`` no later than the first look a running malleable action (its
-        estimate: it may grow after) or restartable one (its restart check) is due: a round that
-        granted the first of them did not take the branch that arms it."""
-        wake = self._rst.next_due()
-        for a in self._mall.running.values():
-            if now < a.est_end and (wake is None or a.est_end < wake):
-                wake = a.est_end
-        if wake is not None and (self.next_wakeup is None or wake < self.next_wakeup):
-            self.next_wakeup = wake
-
     def _arm_deadlines(self) -> None:
         """Keep ``next_wakeup`` no later than the earliest deadline of a queued action."""
-        t = self._deadlines.earliest()
-        if t is not None and (self.next_wakeup is None or t < self.next_wakeup):
-            self.next_wakeup = t
+        self._arm(self._deadlines.earliest())
 
     def _admit_deadline(self, a: Action, deadline: float, now: float, out: list[Decision]) -> None:
         """``a`` was queued with a deadline: refused now if it cannot start in time (see
@@ -452,14 +432,6 @@ class Scheduler:
             out.extend(self._round(now))
             return
         self._arm_deadlines()
-
-    def _restart_size(self, a: Action, now: float) -> tuple[int, float]:
-        """The size ``a``'s kind would be granted now, and the price per core-second then."""
-        gi = self._cpu.price_now(a, now)
-        return self._cpu.dops_of(a.spec)[gi], PRICE_GRID[gi]
-
-    def _cpu_waiting(self) -> bool:
-        return any(n and spec.cpus for spec, n in self._queue.spec_queued.items())
 
     def _round_plain(self, now: float) -> list[Decision]:
         if self._deadlines.heap:  # rare: only actions submitted with a deadline put entries here
@@ -547,8 +519,7 @@ class Scheduler:
             L.refill(now)
         lack, wake = self._admission.alone(a, now, self.planner == "priced")
         self._round_now = now
-        if wake is not None and (self.next_wakeup is None or wake < self.next_wakeup):
-            self.next_wakeup = wake
+        self._arm(wake)
         if lack:
             if self._gpu_holder and lack[0].startswith("svc:"):
                 self._arm_gpu_wait(now)
