@@ -54,6 +54,7 @@ from .admission import Admission
 from .decisions import Decision, Grant, Reject
 from . import invariants
 from .events import Cancelled, Event, Released, ServiceResidency, Submitted, Tick, TokensUsed
+from .kinds import KindLearning
 from .learn import KindStats
 from .ledger import Ledger
 from .malleable import Malleables
@@ -62,8 +63,7 @@ from .queue import WaitQueue
 from .placement import Placement
 from .deadlines import Deadlines
 from .gpu_sizing import GpuSizing
-from .lengths import SandboxLengths
-from .moldable import RISK_MIN_RATIO, RISK_Z, CpuSizing
+from .moldable import CpuSizing
 from .planning import Planner
 from .residency import Residency
 from .resizing import Resizing
@@ -81,7 +81,6 @@ _new_grant = tuple.__new__  # see _grant
 __all__ = ["Scheduler", "SchedulerStats"]
 
 _DEFAULT_MU_GRID = (0.0, 0.05, 0.15, 0.5, 1.5, 5.0, math.inf)
-_MAX_KINDS = 4096  # learned per-kind state kept (least recently seen forgotten beyond it)
 # objective -> default max_price (seconds of ACT one core-second may cost at most)
 
 
@@ -188,6 +187,8 @@ class Scheduler:
         self._running: dict[int, Action] = {}
         self._live: dict[int, Action] = {}  # queued or running, by id
         self._kinds: dict[str, KindStats] = {}
+        self._learn = KindLearning(self._kinds, default_duration=default_duration, alpha=alpha,
+                                   duration_alpha=duration_alpha, learn_efficiency=learn_efficiency)
         # the price of cores and the sizes it gives elastic CPU actions at admission
         self._cpu = CpuSizing(self.ledger, self._running, self._kinds, self._queue.spec_queued,
                               default_duration=default_duration, lookahead=lookahead, load_target=load_target,
@@ -635,24 +636,11 @@ class Scheduler:
             self.rejected += 1
             out.append(Reject(aid, reason))
             return None
-        st = self._kinds.get(spec.kind)
-        if st is None:
-            if len(self._kinds) >= _MAX_KINDS:
-                self._forget_kinds()
-            st = self._kinds[spec.kind] = KindStats(self.default_duration)
-        st.observe_arrival(now, self.alpha)
-        st.spec = spec
+        st = self._learn.arrival(spec, now)
         self._seq += 1
         a = self._live[aid] = Action(aid, spec, self._seq, now, st, shape)
         if a.eres == "cpu":
-            if box is not None:
-                a.box = box
-                if expected is None and st.sandboxes is not None:
-                    expected = st.sandboxes.predict(box)  # learned from the sandbox's earlier runs
-            if expected is not None:
-                a.hint = float(expected)
-                a.risk = (st.observe_hint(a.hint) >= RISK_Z
-                          and a.hint >= RISK_MIN_RATIO * st.hint_mean())
+            self._learn.hint(a, box, expected)
         keys = a.keys
         wq = self._queue
         if direct and not wq.n and a.eres is None:
@@ -671,14 +659,6 @@ class Scheduler:
             self._need_round = True
         wq.add(a, keys)
         return a
-
-    def _forget_kinds(self) -> None:
-        """Bound what is learned per kind: a job naming kinds per task (``f"pytest-{repo}"``) must
-        not grow memory and planning cost forever. The least recently seen quarter is forgotten
-        (actions in flight keep their own reference to their kind's stats)."""
-        by_age = sorted(self._kinds, key=lambda k: self._kinds[k].last_arrival or 0.0)
-        for k in by_age[: len(by_age) // 4]:
-            del self._kinds[k]
 
     def _release(self, aid: int, now: float, *, failed: bool, parallelism: float | None = None) -> None:
         a = self._running.pop(aid, None)
@@ -709,20 +689,7 @@ class Scheduler:
             # the hold included the restore the grant asked for: learn the call, not the copy
             exec_s = max(0.1 * exec_s, exec_s - self._gpu.restore_lat(self._place.restore_cost(a.spec.service),
                                                                       len(g.gpus)))
-        if rerun is not None:  # restarted: the kind learns from the run that completed
-            exec_s = rerun[0]
-        if a.spec.duration is None:
-            sp = (a.spec.speedup(g.units) if msp is None else msp) if a.eres else 1.0
-            a.stats.observe_exec(exec_s, sp, self.duration_alpha,
-                                 learn_beta=self.learn_efficiency and a.eres is not None,
-                                 parallelism=parallelism if g.units > 1 else None)
-            if a.box is not None and msp is None:
-                # the sandbox's length at the minimum units, under the efficiency learned so far
-                sb = a.stats.sandboxes
-                if sb is None:
-                    sb = a.stats.sandboxes = SandboxLengths()
-                ran_at = g.units if rerun is None else int(rerun[1])
-                sb.observe(a.box, exec_s / a.stats.rel(a.spec, ran_at))
+        self._learn.completion(a, g.units, exec_s, msp, rerun, parallelism)
 
     def _drop_queued(self, aid: int) -> bool:
         a = self._live.get(aid)
