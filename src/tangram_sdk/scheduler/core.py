@@ -402,20 +402,6 @@ class Scheduler:
         if t is not None and (self.next_wakeup is None or t < self.next_wakeup):
             self.next_wakeup = t
 
-    def _arm_gpu_wait(self, now: float) -> None:
-        """A service call chose to wait for a busy warm copy: the choice changes with time (a
-        holder that overran its estimate is assumed half done, so its expected remainder grows
-        with its age until restoring elsewhere pays). Look again when the first holder is due to
-        end, or, once overdue, when it has aged another quarter: a handful of looks per overrun."""
-        wake = self.next_wakeup
-        for h in self._gpu_holder:
-            if h is None:
-                continue
-            t = h.est_end if h.est_end > now else now + max(0.05, 0.25 * (now - h.started))
-            if wake is None or t < wake:
-                wake = t
-        self.next_wakeup = wake
-
     def _arm_deadlines(self) -> None:
         """Keep ``next_wakeup`` no later than the earliest deadline of a queued action."""
         self._arm(self._deadlines.earliest())
@@ -469,7 +455,7 @@ class Scheduler:
         adm = self._admission.scan(now, self.rounds)
         self.next_wakeup = adm.wake
         if adm.svc_blocked and self._gpu_holder:
-            self._arm_gpu_wait(now)
+            self._arm(self._place.holders_due(now))  # a service call waits for a busy warm copy
         self._blocked_last = adm.blocked
         self._round_now = now
         self._time_sensitive = adm.wake is not None or adm.svc_blocked
@@ -523,7 +509,7 @@ class Scheduler:
         self._arm(wake)
         if lack:
             if self._gpu_holder and lack[0].startswith("svc:"):
-                self._arm_gpu_wait(now)
+                self._arm(self._place.holders_due(now))  # a service call waits for a busy warm copy
             self._blocked_last = set(lack)
             self._time_sensitive = self.next_wakeup is not None or bool(a.spec.service)
             self._need_round = False
@@ -532,41 +518,17 @@ class Scheduler:
 
     # -- grants ---------------------------------------------------------------------------------
     def _grant(self, a: Action, units: int, now: float, *, queued: bool = True) -> Grant:
-        L = self.ledger
         spec = a.spec
         ncpu = units if a.eres == "cpu" else a.cpu_min
-        cpus: tuple[int, ...] = ()
-        if ncpu:
-            if a.span:
-                picked: list[int] = []
-                for i in sorted(range(len(L.node_free)), key=lambda i: -len(L.node_free[i])):
-                    take = sorted(L.node_free[i])[: ncpu - len(picked)]
-                    picked.extend(take)
-                    if len(picked) >= ncpu:
-                        break
-                cpus = tuple(sorted(picked))
-            elif ncpu == 1:
-                cpus = (min(L.node_free[a.node]),)
-            else:
-                cpus = tuple(sorted(L.node_free[a.node])[:ncpu])
+        cpus = self._place.take_cpus(a, ncpu) if ncpu else ()
         gpus: tuple[int, ...] = ()
         restore = False
         if a.gpu_min:
-            size = units if a.eres == "gpu" else a.gpu_min
-            pos = tuple(range(a.cell, a.cell + size))
-            gpus = tuple(L.gpu_ids[p] for p in pos)
-            if spec.service is not None:
-                key = (spec.service, pos)
-                restore = key not in self._resident
-                if restore:
-                    self._cell_memo.clear()
-                self._resident.add(key, now)
-            for p in pos:
-                self._gpu_holder[p] = a
+            gpus, restore = self._place.take_cell(a, units if a.eres == "gpu" else a.gpu_min, now)
         # Grant(...) without its generated __new__ (a Python call per grant): the same typed tuple
         g = _new_grant(Grant, (a.id, cpus, gpus, units if a.eres else 0, spec.memory, spec.quotas, restore,
                                spec.tokens, a.need))
-        L.take(g)
+        self.ledger.take(g)
         if queued:
             self._queue.remove(a)
         a.grant = g
@@ -672,10 +634,8 @@ class Scheduler:
         msp = self._mall.released(a, now) if self._mall.running else None
         rerun = self._rst.released(a, now) if self._rst.running else None
         self.ledger.give(g)
-        for gid in g.gpus:
-            self._gpu_holder[self.ledger.gpu_pos[gid]] = None
-        if a.spec.service and g.gpus:
-            self._resident.touch((a.spec.service, tuple(self.ledger.gpu_pos[x] for x in g.gpus)), now)
+        if g.gpus:
+            self._place.give_cell(a, g.gpus, now)
         self.released += 1
         del self._live[aid]
         if failed:
