@@ -46,7 +46,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from ..errors import SpecError
-from ..options import OBJECTIVE_PRICES, SchedulerOptions, check_ranges, merge_options
+from ..options import SchedulerOptions, check_scheduler_options, merge_options
 from ..pool import Pool
 from ..spec import ActionSpec
 from .action import Action, dur_min, spec_dur_min
@@ -133,26 +133,9 @@ class Scheduler:
         gpu_instances: str = "tp",
         gpu_regime_window: float = 60.0,
     ) -> None:
-        # types as SchedulerOptions checks them (a Scheduler built from keywords took window="8"
-        # to a bare TypeError, elastic="no" silently), then the ranges
-        SchedulerOptions(window=window, depth=depth, scan_limit=scan_limit, elastic=elastic, lookahead=lookahead,
-                         default_duration=default_duration, default_restore_s=default_restore_s, alpha=alpha,
-                         duration_alpha=duration_alpha, learn_efficiency=learn_efficiency, mu_grid=mu_grid,
-                         max_evictions=max_evictions, lookahead_cap=lookahead_cap, skip_rounds=skip_rounds,
-                         gpu_slots=gpu_slots, planner=planner, load_target=load_target,
-                         price_horizon=price_horizon, price_smoothing=price_smoothing, max_price=max_price,
-                         objective=objective, start_or_wait=start_or_wait, restart_gain=restart_gain,
-                         restore_horizon=restore_horizon, gpu_instances=gpu_instances,
-                         gpu_regime_window=gpu_regime_window)
-        mu_grid = tuple(float(x) for x in mu_grid)
-        if max_price is None:  # the objective's bound (an unknown objective is refused just below)
-            max_price = OBJECTIVE_PRICES.get(objective, 0.0)
-        check_ranges(dict(window=window, depth=depth, scan_limit=scan_limit, default_duration=default_duration,
-                          default_restore_s=default_restore_s, alpha=alpha, duration_alpha=duration_alpha,
-                          mu_grid=mu_grid, max_evictions=max_evictions, lookahead_cap=lookahead_cap,
-                          gpu_slots=gpu_slots, planner=planner, objective=objective, load_target=load_target,
-                          price_horizon=price_horizon, price_smoothing=price_smoothing, max_price=max_price,
-                          restart_gain=restart_gain))
+        # every option by name (the parameters above, SchedulerOptions' fields), checked
+        values = {k: v for k, v in locals().items() if k not in ("self", "pool")}
+        mu_grid, max_price = check_scheduler_options(values)
         GpuSizing.check_options(restore_horizon, gpu_instances, gpu_regime_window)
         self.restore_horizon = restore_horizon
         self.gpu_instances = gpu_instances
@@ -280,11 +263,7 @@ class Scheduler:
         is not taken as a duration), and the kind learns from what runs, as without one."""
         out: list[Decision] = []
         if deadline is not None and deadline <= now:
-            if action_id in self._live:  # a duplicate id is the caller's bug, whatever its deadline
-                raise ValueError(f"action id {action_id} submitted twice")
-            self.submitted += 1
-            self.rejected += 1
-            return [Reject(action_id, f"{spec.kind}: its deadline has already passed", "deadline")]
+            return [self._too_late(action_id, spec)]
         a = self._submit(action_id, spec, now, out, direct=True, expected=expected)
         if a is not None and a.grant is not None:
             return out
@@ -298,6 +277,14 @@ class Scheduler:
         if deadline is not None and a is not None and a.grant is None and a.id in self._live:
             self._admit_deadline(a, deadline, now, r)
         return r
+
+    def _too_late(self, action_id: int, spec: ActionSpec) -> Reject:
+        """An arrival whose deadline has already passed: refused, counted as submitted."""
+        if action_id in self._live:  # a duplicate id is the caller's bug, whatever its deadline
+            raise ValueError(f"action id {action_id} submitted twice")
+        self.submitted += 1
+        self.rejected += 1
+        return Reject(action_id, f"{spec.kind}: its deadline has already passed", "deadline")
 
     def tokens_used(self, quota: str, delta: float, now: float) -> list[Decision]:
         """``handle(TokensUsed(quota, delta), now)``: correct a weighted bucket after a call."""
@@ -320,11 +307,7 @@ class Scheduler:
         for ev in events:
             if type(ev) is Submitted and ev.deadline is not None:
                 if ev.deadline <= now:
-                    if ev.action_id in self._live:
-                        raise ValueError(f"action id {ev.action_id} submitted twice")
-                    self.submitted += 1
-                    self.rejected += 1
-                    out.append(Reject(ev.action_id, f"{ev.spec.kind}: its deadline has already passed", "deadline"))
+                    out.append(self._too_late(ev.action_id, ev.spec))
                     continue
                 timed.append(ev)
             self._apply(ev, now, out)
