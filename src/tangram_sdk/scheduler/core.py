@@ -49,7 +49,7 @@ from ..errors import SpecError
 from ..options import SchedulerOptions, check_scheduler_options, merge_options
 from ..pool import Pool
 from ..spec import ActionSpec
-from .action import Action, dur_min, spec_dur_min
+from .action import Action, dur_min
 from .admission import Admission
 from .decisions import Decision, Grant, Reject
 from . import invariants
@@ -183,17 +183,13 @@ class Scheduler:
         self._cells = tuple(c for c in pool.gpu_cells if c <= ng)
         self._gpu_holder: list[Action | None] = [None] * ng
         self._resident = Residency(ng, replica=self.gpu_instances == "replica")
-        self._restore_s: dict[str, float] = {}
         self.next_wakeup: float | None = None
         # a spec without its container, capped to the pool, its Shape: each once per distinct spec
         self._specs = SpecForms(pool, self.ledger, self._cells, gpu_slots, self.gpu_instances == "replica")
         self._shape = self._specs.shapes  # read inline on the hot path (and by the soak test's bound)
-        # Placement.pick_cold_cell answers per (size, free mask): valid until residency changes
-        self._cell_memo: dict[tuple[int, int], int] = {}
         self._memo = RoundMemo()  # what this round computes once (reset at each round's start)
         self._place = Placement(self.ledger, self._resident, self._gpu_holder, self._queue, self._kinds,
-                                self._memo, self._cell_memo, self._restore_s, self.default_restore_s,
-                                self.gpu_slots)
+                                self._memo, self.default_restore_s, self.gpu_slots)
         # how many elastic units each candidate of a round gets (a Plan), judged by the estimate
         self._planner = Planner(self._running, self._queue, self._place, self._resident, self._memo, self._cells,
                                 window=window, depth=depth, lookahead=lookahead, lookahead_cap=lookahead_cap,
@@ -333,11 +329,7 @@ class Scheduler:
 
     def estimated_duration(self, spec: ActionSpec, units: int | None = None) -> float:
         """Seconds ``spec`` is expected to run at ``units`` (its minimum when None)."""
-        st = self._kinds.get(spec.kind)
-        d_min = spec_dur_min(spec, st, self.default_duration)
-        if units is None or spec.elastic is None:
-            return d_min
-        return d_min * (st.rel(spec, units) if st is not None else spec.relative_duration(units))
+        return self._learn.estimated_duration(spec, units)
 
     def statistics(self) -> SchedulerStats:
         return SchedulerStats(

@@ -1,6 +1,7 @@
 """What the core learns per kind at both ends of an action's life: on arrival, its kind's
 :class:`.KindStats` found or made (the map bounded) and its arrival rate and length hint observed;
-on completion, its duration, efficiency and sandbox length.
+on completion, its duration, efficiency and sandbox length; and what it expects from them
+(:meth:`KindLearning.estimated_duration`).
 
 Why apart from the core: the round only reads what is learned (through the shared ``kinds`` map
 and each action's ``stats``); which sample is learned from, at which speedup, and when it is not
@@ -10,7 +11,7 @@ and each action's ``stats``); which sample is learned from, at which speedup, an
 from __future__ import annotations
 
 from ..spec import ActionSpec
-from .action import Action
+from .action import Action, spec_dur_min
 from .learn import KindStats
 from .lengths import SandboxLengths
 from .moldable import RISK_MIN_RATIO, RISK_Z
@@ -76,6 +77,14 @@ class KindLearning:
                     sb = a.stats.sandboxes = SandboxLengths()
                 ran_at = units if rerun is None else int(rerun[1])
                 sb.observe(a.box, exec_s / a.stats.rel(a.spec, ran_at))
+
+    def estimated_duration(self, spec: ActionSpec, units: int | None = None) -> float:
+        """Seconds ``spec`` is expected to run at ``units`` (its minimum when None)."""
+        st = self.kinds.get(spec.kind)
+        d_min = spec_dur_min(spec, st, self.default_duration)
+        if units is None or spec.elastic is None:
+            return d_min
+        return d_min * (st.rel(spec, units) if st is not None else spec.relative_duration(units))
 
     def _forget(self) -> None:
         """Bound what is learned per kind: a job naming kinds per task (``f"pytest-{repo}"``) must

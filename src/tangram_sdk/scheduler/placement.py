@@ -31,16 +31,18 @@ class Placement:
                  "_restore_s", "default_restore_s", "gpu_slots")
 
     def __init__(self, ledger: Ledger, resident: Residency, gpu_holder: list[Action | None], queue: WaitQueue,
-                 kinds: dict[str, KindStats], memo: RoundMemo, cell_memo: dict[tuple[int, int], int],
-                 restore_s: dict[str, float], default_restore_s: float, gpu_slots: float | None) -> None:
+                 kinds: dict[str, KindStats], memo: RoundMemo, default_restore_s: float,
+                 gpu_slots: float | None) -> None:
         self.ledger = ledger
         self._resident = resident
         self._gpu_holder = gpu_holder
         self._queue = queue
         self._kinds = kinds
         self._memo = memo
-        self._cell_memo = cell_memo  # pick_cold_cell per (size, free mask): the core clears it
-        self._restore_s = restore_s  # learned restore seconds per service (observe_residency)
+        # pick_cold_cell per (size, free mask): valid until residency changes (take_cell,
+        # observe_residency clear it)
+        self._cell_memo: dict[tuple[int, int], int] = {}
+        self._restore_s: dict[str, float] = {}  # learned restore seconds per service (observe_residency)
         self.default_restore_s = default_restore_s
         self.gpu_slots = gpu_slots
 
