@@ -28,15 +28,19 @@ the few shared objects it is given at construction (or the round's snapshot per 
 * state: the :class:`.Ledger` (free units), the :class:`.WaitQueue` (:mod:`.queue`), the running and
   live actions, the learned kinds (:mod:`.learn`), who holds each GPU, the :class:`.Residency` and
   the :class:`.RoundMemo` (:mod:`.memo`, one ``reset(now)`` per round);
-* :class:`.Admission` (step 1: ``scan`` returns an ``Admitted``), sizing at admission by
-  :class:`.CpuSizing` (:mod:`.moldable`, :mod:`.pricing`) and :class:`.GpuSizing`; :class:`.Planner`
-  (steps 2-4: ``plan`` returns a ``Plan``); :class:`.Placement` (step 5's nodes and cells, restore
-  prices); :class:`.Deadlines`; :class:`.Malleables` (running malleable actions, Resize).
+* on arrival and completion: :class:`.SpecForms` (:mod:`.specs`: the spec as sized, its Shape),
+  :class:`.KindLearning` (:mod:`.kinds`: what is learned per kind);
+* in the round: :class:`.Admission` (step 1: ``scan`` returns an ``Admitted``; ``alone`` for the
+  uncontended shortcut), sizing at admission by :class:`.CpuSizing` (:mod:`.moldable`,
+  :mod:`.pricing`) and :class:`.GpuSizing`; :class:`.Planner` (steps 2-4: ``plan`` returns a
+  ``Plan``); :class:`.Placement` (step 5's nodes, cells and holders, restore prices);
+  :class:`.Deadlines`; :class:`.Resizing` over :class:`.Malleables` and :class:`.Restarts`
+  (running actions shrunk, grown or restarted: Resize).
 
-This module: the events (learning included), the round driver (malleable shrink, deadlines, the
-uncontended shortcut, admission, plan, grants) and what is observed (statistics, invariants in
-:mod:`.invariants`). Collaborators never write the core's counters or ``next_wakeup``: they return
-what the core records.
+This module is the transition itself: events in (each applied to the state), one round (shrink,
+deadlines, the uncontended shortcut, admission, plan, grants, grow and restart), decisions out;
+statistics (:mod:`.stats`) and invariants (:mod:`.invariants`) are read off the state.
+Collaborators never write the core's counters or ``next_wakeup``: they return what the core records.
 """
 
 from __future__ import annotations
@@ -555,24 +559,12 @@ class Scheduler:
             raise SpecError(f"expected must be a finite number of seconds > 0, got {expected!r}")
         self.submitted += 1
         box = spec.group or spec.container
-        if box is not None:
-            # the sandbox (or group) is where the action runs or what it belongs to, not what it
-            # needs: sized, priced and queued as one spec with every other sandbox's (one spec per
-            # trajectory would split the market)
-            spec = self._specs.without_container(spec)
-        if spec.elastic is not None:
-            capped = self._specs.capped(spec)  # never priced or planned beyond what the pool holds
-            if isinstance(capped, str):
-                self.rejected += 1
-                out.append(Reject(aid, capped))
-                return None
-            spec = capped
-        shape = self._shape.get(spec) or self._specs.shape(spec)  # the memo, inline: the hot path
-        reason = shape.reason
-        if reason is not None:
+        form = self._specs.form(spec, box)
+        if isinstance(form, str):
             self.rejected += 1
-            out.append(Reject(aid, reason))
+            out.append(Reject(aid, form))
             return None
+        spec, shape = form
         st = self._learn.arrival(spec, now)
         self._seq += 1
         a = self._live[aid] = Action(aid, spec, self._seq, now, st, shape)

@@ -37,6 +37,25 @@ class SpecForms:
         # the most units of each elastic resource the pool could ever grant one action
         self._unit_cap = {"cpu": len(pool.cpus), "gpu": len(pool.gpus)}
 
+    def form(self, spec: ActionSpec, box: str | None) -> tuple[ActionSpec, Shape] | str:
+        """What an arrival of ``spec`` (in sandbox or group ``box``) is sized, priced and queued
+        as, and its Shape; or why it is refused (its efficiency beyond the checked range, or it
+        can never fit this pool)."""
+        if box is not None:
+            # the sandbox (or group) is where the action runs or what it belongs to, not what it
+            # needs: sized, priced and queued as one spec with every other sandbox's (one spec per
+            # trajectory would split the market)
+            spec = self.without_container(spec)
+        if spec.elastic is not None:
+            capped = self.capped(spec)  # never priced or planned beyond what the pool holds
+            if isinstance(capped, str):
+                return capped
+            spec = capped
+        shape = self.shapes.get(spec) or self.shape(spec)  # the memo, inline: the hot path
+        if shape.reason is not None:
+            return shape.reason
+        return spec, shape
+
     def shape(self, spec: ActionSpec) -> Shape:
         cache = self.shapes
         try:
