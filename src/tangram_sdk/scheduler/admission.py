@@ -232,12 +232,6 @@ class Admission:
         what it lacks (empty: it fits, and its node, cell and span are set on it) and when a
         missing rate-limit token is back (else None)."""
         L = self.ledger
-        if a.plain and len(L.node_count) == 1:
-            # fits() for a plain CPU action on a one-node pool, inline (the uncontended acquire's
-            # path): cores are all it can lack, node 0 the only place; the same answer
-            if L.node_count[0] >= a.cpu_min:
-                a.node, a.cell, a.span = 0, -1, False
-                return (), None
         lack, node, cell, span, wake = self.fits(a, L.node_count, L.gpu_free, L.counted_free, L.q_used, L.tokens, now)
         if not lack and cell >= 0 and a.spec.service:
             if market:

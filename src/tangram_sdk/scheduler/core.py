@@ -483,6 +483,13 @@ class Scheduler:
         L = self.ledger
         if L.tokens:
             L.refill(now)
+        if a.plain and len(L.node_count) == 1:
+            # Admission.alone for a plain CPU action on a one-node pool, inline (the uncontended
+            # acquire's path): cores are all it can lack, node 0 the only place; the same answer
+            if L.node_count[0] >= a.cpu_min:
+                self._round_now = now
+                a.node, a.cell, a.span = 0, -1, False
+                return True
         lack, wake = self._admission.alone(a, now, self.planner == "priced")
         self._round_now = now
         self._arm(wake)
@@ -499,7 +506,10 @@ class Scheduler:
     def _grant(self, a: Action, units: int, now: float, *, queued: bool = True) -> Grant:
         spec = a.spec
         ncpu = units if a.eres == "cpu" else a.cpu_min
-        cpus = self._place.take_cpus(a, ncpu) if ncpu else ()
+        if ncpu == 1 and not a.span:  # Placement.take_cpus, inline for the common one-core grant
+            cpus: tuple[int, ...] = (min(self.ledger.node_free[a.node]),)
+        else:
+            cpus = self._place.take_cpus(a, ncpu) if ncpu else ()
         gpus: tuple[int, ...] = ()
         restore = False
         if a.gpu_min:
