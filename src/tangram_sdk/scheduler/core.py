@@ -174,8 +174,8 @@ class Scheduler:
         self._running: dict[int, Action] = {}
         self._live: dict[int, Action] = {}  # queued or running, by id
         self._kinds: dict[str, KindStats] = {}
-        self._learn = KindLearning(self._kinds, default_duration=default_duration, alpha=alpha,
-                                   duration_alpha=duration_alpha, learn_efficiency=learn_efficiency)
+        self._learn = KindLearning(self._kinds, default_duration=default_duration, duration_alpha=duration_alpha,
+                                   learn_efficiency=learn_efficiency)
         # the price of cores and the sizes it gives elastic CPU actions at admission
         self._cpu = CpuSizing(self.ledger, self._running, self._kinds, self._queue.spec_queued,
                               default_duration=default_duration, lookahead=lookahead, load_target=load_target,
@@ -575,7 +575,9 @@ class Scheduler:
             out.append(Reject(aid, form))
             return None
         spec, shape = form
-        st = self._learn.arrival(spec, now)
+        st = self._kinds.get(spec.kind) or self._learn.new_kind(spec.kind)  # a call fewer: the hot path
+        st.observe_arrival(now, self.alpha)
+        st.spec = spec
         self._seq += 1
         a = self._live[aid] = Action(aid, spec, self._seq, now, st, shape)
         if a.eres == "cpu":

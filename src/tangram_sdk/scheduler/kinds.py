@@ -1,5 +1,5 @@
-"""What the core learns per kind at both ends of an action's life: on arrival, its kind's
-:class:`.KindStats` found or made (the map bounded) and its arrival rate and length hint observed;
+"""What the core learns per kind at both ends of an action's life: on arrival, a new kind's
+:class:`.KindStats` made (the map bounded) and the length hint observed;
 on completion, its duration, efficiency and sandbox length; and what it expects from them
 (:meth:`KindLearning.estimated_duration`).
 
@@ -22,26 +22,22 @@ MAX_KINDS = 4096  # learned per-kind state kept (least recently seen forgotten b
 
 
 class KindLearning:
-    __slots__ = ("kinds", "default_duration", "alpha", "duration_alpha", "learn_efficiency")
+    __slots__ = ("kinds", "default_duration", "duration_alpha", "learn_efficiency")
 
-    def __init__(self, kinds: dict[str, KindStats], *, default_duration: float, alpha: float,
-                 duration_alpha: float, learn_efficiency: bool) -> None:
+    def __init__(self, kinds: dict[str, KindStats], *, default_duration: float, duration_alpha: float,
+                 learn_efficiency: bool) -> None:
         self.kinds = kinds  # shared: the sizing, placement and GPU market read it
         self.default_duration = default_duration
-        self.alpha = alpha
         self.duration_alpha = duration_alpha
         self.learn_efficiency = learn_efficiency
 
-    def arrival(self, spec: ActionSpec, now: float) -> KindStats:
-        """``spec`` arrived at ``now``: its kind's stats (made at the prior when new), the arrival
-        observed."""
-        st = self.kinds.get(spec.kind)
-        if st is None:
-            if len(self.kinds) >= MAX_KINDS:
-                self._forget()
-            st = self.kinds[spec.kind] = KindStats(self.default_duration)
-        st.observe_arrival(now, self.alpha)
-        st.spec = spec
+    def new_kind(self, kind: str) -> KindStats:
+        """The stats of a kind not seen yet (or forgotten), at the prior; the map kept bounded.
+        The core observes each arrival on them itself (``observe_arrival``: a call fewer per
+        acquire)."""
+        if len(self.kinds) >= MAX_KINDS:
+            self._forget()
+        st = self.kinds[kind] = KindStats(self.default_duration)
         return st
 
     def hint(self, a: Action, box: str | None, expected: float | None) -> None:

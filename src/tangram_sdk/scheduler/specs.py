@@ -46,7 +46,8 @@ class SpecForms:
             # needs: sized, priced and queued as one spec with every other sandbox's (one spec per
             # trajectory would split the market)
             spec = self.without_container(spec)
-        if spec.elastic is not None:
+        el = spec.elastic
+        if el is not None and (el.max_units > self._unit_cap[el.resource] or el.max_units > CHECKED_UNITS):
             capped = self.capped(spec)  # never priced or planned beyond what the pool holds
             if isinstance(capped, str):
                 return capped
@@ -68,18 +69,16 @@ class SpecForms:
         return shape
 
     def capped(self, spec: ActionSpec) -> ActionSpec | str:
-        """``spec`` (elastic) with its elastic range cut to what the pool holds of that resource:
+        """``spec`` (elastic, beyond the pool) with its elastic range cut to what the pool holds of that resource:
         sizes, prices and plans evaluate ``T(m)`` for every ``m`` in the range, so a ``max_units``
         of 10**7 cost seconds per arrival, and a user efficiency was checked only up to 1024 (one
         raising beyond it broke every later round). A reason string: the efficiency fails in the
         range the spec's own check left out (the action is refused)."""
-        el = spec.elastic
-        assert el is not None
-        if not (el.max_units > self._unit_cap[el.resource] or el.max_units > CHECKED_UNITS):
-            return spec
         hit = self._capped.get(spec)
         if hit is not None:
             return hit
+        el = spec.elastic
+        assert el is not None
         cap = min(el.max_units, max(self._unit_cap[el.resource], spec.cpus if el.resource == "cpu" else spec.gpus, 1))
         capped = spec if cap == el.max_units else attrs.evolve(spec, elastic=attrs.evolve(el, max_units=cap))
         problem = el.efficiency_problem(CHECKED_UNITS + 1, cap)  # what the spec's own check left out
