@@ -20,7 +20,8 @@ import attrs
 from ._validate import show
 from .errors import SpecError
 
-__all__ = ["OBJECTIVE_PRICES", "SchedulerKeywords", "SchedulerOptions", "check_ranges", "merge_options"]
+__all__ = ["OBJECTIVE_PRICES", "SchedulerKeywords", "SchedulerOptions", "check_ranges", "check_scheduler_options",
+           "merge_options"]
 
 # objective -> the price bound it implies when max_price is not given (scheduler/moldable.py):
 # "step" keeps a floor of cores under any backlog, "act" / "balanced" let the price rise further
@@ -153,6 +154,20 @@ def merge_options(options: SchedulerOptions | None, keywords: Mapping[str, Any])
         raise SpecError(f"scheduler option(s) {both} given both in options= and as keywords")
     out.update(keywords)
     return out
+
+
+def check_scheduler_options(values: Mapping[str, Any]) -> tuple[tuple[float, ...], float]:
+    """Check every Scheduler option (``values``: each by name, its defaults filled in): the types
+    as :class:`SchedulerOptions` checks them (a Scheduler built from keywords took window="8" to a
+    bare TypeError, elastic="no" silently), then the ranges. Returns ``mu_grid`` as floats and
+    ``max_price`` (the objective's bound when None; an unknown objective is refused by the ranges)."""
+    SchedulerOptions(**values)
+    mu_grid = tuple(float(x) for x in values["mu_grid"])
+    max_price = values["max_price"]
+    if max_price is None:
+        max_price = OBJECTIVE_PRICES.get(values["objective"], 0.0)
+    check_ranges({**values, "mu_grid": mu_grid, "max_price": max_price})
+    return mu_grid, max_price
 
 
 def check_ranges(values: Mapping[str, Any]) -> None:

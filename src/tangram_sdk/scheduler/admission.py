@@ -8,8 +8,8 @@ service actions.
 :class:`Admission` is a collaborator the core owns: given the ledger, the wait queue, the placement,
 the CPU and GPU sizing and its options, :meth:`~Admission.scan` reads the queue and the ledger and
 returns what one round admits (:class:`Admitted`); :meth:`~Admission.fits` is the one fit rule, also
-used by the core's uncontended shortcut. Neither changes the ledger or the queue: the core grants
-(or, for the planner's evictions, leaves queued) what they return.
+used by the core's uncontended shortcut through :meth:`~Admission.alone`. None changes the ledger or
+the queue: the core grants (or, for the planner's evictions, leaves queued) what they return.
 """
 
 from __future__ import annotations
@@ -224,3 +224,26 @@ class Admission:
             if cell < 0:
                 lack.append("gpu")
         return lack, node, cell, span, wake
+
+    def alone(self, a: Action, now: float, market: bool) -> tuple[Sequence[str], float | None]:
+        """The uncontended shortcut's fit: the lone queued fixed-size action ``a`` checked on the
+        ledger (token buckets refilled to ``now`` by the core) by exactly the round's rules, the
+        GPU market's choice when ``market`` (else the wait for a busy warm copy) included. Returns
+        what it lacks (empty: it fits, and its node, cell and span are set on it) and when a
+        missing rate-limit token is back (else None)."""
+        L = self.ledger
+        lack, node, cell, span, wake = self.fits(a, L.node_count, L.gpu_free, L.counted_free, L.q_used, L.tokens, now)
+        if not lack and cell >= 0 and a.spec.service:
+            if market:
+                gpu = self._gpu
+                gpu.begin_round()
+                choice = gpu.choice(a, L.gpu_free, now)
+                if not choice.units:
+                    lack = [f"svc:{a.spec.service}:{a.gpu_min}"]
+                else:
+                    cell = choice.cell
+            elif self._place.should_wait_for_resident(a, cell, now):
+                lack = [f"svc:{a.spec.service}:{a.gpu_min}"]
+        if not lack:
+            a.node, a.cell, a.span = node, cell, span
+        return lack, wake

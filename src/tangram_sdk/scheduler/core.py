@@ -28,35 +28,37 @@ the few shared objects it is given at construction (or the round's snapshot per 
 * state: the :class:`.Ledger` (free units), the :class:`.WaitQueue` (:mod:`.queue`), the running and
   live actions, the learned kinds (:mod:`.learn`), who holds each GPU, the :class:`.Residency` and
   the :class:`.RoundMemo` (:mod:`.memo`, one ``reset(now)`` per round);
-* :class:`.Admission` (step 1: ``scan`` returns an ``Admitted``), sizing at admission by
-  :class:`.CpuSizing` (:mod:`.moldable`, :mod:`.pricing`) and :class:`.GpuSizing`; :class:`.Planner`
-  (steps 2-4: ``plan`` returns a ``Plan``); :class:`.Placement` (step 5's nodes and cells, restore
-  prices); :class:`.Deadlines`; :class:`.Malleables` (running malleable actions, Resize).
+* on arrival and completion: :class:`.SpecForms` (:mod:`.specs`: the spec as sized, its Shape),
+  :class:`.KindLearning` (:mod:`.kinds`: what is learned per kind);
+* in the round: :class:`.Admission` (step 1: ``scan`` returns an ``Admitted``; ``alone`` for the
+  uncontended shortcut), sizing at admission by :class:`.CpuSizing` (:mod:`.moldable`,
+  :mod:`.pricing`) and :class:`.GpuSizing`; :class:`.Planner` (steps 2-4: ``plan`` returns a
+  ``Plan``); :class:`.Placement` (step 5's nodes, cells and holders, restore prices);
+  :class:`.Deadlines`; :class:`.Resizing` over :class:`.Malleables` and :class:`.Restarts`
+  (running actions shrunk, grown or restarted: Resize).
 
-This module: the events (learning included), the round driver (malleable shrink, deadlines, the
-uncontended shortcut, admission, plan, grants) and what is observed (statistics, invariants in
-:mod:`.invariants`). Collaborators never write the core's counters or ``next_wakeup``: they return
-what the core records.
+This module is the transition itself: events in (each applied to the state), one round (shrink,
+deadlines, the uncontended shortcut, admission, plan, grants, grow and restart), decisions out;
+statistics (:mod:`.stats`) and invariants (:mod:`.invariants`) are read off the state.
+Collaborators never write the core's counters or ``next_wakeup``: they return what the core records.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING, Any
-
-import attrs
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 from ..errors import SpecError
-from ..options import OBJECTIVE_PRICES, SchedulerOptions, check_ranges, merge_options
+from ..options import SchedulerOptions, check_scheduler_options, merge_options
 from ..pool import Pool
-from ..snapshot import Snapshot
-from ..spec import CHECKED_UNITS, ActionSpec
-from .action import Action, Shape, dur_min, shape_of, spec_dur_min
+from ..spec import ActionSpec
+from .action import Action, dur_min
 from .admission import Admission
 from .decisions import Decision, Grant, Reject
 from . import invariants
 from .events import Cancelled, Event, Released, ServiceResidency, Submitted, Tick, TokensUsed
+from .kinds import KindLearning
 from .learn import KindStats
 from .ledger import Ledger
 from .malleable import Malleables
@@ -65,12 +67,13 @@ from .queue import WaitQueue
 from .placement import Placement
 from .deadlines import Deadlines
 from .gpu_sizing import GpuSizing
-from .lengths import SandboxLengths
-from .moldable import RISK_MIN_RATIO, RISK_Z, CpuSizing
-from .pricing import PRICE_GRID
+from .moldable import CpuSizing
 from .planning import Planner
 from .residency import Residency
+from .resizing import Resizing
 from .restart import Restarts
+from .specs import SpecForms
+from .stats import SchedulerStats, ledger_fields
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -82,49 +85,7 @@ _new_grant = tuple.__new__  # see _grant
 __all__ = ["Scheduler", "SchedulerStats"]
 
 _DEFAULT_MU_GRID = (0.0, 0.05, 0.15, 0.5, 1.5, 5.0, math.inf)
-_MAX_KINDS = 4096  # learned per-kind state kept (least recently seen forgotten beyond it)
 # objective -> default max_price (seconds of ACT one core-second may cost at most)
-
-
-@attrs.frozen(eq=False)
-class SchedulerStats(Snapshot):
-    """:meth:`Scheduler.statistics`: the pool's ledger and the core's counters right now (frozen;
-    ``asdict()`` for JSON; ``s["granted"]``, ``.get``, ``dict(s)`` keep working for one release).
-
-    ``quotas``: per quota ``used``, ``concurrency``, ``tokens`` and ``token_level`` (the request
-    and token buckets, None without one). ``counted``: per counted kind the pool accounts (memory
-    when counted, and its declared ``resources``) ``total``, ``free``, ``used`` and ``unit``.
-    ``resizes``: Resize decisions so far (malleable actions grown or shrunk, restartable ones
-    restarted); ``grown``: running malleable ones holding more than they were admitted with now;
-    ``restarts``: restartable actions restarted on more cores. Means are None until there is
-    something to average."""
-
-    cpus_total: int
-    cpus_free: int
-    gpus_total: int
-    gpus_free: int
-    memory_total: int | None
-    memory_free: int | None
-    quotas: Mapping[str, Mapping[str, Any]]
-    counted: Mapping[str, Mapping[str, Any]]
-    running: int
-    queued: int
-    submitted: int
-    granted: int
-    released: int
-    cancelled: int
-    rejected: int
-    failed: int
-    completed: int
-    rounds: int
-    evictions: int
-    resizes: int
-    grown: int
-    restarts: int
-    mean_act_s: float | None
-    mean_queue_s: float | None
-    mean_exec_s: float | None
-    resident_services: int
 
 
 class Scheduler:
@@ -176,26 +137,9 @@ class Scheduler:
         gpu_instances: str = "tp",
         gpu_regime_window: float = 60.0,
     ) -> None:
-        # types as SchedulerOptions checks them (a Scheduler built from keywords took window="8"
-        # to a bare TypeError, elastic="no" silently), then the ranges
-        SchedulerOptions(window=window, depth=depth, scan_limit=scan_limit, elastic=elastic, lookahead=lookahead,
-                         default_duration=default_duration, default_restore_s=default_restore_s, alpha=alpha,
-                         duration_alpha=duration_alpha, learn_efficiency=learn_efficiency, mu_grid=mu_grid,
-                         max_evictions=max_evictions, lookahead_cap=lookahead_cap, skip_rounds=skip_rounds,
-                         gpu_slots=gpu_slots, planner=planner, load_target=load_target,
-                         price_horizon=price_horizon, price_smoothing=price_smoothing, max_price=max_price,
-                         objective=objective, start_or_wait=start_or_wait, restart_gain=restart_gain,
-                         restore_horizon=restore_horizon, gpu_instances=gpu_instances,
-                         gpu_regime_window=gpu_regime_window)
-        mu_grid = tuple(float(x) for x in mu_grid)
-        if max_price is None:  # the objective's bound (an unknown objective is refused just below)
-            max_price = OBJECTIVE_PRICES.get(objective, 0.0)
-        check_ranges(dict(window=window, depth=depth, scan_limit=scan_limit, default_duration=default_duration,
-                          default_restore_s=default_restore_s, alpha=alpha, duration_alpha=duration_alpha,
-                          mu_grid=mu_grid, max_evictions=max_evictions, lookahead_cap=lookahead_cap,
-                          gpu_slots=gpu_slots, planner=planner, objective=objective, load_target=load_target,
-                          price_horizon=price_horizon, price_smoothing=price_smoothing, max_price=max_price,
-                          restart_gain=restart_gain))
+        # every option by name (the parameters above, SchedulerOptions' fields), checked
+        values = {k: v for k, v in locals().items() if k not in ("self", "pool")}
+        mu_grid, max_price = check_scheduler_options(values)
         GpuSizing.check_options(restore_horizon, gpu_instances, gpu_regime_window)
         self.restore_horizon = restore_horizon
         self.gpu_instances = gpu_instances
@@ -230,6 +174,8 @@ class Scheduler:
         self._running: dict[int, Action] = {}
         self._live: dict[int, Action] = {}  # queued or running, by id
         self._kinds: dict[str, KindStats] = {}
+        self._learn = KindLearning(self._kinds, default_duration=default_duration, duration_alpha=duration_alpha,
+                                   learn_efficiency=learn_efficiency)
         # the price of cores and the sizes it gives elastic CPU actions at admission
         self._cpu = CpuSizing(self.ledger, self._running, self._kinds, self._queue.spec_queued,
                               default_duration=default_duration, lookahead=lookahead, load_target=load_target,
@@ -241,23 +187,18 @@ class Scheduler:
         self._cells = tuple(c for c in pool.gpu_cells if c <= ng)
         self._gpu_holder: list[Action | None] = [None] * ng
         self._resident = Residency(ng, replica=self.gpu_instances == "replica")
-        self._restore_s: dict[str, float] = {}
         self.next_wakeup: float | None = None
-        self._shape: dict[ActionSpec, Shape] = {}  # per distinct spec, see Shape
-        self._bare: dict[tuple[Any, ...], ActionSpec] = {}  # a spec's fields but container and group -> that spec
-        self._capped_memo: dict[ActionSpec, ActionSpec] = {}
-        # the most units of each elastic resource the pool could ever grant one action
-        self._unit_cap = {"cpu": len(pool.cpus), "gpu": len(pool.gpus)}
-        # Placement.pick_cold_cell answers per (size, free mask): valid until residency changes
-        self._cell_memo: dict[tuple[int, int], int] = {}
+        # a spec without its container, capped to the pool, its Shape: each once per distinct spec
+        self._specs = SpecForms(pool, self.ledger, self._cells, gpu_slots, self.gpu_instances == "replica")
+        self._shape = self._specs.shapes  # read inline on the hot path (and by the soak test's bound)
         self._memo = RoundMemo()  # what this round computes once (reset at each round's start)
         self._place = Placement(self.ledger, self._resident, self._gpu_holder, self._queue, self._kinds,
-                                self._memo, self._cell_memo, self._restore_s, self.default_restore_s,
-                                self.gpu_slots)
+                                self._memo, self.default_restore_s, self.gpu_slots)
         # how many elastic units each candidate of a round gets (a Plan), judged by the estimate
         self._planner = Planner(self._running, self._queue, self._place, self._resident, self._memo, self._cells,
                                 window=window, depth=depth, lookahead=lookahead, lookahead_cap=lookahead_cap,
                                 mu_grid=self.mu_grid, max_evictions=max_evictions)
+        self._resizing = Resizing(self.ledger, self._queue, self._mall, self._rst, self._cpu)
         # the GPU market: widths, copies per service, start / wait / restore at admission
         self._gpu = GpuSizing(self._kinds, self._resident, self._gpu_holder, self._cells, self._queue.svc_queued,
                               self._place, gpu_slots=gpu_slots, default_duration=default_duration,
@@ -290,20 +231,12 @@ class Scheduler:
         """Why ``spec`` can never be granted by this pool, or None when it can (memoised: rollouts
         submit the same few specs millions of times, differing at most in container or group)."""
         if spec.container is not None or spec.group is not None:
-            spec = self.without_container(spec)
-        return self._shape_of(spec).reason
+            spec = self._specs.without_container(spec)
+        return self._specs.shape(spec).reason
 
-    def _shape_of(self, spec: ActionSpec) -> Shape:
-        cache = self._shape
-        try:
-            return cache[spec]
-        except KeyError:
-            pass
-        if len(cache) > 4096:
-            cache.clear()
-        shape = cache[spec] = shape_of(spec, self.pool, self.ledger, self._cells, self.gpu_slots,
-                                       self.gpu_instances == "replica")
-        return shape
+    def without_container(self, spec: ActionSpec) -> ActionSpec:
+        """``spec`` without its container and group, one object per distinct rest (see :mod:`.specs`)."""
+        return self._specs.without_container(spec)
 
     def handle(self, event: Event, now: float) -> list[Decision]:
         """Apply one event at time ``now`` and run a scheduling round."""
@@ -330,11 +263,7 @@ class Scheduler:
         is not taken as a duration), and the kind learns from what runs, as without one."""
         out: list[Decision] = []
         if deadline is not None and deadline <= now:
-            if action_id in self._live:  # a duplicate id is the caller's bug, whatever its deadline
-                raise ValueError(f"action id {action_id} submitted twice")
-            self.submitted += 1
-            self.rejected += 1
-            return [Reject(action_id, f"{spec.kind}: its deadline has already passed", "deadline")]
+            return [self._too_late(action_id, spec)]
         a = self._submit(action_id, spec, now, out, direct=True, expected=expected)
         if a is not None and a.grant is not None:
             return out
@@ -348,6 +277,14 @@ class Scheduler:
         if deadline is not None and a is not None and a.grant is None and a.id in self._live:
             self._admit_deadline(a, deadline, now, r)
         return r
+
+    def _too_late(self, action_id: int, spec: ActionSpec) -> Reject:
+        """An arrival whose deadline has already passed: refused, counted as submitted."""
+        if action_id in self._live:  # a duplicate id is the caller's bug, whatever its deadline
+            raise ValueError(f"action id {action_id} submitted twice")
+        self.submitted += 1
+        self.rejected += 1
+        return Reject(action_id, f"{spec.kind}: its deadline has already passed", "deadline")
 
     def tokens_used(self, quota: str, delta: float, now: float) -> list[Decision]:
         """``handle(TokensUsed(quota, delta), now)``: correct a weighted bucket after a call."""
@@ -370,11 +307,7 @@ class Scheduler:
         for ev in events:
             if type(ev) is Submitted and ev.deadline is not None:
                 if ev.deadline <= now:
-                    if ev.action_id in self._live:
-                        raise ValueError(f"action id {ev.action_id} submitted twice")
-                    self.submitted += 1
-                    self.rejected += 1
-                    out.append(Reject(ev.action_id, f"{ev.spec.kind}: its deadline has already passed", "deadline"))
+                    out.append(self._too_late(ev.action_id, ev.spec))
                     continue
                 timed.append(ev)
             self._apply(ev, now, out)
@@ -400,26 +333,11 @@ class Scheduler:
 
     def estimated_duration(self, spec: ActionSpec, units: int | None = None) -> float:
         """Seconds ``spec`` is expected to run at ``units`` (its minimum when None)."""
-        st = self._kinds.get(spec.kind)
-        d_min = spec_dur_min(spec, st, self.default_duration)
-        if units is None or spec.elastic is None:
-            return d_min
-        return d_min * (st.rel(spec, units) if st is not None else spec.relative_duration(units))
+        return self._learn.estimated_duration(spec, units)
 
     def statistics(self) -> SchedulerStats:
-        L = self.ledger
-        pool = self.pool
-        s = SchedulerStats(
-            cpus_total=len(pool.cpus), cpus_free=L.free_cpus,
-            gpus_total=len(pool.gpus), gpus_free=L.free_gpus,
-            memory_total=pool.memory, memory_free=L.mem_free,
-            counted={k.name: {"total": cap, "free": L.counted_free[k.name],
-                              "used": cap - L.counted_free[k.name], "unit": k.unit}
-                     for k, cap in pool.counted_kinds},
-            quotas={n: {"used": L.q_used[n], "concurrency": L.q_conc[n],
-                        "tokens": (round(L.tokens[n], 3) if n in L.tokens else None),
-                        "token_level": (round(L.tokens["#" + n], 3) if "#" + n in L.tokens else None)}
-                    for n in L.q_used},
+        return SchedulerStats(
+            **ledger_fields(self.pool, self.ledger),
             running=len(self._running), queued=self._queue.n,
             submitted=self.submitted, granted=self.granted, released=self.released,
             cancelled=self.cancelled, rejected=self.rejected, failed=self.failed,
@@ -431,7 +349,6 @@ class Scheduler:
             mean_exec_s=(self._sum_exec / self.completed) if self.completed else None,
             resident_services=len(self._resident),
         )
-        return s
 
     def check_invariants(self) -> None:
         """Raise AssertionError if the ledger disagrees with the running grants (for tests)."""
@@ -446,62 +363,27 @@ class Scheduler:
         """One round at ``now``: malleable actions shrunk first and grown after when any run,
         restartable ones restarted after it, queued deadlines expired and armed when any are
         kept, admission, plan and grants."""
-        mall = self._mall
-        rst = self._rst
-        if mall.running or rst.running:  # shrink before admission; grow and restart after
+        if self._mall.running or self._rst.running:  # shrink before admission; grow and restart after
             pre: list[Decision] = []
-            if mall.grown and self._cpu_waiting() and mall.shrink_all(pre, now):
+            if self._resizing.shrink(pre, now):
                 self._need_round = True
-                self._cpu.forget_releases()  # the release line holds their cores
             pre.extend(self._round_plain(now))
-            if not self._cpu_waiting() and self.ledger.free_cpus:
-                n = len(pre)
-                wake = mall.grow_idle(pre, now, self._cpu.dops_of) if mall.running else None
-                if rst.running and self.ledger.free_cpus:
-                    w = rst.restart_idle(pre, now, lambda a: self._restart_size(a, now),
-                                         lambda spec: self._cpu.dops_of(spec)[0])
-                    if w is not None and (wake is None or w < wake):
-                        wake = w
-                if len(pre) > n:
-                    self._cpu.forget_releases()
-                if wake is not None and (self.next_wakeup is None or wake < self.next_wakeup):
-                    self.next_wakeup = wake  # look again when a young one outruns its estimate
+            self._arm(self._resizing.lend_idle(pre, now))  # look again when a young one outruns its estimate
             return pre
         out = self._round_plain(now) if self._deadlines.heap else self._round_fcfs(now)
-        if out and (mall.running or rst.running):  # it started the first malleable/restartable one
-            self._arm_elastic(now)
+        if out and (self._mall.running or self._rst.running):  # it started the first malleable/restartable one
+            # its first look: the round that granted it did not take the branch that arms it
+            self._arm(self._resizing.due(now))
         return out
 
-    def _arm_gpu_wait(self, now: float) -> None:
-        """A service call chose to wait for a busy warm copy: the choice changes with time (a
-        holder that overran its estimate is assumed half done, so its expected remainder grows
-        with its age until restoring elsewhere pays). Look again when the first holder is due to
-        end, or, once overdue, when it has aged another quarter: a handful of looks per overrun."""
-        wake = self.next_wakeup
-        for h in self._gpu_holder:
-            if h is None:
-                continue
-            t = h.est_end if h.est_end > now else now + max(0.05, 0.25 * (now - h.started))
-            if wake is None or t < wake:
-                wake = t
-        self.next_wakeup = wake
-
-    def _arm_elastic(self, now: float) -> None:
-        """Keep ``next_wakeup`` no later than the first look a running malleable action (its
-        estimate: it may grow after) or restartable one (its restart check) is due: a round that
-        granted the first of them did not take the branch that arms it."""
-        wake = self._rst.next_due()
-        for a in self._mall.running.values():
-            if now < a.est_end and (wake is None or a.est_end < wake):
-                wake = a.est_end
-        if wake is not None and (self.next_wakeup is None or wake < self.next_wakeup):
-            self.next_wakeup = wake
+    def _arm(self, t: float | None) -> None:
+        """Keep ``next_wakeup`` no later than ``t`` (None: nothing asks)."""
+        if t is not None and (self.next_wakeup is None or t < self.next_wakeup):
+            self.next_wakeup = t
 
     def _arm_deadlines(self) -> None:
         """Keep ``next_wakeup`` no later than the earliest deadline of a queued action."""
-        t = self._deadlines.earliest()
-        if t is not None and (self.next_wakeup is None or t < self.next_wakeup):
-            self.next_wakeup = t
+        self._arm(self._deadlines.earliest())
 
     def _admit_deadline(self, a: Action, deadline: float, now: float, out: list[Decision]) -> None:
         """``a`` was queued with a deadline: refused now if it cannot start in time (see
@@ -516,14 +398,6 @@ class Scheduler:
             out.extend(self._round(now))
             return
         self._arm_deadlines()
-
-    def _restart_size(self, a: Action, now: float) -> tuple[int, float]:
-        """The size ``a``'s kind would be granted now, and the price per core-second then."""
-        gi = self._cpu.price_now(a, now)
-        return self._cpu.dops_of(a.spec)[gi], PRICE_GRID[gi]
-
-    def _cpu_waiting(self) -> bool:
-        return any(n and spec.cpus for spec, n in self._queue.spec_queued.items())
 
     def _round_plain(self, now: float) -> list[Decision]:
         if self._deadlines.heap:  # rare: only actions submitted with a deadline put entries here
@@ -560,7 +434,7 @@ class Scheduler:
         adm = self._admission.scan(now, self.rounds)
         self.next_wakeup = adm.wake
         if adm.svc_blocked and self._gpu_holder:
-            self._arm_gpu_wait(now)
+            self._arm(self._place.holders_due(now))  # a service call waits for a busy warm copy
         self._blocked_last = adm.blocked
         self._round_now = now
         self._time_sensitive = adm.wake is not None or adm.svc_blocked
@@ -610,75 +484,40 @@ class Scheduler:
         if L.tokens:
             L.refill(now)
         if a.plain and len(L.node_count) == 1:
-            # Admission.fits for a plain CPU action on a one-node pool, inline (the uncontended
+            # Admission.alone for a plain CPU action on a one-node pool, inline (the uncontended
             # acquire's path): cores are all it can lack, node 0 the only place; the same answer
             if L.node_count[0] >= a.cpu_min:
                 self._round_now = now
                 a.node, a.cell, a.span = 0, -1, False
                 return True
-        lack, node, cell, span, wake = self._admission.fits(a, L.node_count, L.gpu_free, L.counted_free,
-                                                            L.q_used, L.tokens, now)
-        if wake is not None and (self.next_wakeup is None or wake < self.next_wakeup):
-            self.next_wakeup = wake
+        lack, wake = self._admission.alone(a, now, self.planner == "priced")
         self._round_now = now
-        if not lack and cell >= 0 and a.spec.service:
-            if self.planner == "priced":
-                gpu = self._gpu
-                gpu.begin_round()
-                choice = gpu.choice(a, L.gpu_free, now)
-                if not choice.units:
-                    lack = [f"svc:{a.spec.service}:{a.gpu_min}"]
-                else:
-                    cell = choice.cell
-            elif self._place.should_wait_for_resident(a, cell, now):
-                lack = [f"svc:{a.spec.service}:{a.gpu_min}"]
+        self._arm(wake)
         if lack:
             if self._gpu_holder and lack[0].startswith("svc:"):
-                self._arm_gpu_wait(now)
+                self._arm(self._place.holders_due(now))  # a service call waits for a busy warm copy
             self._blocked_last = set(lack)
             self._time_sensitive = self.next_wakeup is not None or bool(a.spec.service)
             self._need_round = False
             return False
-        a.node, a.cell, a.span = node, cell, span
         return True
 
     # -- grants ---------------------------------------------------------------------------------
     def _grant(self, a: Action, units: int, now: float, *, queued: bool = True) -> Grant:
-        L = self.ledger
         spec = a.spec
         ncpu = units if a.eres == "cpu" else a.cpu_min
-        cpus: tuple[int, ...] = ()
-        if ncpu:
-            if a.span:
-                picked: list[int] = []
-                for i in sorted(range(len(L.node_free)), key=lambda i: -len(L.node_free[i])):
-                    take = sorted(L.node_free[i])[: ncpu - len(picked)]
-                    picked.extend(take)
-                    if len(picked) >= ncpu:
-                        break
-                cpus = tuple(sorted(picked))
-            elif ncpu == 1:
-                cpus = (min(L.node_free[a.node]),)
-            else:
-                cpus = tuple(sorted(L.node_free[a.node])[:ncpu])
+        if ncpu == 1 and not a.span:  # Placement.take_cpus, inline for the common one-core grant
+            cpus: tuple[int, ...] = (min(self.ledger.node_free[a.node]),)
+        else:
+            cpus = self._place.take_cpus(a, ncpu) if ncpu else ()
         gpus: tuple[int, ...] = ()
         restore = False
         if a.gpu_min:
-            size = units if a.eres == "gpu" else a.gpu_min
-            pos = tuple(range(a.cell, a.cell + size))
-            gpus = tuple(L.gpu_ids[p] for p in pos)
-            if spec.service is not None:
-                key = (spec.service, pos)
-                restore = key not in self._resident
-                if restore:
-                    self._cell_memo.clear()
-                self._resident.add(key, now)
-            for p in pos:
-                self._gpu_holder[p] = a
+            gpus, restore = self._place.take_cell(a, units if a.eres == "gpu" else a.gpu_min, now)
         # Grant(...) without its generated __new__ (a Python call per grant): the same typed tuple
         g = _new_grant(Grant, (a.id, cpus, gpus, units if a.eres else 0, spec.memory, spec.quotas, restore,
                                spec.tokens, a.need))
-        L.take(g)
+        self.ledger.take(g)
         if queued:
             self._queue.remove(a)
         a.grant = g
@@ -711,14 +550,11 @@ class Scheduler:
         elif isinstance(ev, Cancelled):
             self._cancel(ev.action_id, now)
         elif isinstance(ev, ServiceResidency):
-            self._residency(ev, now)
+            self._place.observe_residency(ev, now, self.alpha, tp=self.gpu_instances == "tp")
         elif isinstance(ev, Tick):
             pass
         elif isinstance(ev, TokensUsed):
-            if "#" + ev.quota not in self.ledger.tokens:
-                raise KeyError(f"tokens used of unknown weighted quota {ev.quota!r}")
-            self.ledger.refill(now)
-            self.ledger.correct_tokens(ev.quota, ev.delta)
+            self.ledger.tokens_used(ev.quota, ev.delta, now)
         else:
             raise TypeError(f"unknown event {ev!r}")
 
@@ -733,43 +569,19 @@ class Scheduler:
             raise SpecError(f"expected must be a finite number of seconds > 0, got {expected!r}")
         self.submitted += 1
         box = spec.group or spec.container
-        if box is not None:
-            # the sandbox (or group) is where the action runs or what it belongs to, not what it
-            # needs: sized, priced and queued as one spec with every other sandbox's (one spec per
-            # trajectory would split the market)
-            spec = self.without_container(spec)
-        el = spec.elastic
-        if el is not None and (el.max_units > self._unit_cap[el.resource] or el.max_units > CHECKED_UNITS):
-            capped = self._capped(spec)  # never priced or planned beyond what the pool holds
-            if isinstance(capped, str):
-                self.rejected += 1
-                out.append(Reject(aid, capped))
-                return None
-            spec = capped
-        shape = self._shape.get(spec) or self._shape_of(spec)  # the memo, inline: the hot path
-        reason = shape.reason
-        if reason is not None:
+        form = self._specs.form(spec, box)
+        if isinstance(form, str):
             self.rejected += 1
-            out.append(Reject(aid, reason))
+            out.append(Reject(aid, form))
             return None
-        st = self._kinds.get(spec.kind)
-        if st is None:
-            if len(self._kinds) >= _MAX_KINDS:
-                self._forget_kinds()
-            st = self._kinds[spec.kind] = KindStats(self.default_duration)
+        spec, shape = form
+        st = self._kinds.get(spec.kind) or self._learn.new_kind(spec.kind)  # a call fewer: the hot path
         st.observe_arrival(now, self.alpha)
         st.spec = spec
         self._seq += 1
         a = self._live[aid] = Action(aid, spec, self._seq, now, st, shape)
         if a.eres == "cpu":
-            if box is not None:
-                a.box = box
-                if expected is None and st.sandboxes is not None:
-                    expected = st.sandboxes.predict(box)  # learned from the sandbox's earlier runs
-            if expected is not None:
-                a.hint = float(expected)
-                a.risk = (st.observe_hint(a.hint) >= RISK_Z
-                          and a.hint >= RISK_MIN_RATIO * st.hint_mean())
+            self._learn.hint(a, box, expected)
         keys = a.keys
         wq = self._queue
         if direct and not wq.n and a.eres is None:
@@ -789,50 +601,6 @@ class Scheduler:
         wq.add(a, keys)
         return a
 
-    def _capped(self, spec: ActionSpec) -> ActionSpec | str:
-        """``spec`` with its elastic range cut to what the pool holds of that resource: sizes,
-        prices and plans evaluate ``T(m)`` for every ``m`` in the range, so a ``max_units`` of
-        10**7 cost seconds per arrival, and a user efficiency was checked only up to 1024 (one
-        raising beyond it broke every later round). A reason string: the efficiency fails in the
-        range the spec's own check left out (the action is refused)."""
-        hit = self._capped_memo.get(spec)
-        if hit is not None:
-            return hit
-        el = spec.elastic
-        assert el is not None
-        cap = min(el.max_units, max(self._unit_cap[el.resource], spec.cpus if el.resource == "cpu" else spec.gpus, 1))
-        capped = spec if cap == el.max_units else attrs.evolve(spec, elastic=attrs.evolve(el, max_units=cap))
-        problem = el.efficiency_problem(CHECKED_UNITS + 1, cap)  # what the spec's own check left out
-        if problem is not None:
-            return f"{spec.kind}: {problem}"
-        if len(self._capped_memo) > 4096:
-            self._capped_memo.clear()
-        self._capped_memo[spec] = capped
-        return capped
-
-    def without_container(self, spec: ActionSpec) -> ActionSpec:
-        """``spec`` without its container and group, one object per distinct rest: every trajectory
-        names its own, and the maps keyed by spec downstream (prices, markets, shapes) must hit by
-        identity, not compare a fresh copy field by field on every lookup (that, and an
-        ``attrs.evolve`` per trajectory, cost ~25 us an acquire)."""
-        key = (spec.kind, spec.cpus, spec.gpus, spec.memory, spec.quotas, spec.elastic, spec.duration,
-               spec.priority, spec.service, spec.tokens, spec.needs)
-        cache = self._bare
-        bare = cache.get(key)
-        if bare is None:
-            if len(cache) > 4096:
-                cache.clear()
-            bare = cache[key] = attrs.evolve(spec, container=None, group=None)
-        return bare
-
-    def _forget_kinds(self) -> None:
-        """Bound what is learned per kind: a job naming kinds per task (``f"pytest-{repo}"``) must
-        not grow memory and planning cost forever. The least recently seen quarter is forgotten
-        (actions in flight keep their own reference to their kind's stats)."""
-        by_age = sorted(self._kinds, key=lambda k: self._kinds[k].last_arrival or 0.0)
-        for k in by_age[: len(by_age) // 4]:
-            del self._kinds[k]
-
     def _release(self, aid: int, now: float, *, failed: bool, parallelism: float | None = None) -> None:
         a = self._running.pop(aid, None)
         if a is None:
@@ -845,10 +613,8 @@ class Scheduler:
         msp = self._mall.released(a, now) if self._mall.running else None
         rerun = self._rst.released(a, now) if self._rst.running else None
         self.ledger.give(g)
-        for gid in g.gpus:
-            self._gpu_holder[self.ledger.gpu_pos[gid]] = None
-        if a.spec.service and g.gpus:
-            self._resident.touch((a.spec.service, tuple(self.ledger.gpu_pos[x] for x in g.gpus)), now)
+        if g.gpus:
+            self._place.give_cell(a, g.gpus, now)
         self.released += 1
         del self._live[aid]
         if failed:
@@ -862,20 +628,7 @@ class Scheduler:
             # the hold included the restore the grant asked for: learn the call, not the copy
             exec_s = max(0.1 * exec_s, exec_s - self._gpu.restore_lat(self._place.restore_cost(a.spec.service),
                                                                       len(g.gpus)))
-        if rerun is not None:  # restarted: the kind learns from the run that completed
-            exec_s = rerun[0]
-        if a.spec.duration is None:
-            sp = (a.spec.speedup(g.units) if msp is None else msp) if a.eres else 1.0
-            a.stats.observe_exec(exec_s, sp, self.duration_alpha,
-                                 learn_beta=self.learn_efficiency and a.eres is not None,
-                                 parallelism=parallelism if g.units > 1 else None)
-            if a.box is not None and msp is None:
-                # the sandbox's length at the minimum units, under the efficiency learned so far
-                sb = a.stats.sandboxes
-                if sb is None:
-                    sb = a.stats.sandboxes = SandboxLengths()
-                ran_at = g.units if rerun is None else int(rerun[1])
-                sb.observe(a.box, exec_s / a.stats.rel(a.spec, ran_at))
+        self._learn.completion(a, g.units, exec_s, msp, rerun, parallelism)
 
     def _drop_queued(self, aid: int) -> bool:
         a = self._live.get(aid)
@@ -893,20 +646,3 @@ class Scheduler:
             self.cancelled += 1
             self._release(aid, now, failed=True)
         # unknown ids (already released, or rejected) are ignored: cancellation races are normal
-
-    def _residency(self, ev: ServiceResidency, now: float) -> None:
-        pos = self.ledger.gpu_pos
-        try:
-            key = (ev.service, tuple(pos[g] for g in ev.gpus))
-        except KeyError:
-            return
-        if ev.resident:
-            self._resident.add(key, now)
-        else:
-            self._resident.remove(key)
-        self._cell_memo.clear()
-        if ev.restore_s is not None and ev.restore_s >= 0:
-            # kept as one full model's restore: a TP-k instance loads 1/k per GPU in parallel
-            r = ev.restore_s * (len(ev.gpus) if self.gpu_instances == "tp" else 1)
-            old = self._restore_s.get(ev.service)
-            self._restore_s[ev.service] = r if old is None else (1 - self.alpha) * old + self.alpha * r

@@ -65,6 +65,13 @@ class Ledger:
         return " ".join(parts)
 
     # -- time ------------------------------------------------------------------------------------
+    def tokens_used(self, name: str, delta: float, now: float) -> None:
+        """The ``TokensUsed`` event: the buckets refilled to ``now``, then ``name``'s corrected."""
+        if "#" + name not in self.tokens:
+            raise KeyError(f"tokens used of unknown weighted quota {name!r}")
+        self.refill(now)
+        self.correct_tokens(name, delta)
+
     def correct_tokens(self, name: str, delta: float) -> None:
         """An action used ``delta`` more tokens of quota ``name`` than it stated (fewer when
         negative): the bucket pays for the truth, and may go below zero (an overdraft the next

@@ -4,7 +4,11 @@ displace, priced by their learned call rates).
 
 A collaborator the core owns, not a base class: it reads the ledger, the residency, who holds each
 GPU, the wait queue's counts, the learned kinds and the round memo it is given (all shared
-objects, mutated in place by the core), and changes none of them but its own cell memo.
+objects). Choosing changes none of them but its own cell memo; the core's grants and releases
+place concretely through it (:meth:`~Placement.take_cpus`, :meth:`~Placement.take_cell`,
+:meth:`~Placement.give_cell`: who holds each GPU, which copy a grant makes resident), and the GPU
+manager's restores and evictions reach it as :meth:`~Placement.observe_residency` (what is
+resident where, and what a restore costs, are the prices it keeps). The ledger stays the core's.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from __future__ import annotations
 import math
 
 from .action import Action, dur_min
+from .events import ServiceResidency
 from .learn import KindStats
 from .ledger import Ledger
 from .memo import RoundMemo
@@ -26,18 +31,95 @@ class Placement:
                  "_restore_s", "default_restore_s", "gpu_slots")
 
     def __init__(self, ledger: Ledger, resident: Residency, gpu_holder: list[Action | None], queue: WaitQueue,
-                 kinds: dict[str, KindStats], memo: RoundMemo, cell_memo: dict[tuple[int, int], int],
-                 restore_s: dict[str, float], default_restore_s: float, gpu_slots: float | None) -> None:
+                 kinds: dict[str, KindStats], memo: RoundMemo, default_restore_s: float,
+                 gpu_slots: float | None) -> None:
         self.ledger = ledger
         self._resident = resident
         self._gpu_holder = gpu_holder
         self._queue = queue
         self._kinds = kinds
         self._memo = memo
-        self._cell_memo = cell_memo  # pick_cold_cell per (size, free mask): the core clears it
-        self._restore_s = restore_s  # learned restore seconds per service (the core updates it)
+        # pick_cold_cell per (size, free mask): valid until residency changes (take_cell,
+        # observe_residency clear it)
+        self._cell_memo: dict[tuple[int, int], int] = {}
+        self._restore_s: dict[str, float] = {}  # learned restore seconds per service (observe_residency)
         self.default_restore_s = default_restore_s
         self.gpu_slots = gpu_slots
+
+    def take_cpus(self, a: Action, ncpu: int) -> tuple[int, ...]:
+        """The ``ncpu`` cores granted to ``a``: the lowest free ones of its node, or, when it spans
+        nodes, the lowest of the fullest nodes first."""
+        L = self.ledger
+        if a.span:
+            picked: list[int] = []
+            for i in sorted(range(len(L.node_free)), key=lambda i: -len(L.node_free[i])):
+                take = sorted(L.node_free[i])[: ncpu - len(picked)]
+                picked.extend(take)
+                if len(picked) >= ncpu:
+                    break
+            return tuple(sorted(picked))
+        if ncpu == 1:
+            return (min(L.node_free[a.node]),)
+        return tuple(sorted(L.node_free[a.node])[:ncpu])
+
+    def take_cell(self, a: Action, size: int, now: float) -> tuple[tuple[int, ...], bool]:
+        """``a`` is granted the ``size`` GPUs of its cell: their ids, and whether its service must be
+        restored there (the copy is resident from now on, and ``a`` holds the GPUs)."""
+        pos = tuple(range(a.cell, a.cell + size))
+        gpus = tuple(self.ledger.gpu_ids[p] for p in pos)
+        restore = False
+        service = a.spec.service
+        if service is not None:
+            key = (service, pos)
+            restore = key not in self._resident
+            if restore:
+                self._cell_memo.clear()
+            self._resident.add(key, now)
+        for p in pos:
+            self._gpu_holder[p] = a
+        return gpus, restore
+
+    def give_cell(self, a: Action, gpus: tuple[int, ...], now: float) -> None:
+        """``a`` released ``gpus``: nobody holds them, and its service's copy there was used now."""
+        gpu_pos = self.ledger.gpu_pos
+        for gid in gpus:
+            self._gpu_holder[gpu_pos[gid]] = None
+        if a.spec.service:
+            self._resident.touch((a.spec.service, tuple(gpu_pos[x] for x in gpus)), now)
+
+    def holders_due(self, now: float) -> float | None:
+        """When to look again at a service call that chose to wait for a busy warm copy: the choice
+        changes with time (a holder that overran its estimate is assumed half done, so its expected
+        remainder grows with its age until restoring elsewhere pays). The first holder's due end,
+        or, once overdue, when it has aged another quarter: a handful of looks per overrun. None
+        when no GPU is held."""
+        wake: float | None = None
+        for h in self._gpu_holder:
+            if h is None:
+                continue
+            t = h.est_end if h.est_end > now else now + max(0.05, 0.25 * (now - h.started))
+            if wake is None or t < wake:
+                wake = t
+        return wake
+
+    def observe_residency(self, ev: ServiceResidency, now: float, alpha: float, *, tp: bool) -> None:
+        """The ``ServiceResidency`` event: the copy added or removed (the cell memo cleared with it)
+        and its restore seconds learned, as one full model's restore when ``tp`` (a TP-k instance
+        loads 1/k per GPU in parallel). GPUs the pool does not hold: ignored."""
+        pos = self.ledger.gpu_pos
+        try:
+            key = (ev.service, tuple(pos[g] for g in ev.gpus))
+        except KeyError:
+            return
+        if ev.resident:
+            self._resident.add(key, now)
+        else:
+            self._resident.remove(key)
+        self._cell_memo.clear()
+        if ev.restore_s is not None and ev.restore_s >= 0:
+            r = ev.restore_s * (len(ev.gpus) if tp else 1)
+            old = self._restore_s.get(ev.service)
+            self._restore_s[ev.service] = r if old is None else (1 - alpha) * old + alpha * r
 
     def restore_cost(self, service: str | None) -> float:
         if service is None:
