@@ -125,3 +125,10 @@ def test_a_scheduler_built_directly_refuses_bad_options_with_a_spec_error() -> N
                 {"restart_gain": 2.0}, {"gpu_slots": 0}, {"gpu_instances": "many"}, {"restore_horizon": -1.0}):
         with pytest.raises(SpecError):
             Scheduler(Pool(cpus=2), **bad)
+
+
+def test_a_price_grid_given_as_a_generator_is_read_once_and_taken() -> None:
+    # the type check used the generator up and the scheduler then refused it as an empty grid
+    s = Scheduler(Pool(cpus=2), mu_grid=(x for x in (0.0, 0.5, 1.0)))
+    plain = Scheduler(Pool(cpus=2), mu_grid=(0.0, 0.5, 1.0))
+    assert s.mu_grid == plain.mu_grid == (0.0, 0.5, 1.0)

@@ -12,7 +12,7 @@ its defaults; both raise SpecError.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, TypedDict
 
 import attrs
@@ -161,6 +161,9 @@ def check_scheduler_options(values: Mapping[str, Any]) -> tuple[tuple[float, ...
     as :class:`SchedulerOptions` checks them (a Scheduler built from keywords took window="8" to a
     bare TypeError, elastic="no" silently), then the ranges. Returns ``mu_grid`` as floats and
     ``max_price`` (the objective's bound when None; an unknown objective is refused by the ranges)."""
+    grid = values["mu_grid"]
+    if isinstance(grid, Iterator):  # read once: the type check below would use a generator up
+        values = {**values, "mu_grid": tuple(grid)}
     SchedulerOptions(**values)
     mu_grid = tuple(float(x) for x in values["mu_grid"])
     max_price = values["max_price"]
