@@ -28,12 +28,13 @@ class CallRates:
     """The smoothed call rate of every GPU kind, carried from market to market: ``(when,
     arrivals then, rate, stats)`` per kind, started afresh when the kind's stats change."""
 
-    __slots__ = ("_kinds", "_rates", "default_duration")
+    __slots__ = ("_kinds", "_rates", "default_duration", "latest_call")
 
     def __init__(self, kinds: dict[str, KindStats], default_duration: float) -> None:
         self._kinds = kinds
         self.default_duration = default_duration
         self._rates: dict[str, Any] = {}
+        self.latest_call = 0.0  # the latest arrival of any GPU kind, as of the last demand()
 
     def demand(self, now: float, sizes: Callable[[ActionSpec], tuple[int, ...]]
                ) -> tuple[list[Any], list[Any], dict[str, Service]]:
@@ -44,10 +45,12 @@ class CallRates:
         fast = []
         svcs: dict[str, Service] = {}
         rates = self._rates
+        latest = 0.0
         for name, st in self._kinds.items():
             spec = st.spec
             if spec is None or not spec.gpus:
                 continue
+            latest = max(latest, st.last_arrival or 0.0)
             # arrivals per second smoothed over ~RATE_WINDOW s: a 32-arrival window swings by
             # a factor of two, and copies and sizes must not follow that
             r = rates.get(name)
@@ -74,4 +77,5 @@ class CallRates:
             ts = {m: d0 * (st.rel(spec, m) if spec.elastic_resource == "gpu" else 1.0) for m in sizes(spec)}
             kinds.append((lam, spec, ts, info))
             fast.append((max(lam, st.window_rate(now)), spec, ts, info))
+        self.latest_call = latest
         return kinds, fast, svcs

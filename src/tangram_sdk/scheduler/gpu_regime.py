@@ -246,8 +246,8 @@ class GpuRegime:
         if self.legacy:
             self.legacy = legacy_at(self._stage, now, self.switched_at)
         G = max(1, len(self._gpu_holder))
-        last = max((st.last_arrival or 0.0 for st in self._kinds.values() if st.spec is not None and st.spec.gpus),
-                   default=0.0)
+        kinds, fast, svcs = self._rates.demand(now, self.sizes)
+        last = self._rates.latest_call
         if (self._last_call is not None and last - self._last_call >= _LULL
                 and all(h is None for h in self._gpu_holder)):
             # the first GPU call after a lull (markets price every placement, so the previous
@@ -261,7 +261,6 @@ class GpuRegime:
             # ~0, and the market widened TP-1 -> TP-4 at a step's first call, to narrow back 8 s on
             self._hold = now + RATE_WINDOW
         self._last_call = last
-        kinds, fast, svcs = self._rates.demand(now, self.sizes)
         widths = self._candidates(kinds, fast, svcs, G)
         cv_f = self.cv_f = self.model.cv_factor(kinds)
         pick = self._choose(now, kinds, fast, svcs, widths, G, cv_f, memo)
@@ -336,8 +335,8 @@ class GpuRegime:
         back = self._recalled(widths, m_cur, fast, G) if cur is not None and not overrun and not prep else 0
         if prep or back:
             # the opening ramp of a load that will outgrow the first width (to the narrowest, the
-            # most calls a GPU), or a load returning after a lull (to the width its last peak
-            # needed): every cell handed over at once, the pool still nearly idle
+            # most calls a GPU), or a load returning after a lull (to the width its last busy
+            # period ran saturated at): every cell handed over at once, the pool still nearly idle
             pick, urgent, overrun, prep = back or widths[0], True, True, True
         elif cur is None or (m_cur > widths[0] and max(cur[1], pw_fast) > thr):
             # narrowing is urgent (an overload queues in seconds), judged at the latest rates
