@@ -70,10 +70,10 @@ class Cell:
     def workload(self) -> Workload:
         p = dict(self.params)
         steps = p.pop("steps", 1)
-        wl = self._one_step(p) if steps == 1 else rl_steps(
-            lambda batch, **kw: self._one_step({**kw, "batch": batch}), p.pop("batch"), steps=steps,
-            seed=p.pop("seed"), **p)
-        return wl
+        if steps == 1:
+            return self._one_step(p)
+        return rl_steps(lambda batch, **kw: self._one_step({**kw, "batch": batch}), p.pop("batch"),
+                        steps=steps, seed=p.pop("seed"), **p)
 
     def _one_step(self, p: dict[str, Any]) -> Workload:
         fam = self.family
