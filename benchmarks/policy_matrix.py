@@ -22,7 +22,9 @@ Cells:
   only online efficiency learning gets right;
 * ``mopd`` at 6/10/16/24/32/40 GPUs with elastic TP (up to 4) and with TP off;
 * ``deepsearch`` with a judge the pool does not saturate;
-* ``trace``: a recorded JSONL trace (written by the simulator's TraceRecorder) replayed.
+* ``trace``: a recorded JSONL trace (written by the simulator's TraceRecorder) replayed;
+* ``2step``: two RL steps back to back (``workloads.rl_steps``), judged on the second, where the
+  scheduler runs on with what it learned in the first.
 """
 
 from __future__ import annotations
