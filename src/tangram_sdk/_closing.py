@@ -13,12 +13,12 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from ._waiters import _Waiter
+    from ._waiters import PendingAcquire
 
 __all__ = ["wait_for_holders"]
 
 
-async def wait_for_holders(waiters: Mapping[int, _Waiter], left_event: asyncio.Event, limit: float | None,
+async def wait_for_holders(waiters: Mapping[int, PendingAcquire], left_event: asyncio.Event, limit: float | None,
                            cancelled: bool) -> bool:
     """Wait until no other task holds a lease granted while managers run (see aclose); return whether
     the caller was cancelled meanwhile. ``left_event``: set by each such holder's leave."""

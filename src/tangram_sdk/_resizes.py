@@ -18,7 +18,7 @@ from .lease import Lease
 from .scheduler import Grant, Resize
 
 if TYPE_CHECKING:
-    from ._waiters import _Waiter
+    from ._waiters import PendingAcquire
 
 __all__ = ["apply_resize", "start_resizing", "stop_resizing"]
 
@@ -30,7 +30,7 @@ _RESIZE_WAIT_S = 30.0  # leaving waits this long for a manager's resize in fligh
 _RESIZE_RETRY_S = (0.05, 0.2, 1.0, 2.0, 5.0)
 
 
-def apply_resize(w: _Waiter, d: Resize) -> None:
+def apply_resize(w: PendingAcquire, d: Resize) -> None:
     """Apply the core's Resize to ``w``'s record at once (the grant its release gives back, the
     lease's ``cpus``/``units``); the managers' part runs in the lease's resize task."""
     if w.left:
@@ -54,11 +54,11 @@ def apply_resize(w: _Waiter, d: Resize) -> None:
         start_resizing(w)
 
 
-def start_resizing(w: _Waiter) -> None:
+def start_resizing(w: PendingAcquire) -> None:
     w.resizer = asyncio.get_running_loop().create_task(_resizing(w), name=f"tangram-resize-{w.aid}")
 
 
-async def _resizing(w: _Waiter) -> None:
+async def _resizing(w: PendingAcquire) -> None:
     """Apply queued resizes in order: each manager that has ``resize`` (in apply order), then
     the lease's own (its ``run`` commands re-pinned, its callbacks). A manager that raises is
     logged and counted, and the action goes on with what it has; that manager's resize is
@@ -107,7 +107,7 @@ async def _resizing(w: _Waiter) -> None:
         w.resizer = None
 
 
-async def _resize_one(w: _Waiter, m: Any, have: Grant, new: Grant, lease: Lease) -> bool:
+async def _resize_one(w: PendingAcquire, m: Any, have: Grant, new: Grant, lease: Lease) -> bool:
     """``m.resize(have, new)``; False (logged, counted) when it raised."""
     try:
         await m.resize(have, new, lease)
@@ -119,7 +119,7 @@ async def _resize_one(w: _Waiter, m: Any, have: Grant, new: Grant, lease: Lease)
         return False
 
 
-async def stop_resizing(w: _Waiter) -> None:
+async def stop_resizing(w: PendingAcquire) -> None:
     """Leaving: drop resizes not begun, let one in flight finish (bounded), then cancel it."""
     w.resize_queue.clear()
     task = w.resizer

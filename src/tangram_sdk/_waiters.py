@@ -26,17 +26,17 @@ from .spec import ActionSpec
 if TYPE_CHECKING:
     from .runtime import Tangram
 
-__all__ = ["_Waiter", "_refusal"]
+__all__ = ["PendingAcquire", "refusal_error"]
 
 
-def _refusal(d: Reject) -> TangramError:
+def refusal_error(d: Reject) -> TangramError:
     """The error a waiter gets for a Reject: its code says which."""
     if d.code == "deadline":
         return DeadlineError(d.reason)
     return InfeasibleSpecError(d.reason)
 
 
-class _Waiter:
+class PendingAcquire:
     """One acquire, from submit until it leaves (the runtime's only per-action record), and the
     async context manager :meth:`Tangram.acquire` returns."""
 

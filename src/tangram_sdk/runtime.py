@@ -6,7 +6,7 @@ the timer task for rate-limit tokens) resolves -> the waiter applies the grant t
 managers (in its own task, so a slow Docker call delays only that action) -> the action runs ->
 leaving the context parks/evicts (shielded) and releases its units to the core.
 
-Each acquire is one :class:`_Waiter` record (``_waiters``), registered from submit until it leaves:
+Each acquire is one :class:`PendingAcquire` record (``_waiters``), registered from submit until it leaves:
 the grant or refusal decided inline, the future a later round resolves, the lease, the managers
 applied and the task holding it (which ``aclose`` waits for) all live there.
 
@@ -34,7 +34,7 @@ from ._demand import MISSING, check_spec, shortage
 from ._lookups import Lookups
 from ._resizes import apply_resize
 from ._validate import check_tokens_used
-from ._waiters import _refusal, _Waiter
+from ._waiters import refusal_error, PendingAcquire
 from .errors import RuntimeClosedError, SchedulerBrokenError, SpecError, UsageError
 from .lease import Lease
 from .managers.base import Manager, ManagerContext
@@ -96,7 +96,7 @@ class Tangram:
         except (TypeError, ValueError) as exc:  # an unknown option, or a bad value for one
             raise SpecError(f"scheduler options {names} rejected: {exc}") from exc
         self._ids = itertools.count(1)
-        self._waiters: dict[int, _Waiter] = {}  # every acquire from submit until it leaves
+        self._waiters: dict[int, PendingAcquire] = {}  # every acquire from submit until it leaves
         self._pending: list[Event] = []
         self._alarm = Alarm()  # the timer on the core's next wake-up (rate-limit tokens)
         self._task: asyncio.Task[None] | None = None
@@ -219,7 +219,7 @@ class Tangram:
 
     # ------------------------------------------------------------------------------ public API
     def acquire(self, spec: ActionSpec, *, timeout: float | None = None,
-                deadline: float | None = None, expected_s: float | None = None) -> _Waiter:
+                deadline: float | None = None, expected_s: float | None = None) -> PendingAcquire:
         """Wait for ``spec``'s resources; an async context manager yielding a :class:`Lease`.
 
         Raises SpecError / InfeasibleSpecError at once for specs this pool can never serve,
@@ -234,7 +234,7 @@ class Tangram:
         hints seen) gets more cores and may wait for them, so it does not end the RL step alone.
         """
         # None is the common case, checked inline (the checks are calls on the uncontended path)
-        return _Waiter(self, spec, check_timeout(timeout) if timeout is not None else None,
+        return PendingAcquire(self, spec, check_timeout(timeout) if timeout is not None else None,
                        None if deadline is None else check_deadline(deadline),
                        None if expected_s is None else check_expected(expected_s))
 
@@ -245,7 +245,7 @@ class Tangram:
         sandbox bound to a whole trajectory, an adapter that enters and leaves in different
         calls). The same errors as ``acquire``; whatever happens while waiting, nothing is held
         when this raises."""
-        w = _Waiter(self, spec, check_timeout(timeout) if timeout is not None else None, check_deadline(deadline),
+        w = PendingAcquire(self, spec, check_timeout(timeout) if timeout is not None else None, check_deadline(deadline),
                     check_expected(expected_s))
         return await w.enter()
 
@@ -266,7 +266,7 @@ class Tangram:
         w = self._owner(lease)
         return True if w is None else w.exit_nowait(failed=failed)
 
-    def _owner(self, lease: Lease) -> _Waiter | None:
+    def _owner(self, lease: Lease) -> PendingAcquire | None:
         if not isinstance(lease, Lease):
             raise SpecError(f"release() needs the Lease acquire_lease() returned, got {type(lease).__name__}")
         w = self._waiters.get(lease.action_id)
@@ -504,7 +504,7 @@ class Tangram:
                         w.grant = d
                     else:
                         del waiters[aid]
-                        w.error = _refusal(d)
+                        w.error = refusal_error(d)
                 elif isinstance(d, Grant):  # the waiter left before the grant: give it back
                     self._pending.append(Cancelled(aid))
             elif isinstance(d, Grant):
@@ -513,7 +513,7 @@ class Tangram:
                 else:
                     fut.set_result(d)
             elif not fut.done():
-                fut.set_exception(_refusal(d))
+                fut.set_exception(refusal_error(d))
         for obs in self.observers:
             obs(events, now, decisions)
 
@@ -531,7 +531,7 @@ class Tangram:
                     del self._waiters[aid]
                     w.error = err
 
-    def _hold_back(self, w: _Waiter, failed: bool, until: list[Any]) -> None:
+    def _hold_back(self, w: PendingAcquire, failed: bool, until: list[Any]) -> None:
         """The waiter has left, but its units return only once every ``until`` (a manager's
         re-park...) has resolved; until then they count as ``quarantined``."""
         aid = w.aid
@@ -563,7 +563,7 @@ class Tangram:
                 if self._state in ("new", "starting") else "this Tangram has been closed"
             )
 
-    def _submit(self, w: _Waiter, now: float) -> Grant | asyncio.Future[Grant]:
+    def _submit(self, w: PendingAcquire, now: float) -> Grant | asyncio.Future[Grant]:
         """Register ``w`` and submit its spec: the grant when the core made it inline (the
         uncontended fast path: no future is created), else the future a later round resolves."""
         spec = w.spec
@@ -587,12 +587,12 @@ class Tangram:
             fut.set_exception(w.error if w.error is not None else RuntimeClosedError("the Tangram closed"))
         return fut
 
-    def _forget(self, w: _Waiter) -> None:
+    def _forget(self, w: PendingAcquire) -> None:
         """``w`` is no longer held by its task (aclose may stop waiting for it)."""
         if self._waiters.pop(w.aid, None) is not None and w.task is not None and self._managed_left is not None:
             self._managed_left.set()
 
-    def _leave(self, w: _Waiter, *, failed: bool, granted: bool) -> None:
+    def _leave(self, w: PendingAcquire, *, failed: bool, granted: bool) -> None:
         """The waiter is done (released, cancelled, or failed to apply): forget it, and return
         its units (``granted``) or drop it from the queue."""
         if self._waiters.pop(w.aid, None) is not None and w.task is not None and self._managed_left is not None:

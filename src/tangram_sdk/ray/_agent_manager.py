@@ -16,7 +16,7 @@ from ..errors import ManagerError, QuarantineError
 from ..lease import Lease
 from ..managers.base import BaseManager
 from ..scheduler.decisions import Grant
-from ._ray import require
+from ._ray import awaited, require
 
 
 class _AgentManager(BaseManager):
@@ -72,10 +72,8 @@ class _AgentManager(BaseManager):
         if isinstance(out, dict) and out.get("quarantined"):
             # the agent's manager could not park a container: the node's runtime keeps these
             # units out of its pool until the agent says the container is restored
-            until = asyncio.ensure_future(_ray_call(self.agent.restored.remote(aid)))
+            until = asyncio.ensure_future(awaited(self.agent.restored.remote(aid)))
             raise QuarantineError(f"node {self.label!r}: {out['quarantined']}", resource=f"agent:{self.label}",
                                   until=until)
 
 
-async def _ray_call(ref: Any) -> Any:
-    return await ref

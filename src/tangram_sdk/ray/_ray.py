@@ -16,3 +16,9 @@ def require(module: str = "ray") -> Any:
         raise RayNotInstalledError(
             "tangram_sdk.ray needs Ray: pip install 'tangram-sdk[ray]' (or pip install 'ray>=2.9')"
         ) from exc
+
+
+async def awaited(ref: Any) -> Any:
+    """A coroutine over a Ray ObjectRef: what ``within`` and ``asyncio.create_task`` take (an
+    ObjectRef is awaitable but not a coroutine)."""
+    return await ref

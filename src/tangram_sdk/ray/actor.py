@@ -52,7 +52,7 @@ from ._agent_manager import _AgentManager
 from ._conn import _Conn
 from ._errors import NodeLostError
 from ._inspect import _cluster_statistics, _invariant_errors, _node_stats
-from ._ray import require
+from ._ray import awaited, require
 from ._routing import _route, _split
 from ._specs import _decode_spec
 from ._state import _Held, _Node
@@ -65,11 +65,6 @@ log = logging.getLogger("tangram_sdk.ray")
 # an agent's start (a Ray worker, imports, its managers: a CUDA context, a Docker session) may take
 # longer than a fast apply bound (agent_timeout) should be
 _AGENT_START_MIN = 30.0
-
-
-async def _ref(ref: Any) -> Any:
-    """A coroutine over a Ray ObjectRef (``within`` runs it as a task)."""
-    return await ref
 
 
 _JOB_POLL = float(os.environ.get("TANGRAM_JOB_POLL", "5"))  # seconds between looks at the job table
@@ -278,7 +273,7 @@ class SchedulerActor:
             # bounded like an agent's apply: an agent whose worker or managers never start held
             # this label's lock for good (every later add_node for it waited behind it)
             bound = None if self.agent_timeout is None else max(self.agent_timeout, _AGENT_START_MIN)
-            info = await within(_ref(agent.start.remote()), bound,
+            info = await within(awaited(agent.start.remote()), bound,
                                 lambda: f"node agent {agent_name} did not start within {bound:g} s "
                                         f"(agent_timeout, at least {_AGENT_START_MIN:g} s)")
         except TimeoutError as exc:

@@ -29,7 +29,7 @@ from ._deploy import PoolSource as PoolSource
 from ._deploy import TangramCluster, deploy
 from ._errors import LeaseLostError
 from ._link import _OPEN_LINKS, _apply_resize, _Held, _Link
-from ._ray import require
+from ._ray import awaited, require
 from ._ray_calls import _ensure_ray, _seconds
 
 __all__ = ["RemoteTangram", "TangramCluster", "deploy"]
@@ -39,11 +39,6 @@ def _retrieve(task: asyncio.Task[Any]) -> None:
     """Mark a shared attempt's failure as seen (its callers may all have been cancelled)."""
     if not task.cancelled():
         task.exception()
-
-
-async def _awaitable(ref: Any) -> Any:
-    """A coroutine over a Ray ObjectRef (``within`` runs it as a task)."""
-    return await ref
 
 
 # beyond a remote exec's own timeout: the agent kills the command and answers within this
@@ -66,7 +61,7 @@ async def _agent_call(rt: RemoteTangram, agent: str, method: str, args: tuple[An
                                   lambda: f"the lookup of {what} in Ray's control store took over "
                                           f"{rt.connect_timeout:g} s (a slow or restarting GCS)")
         ref = getattr(handle, method).remote(*args)
-        return await within(_awaitable(ref), bound,
+        return await within(awaited(ref), bound,
                             lambda: f"{what} did not answer lease.{method} within {bound:g} s "
                                     "(its timeout plus a grace): frozen or unreachable")
     except ray.exceptions.RayActorError as exc:
@@ -193,7 +188,7 @@ class RemoteTangram:
             raise TangramError(f"no Tangram named {self.name!r} in namespace {self.namespace!r}; "
                                f"call tangram_sdk.ray.deploy() first") from None
         try:
-            ep = await within(_awaitable(actor.endpoint.remote()), max(0.0, deadline - loop.time()),
+            ep = await within(awaited(actor.endpoint.remote()), max(0.0, deadline - loop.time()),
                           lambda: late("the endpoint request"))
         except TimeoutError as exc:
             raise SchedulerBrokenError(str(exc)) from None
