@@ -312,12 +312,12 @@ class GpuSizing:
                 and reg.model.restore_lat(r, pref if pref in sizes else sizes[0]) > _UNSTARVE_CALLS * t_q
                 and self._starved(svc, sizes, svcs)):
             gfree_new = 0  # _UNSTARVE: a second copy waits while another service queues with none
+        called = sum(1 for i in svcs.values() if i.lam > 0)  # services called now
         for m in sizes:
             full = (1 << m) - 1
             t = t_of(m)
             fixed = reg.model.restore_lat(r, m) + t * (1.0 + mu * m) + mu_w * reg.model.restore_gpu_s(r, m)
             cr = credit(m)
-            called = sum(1 for i in svcs.values() if i.lam > 0)
             if (_SUNK_FIRST_COPY and planned and prev is not None and not have and m == pk and pk > prev
                     and ((_SUNK_ONE_SERVICE and called <= 1) or ((slots or 1.0) > 1.0 and called > G // m))):
                 # a widening's transition: a service's first copy at the new width is restored
