@@ -157,6 +157,14 @@ def cells(quick: bool, seeds: int) -> list[Cell]:
         out.append(Cell(f"ai-coding-slow medium cap16 s{seed}", "ai-coding",
                         dict(batch=batch, nodes=nodes, seed=seed, test_max_cpus=16, true_parallel=0.5),
                         ("tangram",) + _fifos(16)))
+    for seed in range(1 if quick else seeds):
+        # near-linear tests (Amdahl 0.97, stop 46) at cap 8 on the medium pool, where fifo8 hardly
+        # queues: priced down for their own queue they lost to it (1.016-1.026) until a kind's own
+        # demand counted only as far as shrinking it saves core-seconds
+        nodes = max(1, round(batch * 1.6 / 256))
+        out.append(Cell(f"ai-coding near-linear medium cap8 s{seed}", "ai-coding",
+                        dict(batch=batch, nodes=nodes, seed=seed, test_max_cpus=8, test_parallel=0.97),
+                        ("tangram", "static") + _fifos(8)))
     # (batch, GPUs): 6 GPUs at batch 2048 is the contended GPU cell of the calibrated MOPD
     # (~1.15 GPUs of TP-1 load: isolated-36 ~3 % busy, 10 GPUs ~12 %, 6 ~19 %); there the best fixed TP is 2 and TP-4 queues
     # 10x. A light 6-GPU cell (batch 512, in the quick matrix too): fifo4 is the best fixed policy

@@ -20,6 +20,14 @@ bound a momentary flood prices every action down to its minimum, which for well-
 wrong even for mean ACT (a perfectly parallel action costs the same core-seconds at any size) and
 leaves the RL step at the mercy of one long action granted one core. Durations and efficiency
 come from the kind's learned model (:mod:`.learn`).
+
+An action's own kind, queued and expected, counts in its price only as far as shrinking that
+kind saves capacity (``CpuSizing._demand_of``): a higher price makes room only where a
+smaller size costs fewer core-seconds. Near-linear work (Amdahl 0.97 at cap 8) costs almost the
+same core-seconds at any size, so pricing it down for its own queue or forecast serves no one
+sooner; it turns the wait into a slower run that keeps its few cores after the queue has gone.
+Counted in full, that lost 2.4-2.6 % of mean ACT to a fixed DoP of 8 at medium load, and 5-7 %
+in an open loop at 75 % busy (docs/evaluation.md, "near-linear work").
 """
 
 from __future__ import annotations
@@ -39,6 +47,11 @@ from .pricing import PRICE_GRID, dop_at_price, dops_over_grid
 __all__ = ["CpuSizing", "ReleaseLine", "RISK_MIN_RATIO", "RISK_Z"]
 
 _EXPLORE_EVERY = 16  # every n-th arrival of a kind at price 0 re-checks its declared size
+# a kind's own demand counts in full in its price when shrinking it from its declared price-0
+# size to its minimum saves at least this share of its core-seconds, in proportion below (Amdahl
+# 0.9 at cap 8 saves 41 %, the calibrated workload's narrowest cap: its decisions do not move;
+# 0.97 at cap 8 saves 17 %, 0.99 at cap 16 13 %)
+_FULL_SAVING = 0.4
 # a hinted action is a step risk when its hint is its kind's one-in-a-thousand (z of 0.999) among
 # the hints seen (KindStats.observe_hint)
 RISK_Z = 3.09
@@ -60,7 +73,8 @@ class CpuSizing:
 
     __slots__ = ("ledger", "_running", "_kinds", "_spec_queued", "default_duration", "lookahead",
                  "load_target", "price_horizon", "price_smoothing", "objective", "start_or_wait",
-                 "_price_cap", "_cap_overload", "_price_ewma", "_dops", "_node_rel_all", "_node_rel_round",
+                 "_price_cap", "_cap_overload", "_price_ewma", "_dops", "_weights", "_node_rel_all",
+                 "_node_rel_round",
                  "_price_memo", "_market_memo", "_probe")
 
     def __init__(self, ledger: Ledger, running: dict[int, Action], kinds: dict[str, KindStats],
@@ -85,6 +99,7 @@ class CpuSizing:
         self._cap_overload = objective != "act"
         self._price_ewma: dict[ActionSpec, float] = {}
         self._dops: dict[tuple[ActionSpec, float], tuple[int, ...]] = {}  # size per grid price
+        self._weights: dict[tuple[ActionSpec, float], tuple[tuple[int, ...], float]] = {}  # _demand_of
         self._node_rel_all: ReleaseLine | None = None  # expected releases, per round
         self._node_rel_round = -1
         self._price_memo: dict[tuple[int, ActionSpec], int] = {}
@@ -121,6 +136,29 @@ class CpuSizing:
             if len(self._dops) > 4096:
                 self._dops.clear()
             hit = self._dops[key] = dops_over_grid(self._rel_fn(spec), range(spec.min_units, spec.max_units + 1))
+        return hit
+
+    def _demand_of(self, spec: ActionSpec) -> tuple[tuple[int, ...], float]:
+        """``spec``'s sizes per grid price (:meth:`dops_of`) and how much of each of its queued or
+        expected actions counts in its own kind's price: the share of its core-seconds that
+        shrinking it from its price-0 size to its minimum saves, relative to :data:`_FULL_SAVING`
+        (at most 1). A price that shrinks near-linear work frees almost no capacity, only reorders
+        who runs. The saving is the *declared* efficiency's: the learned exponent drifts above 1
+        in contended cells of Amdahl 0.9 tests (sizes granted in a backlog complete with other
+        lengths than sizes granted in a lull), and a weight following it moved the straggler
+        lottery of the matrix's contended steps (one two-step cell 166 -> 240 s). Memoised
+        together: the market asks for both per spec and round, on the uncontended acquire's path."""
+        st = self._kinds.get(spec.kind)
+        key = (spec, st.beta if st is not None else 1.0)
+        hit = self._weights.get(key)
+        if hit is None:
+            if len(self._weights) > 4096:
+                self._weights.clear()
+            rel = spec.relative_duration  # declared: see the docstring
+            lo = spec.min_units
+            full = dop_at_price(rel, range(lo, spec.max_units + 1), 0.0)
+            saving = 1.0 - lo / (full * rel(full)) if full > lo else 0.0
+            hit = self._weights[key] = (self.dops_of(spec), min(1.0, max(0.0, saving) / _FULL_SAVING))
         return hit
 
     def spec_d0(self, spec: ActionSpec) -> float:
@@ -182,16 +220,22 @@ class CpuSizing:
         tau = self.price_horizon * dur_min(a)
         ahead = 1.0 / self.load_target
         # demand per distinct spec: a count (queued) or expected count in the window (arriving),
-        # with its size per price (elastic CPU) or its fixed need
+        # with its size per price (elastic CPU) or its fixed need. ``a``'s own kind counts at its
+        # weight (_demand_of): pricing near-linear work down makes no room, for itself or its kind
+        # (another kind's demand counts in full: what it takes at its sizes is gone for ``a``)
+        own = a.spec.kind
         fixed = 0.0
+        backlog = 0.0  # the queue at minimum sizes
         elastic: list[tuple[float, tuple[int, ...]]] = []
         for spec, n in self._spec_queued.items():
             if spec.cpus:
                 if spec.elastic_resource == "cpu":
-                    elastic.append((n, self.dops_of(spec)))
+                    sizes, w = self._demand_of(spec)
+                    backlog += n * sizes[-1]
+                    elastic.append((n * w if spec.kind == own else n, sizes))
                 else:
                     fixed += n * spec.cpus
-        backlog = fixed + sum(n * sizes[-1] for n, sizes in elastic)  # the queue at minimum sizes
+        backlog += fixed
         if self.lookahead:
             for st in self._kinds.values():
                 spec = st.spec
@@ -201,7 +245,8 @@ class CpuSizing:
                 if n_in <= 0:
                     continue
                 if spec.elastic_resource == "cpu":
-                    elastic.append((n_in, self.dops_of(spec)))
+                    sizes, w = self._demand_of(spec)
+                    elastic.append((n_in * w if spec.kind == own else n_in, sizes))
                 else:
                     fixed += n_in * spec.cpus
         top = len(PRICE_GRID) - 1
