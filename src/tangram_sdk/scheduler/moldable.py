@@ -73,8 +73,7 @@ class CpuSizing:
 
     __slots__ = ("ledger", "_running", "_kinds", "_spec_queued", "default_duration", "lookahead",
                  "load_target", "price_horizon", "price_smoothing", "objective", "start_or_wait",
-                 "_price_cap", "_cap_overload", "_price_ewma", "_dops", "_weights", "_node_rel_all",
-                 "_node_rel_round",
+                 "_price_cap", "_cap_overload", "_price_ewma", "_dops", "_node_rel_all", "_node_rel_round",
                  "_price_memo", "_market_memo", "_probe")
 
     def __init__(self, ledger: Ledger, running: dict[int, Action], kinds: dict[str, KindStats],
@@ -98,8 +97,8 @@ class CpuSizing:
         # max_price implies (one long action on one core otherwise sets the RL step)
         self._cap_overload = objective != "act"
         self._price_ewma: dict[ActionSpec, float] = {}
-        self._dops: dict[tuple[ActionSpec, float], tuple[int, ...]] = {}  # size per grid price
-        self._weights: dict[tuple[ActionSpec, float], tuple[tuple[int, ...], float]] = {}  # _demand_of
+        # size per grid price and demand weight, per spec and learned exponent (_demand_of)
+        self._dops: dict[tuple[ActionSpec, float], tuple[tuple[int, ...], float]] = {}
         self._node_rel_all: ReleaseLine | None = None  # expected releases, per round
         self._node_rel_round = -1
         self._price_memo: dict[tuple[int, ActionSpec], int] = {}
@@ -129,14 +128,7 @@ class CpuSizing:
     def dops_of(self, spec: ActionSpec) -> tuple[int, ...]:
         """Units ``spec`` would take at each grid price, under its kind's learned efficiency
         (memoised per spec until that moves)."""
-        st = self._kinds.get(spec.kind)
-        key = (spec, st.beta if st is not None else 1.0)
-        hit = self._dops.get(key)
-        if hit is None:
-            if len(self._dops) > 4096:
-                self._dops.clear()
-            hit = self._dops[key] = dops_over_grid(self._rel_fn(spec), range(spec.min_units, spec.max_units + 1))
-        return hit
+        return self._demand_of(spec)[0]
 
     def _demand_of(self, spec: ActionSpec) -> tuple[tuple[int, ...], float]:
         """``spec``'s sizes per grid price (:meth:`dops_of`) and how much of each of its queued or
@@ -146,19 +138,21 @@ class CpuSizing:
         who runs. The saving is the *declared* efficiency's: the learned exponent drifts above 1
         in contended cells of Amdahl 0.9 tests (sizes granted in a backlog complete with other
         lengths than sizes granted in a lull), and a weight following it moved the straggler
-        lottery of the matrix's contended steps (one two-step cell 166 -> 240 s). Memoised
-        together: the market asks for both per spec and round, on the uncontended acquire's path."""
+        lottery of the matrix's contended steps (one two-step cell 166 -> 240 s). Memoised per
+        spec and learned exponent: the market asks for both per spec and round."""
         st = self._kinds.get(spec.kind)
         key = (spec, st.beta if st is not None else 1.0)
-        hit = self._weights.get(key)
+        hit = self._dops.get(key)
         if hit is None:
-            if len(self._weights) > 4096:
-                self._weights.clear()
+            if len(self._dops) > 4096:
+                self._dops.clear()
+            units = range(spec.min_units, spec.max_units + 1)
             rel = spec.relative_duration  # declared: see the docstring
             lo = spec.min_units
-            full = dop_at_price(rel, range(lo, spec.max_units + 1), 0.0)
+            full = dop_at_price(rel, units, 0.0)
             saving = 1.0 - lo / (full * rel(full)) if full > lo else 0.0
-            hit = self._weights[key] = (self.dops_of(spec), min(1.0, max(0.0, saving) / _FULL_SAVING))
+            hit = self._dops[key] = (dops_over_grid(self._rel_fn(spec), units),
+                                     min(1.0, max(0.0, saving) / _FULL_SAVING))
         return hit
 
     def spec_d0(self, spec: ActionSpec) -> float:
