@@ -394,7 +394,13 @@ async def test_core_failure_inside_a_timer_tick_for_a_rate_limited_quota() -> No
         # take 30 s. 5 s tells those apart with room for a loaded machine (at 1 s it failed once
         # beside two other test processes on 2 cores)
         counts = await _collect(tasks, within=5.0)
-        assert counts == Counter(ok=1, SchedulerBrokenError=299), counts
+        # one search holds the burst token; the rest wait for the first tick, whose round breaks.
+        # On a loaded machine some submissions are handled after 0.1 s, and a round refills the
+        # bucket on any event: each such late one may take a token before the first tick (a
+        # token a 0.1 s; seen once at load ~9). 290 allows a second of that
+        assert set(counts) == {"ok", "SchedulerBrokenError"}, counts
+        assert counts["ok"] + counts["SchedulerBrokenError"] == 300, counts
+        assert counts["SchedulerBrokenError"] >= 290, counts
         assert any(isinstance(e, Tick) for e in seen)
         assert time.monotonic() - t0 < 5.0
     await no_stray_tasks()
