@@ -173,26 +173,22 @@ def test_elastic_is_never_worse_than_a_fixed_degree_of_parallelism(gap):
     the best of fixed DoP 1, 2, 4, 8 and 16 (measured: 1.027 / 1.016 / 0.907 / 0.891 / 0.899 of
     it; the light-load loss is the price of expected arrivals, which a pool this small pays in
     full), and at least 5 % better where the pool is busiest."""
-    a = Amdahl(0.9)
     elastic = open_loop(Scheduler(Pool(cpus=16)), ela(max_units=16, p=0.9, duration=1.0), gap, 1500)
-    fixed = []
-    for dop in FIXED_DOPS:
-        spec = ActionSpec(kind="t", cpus=dop, elastic=Elasticity("cpu", max_units=dop, efficiency=a),
-                          duration=1.0 / a.speedup(dop))
-        fixed.append(open_loop(Scheduler(Pool(cpus=16), elastic=False), spec, gap, 1500))
+    fixed = _fixed_dops(0.9, 16, 16, gap, 1500)
     assert elastic <= min(fixed) * 1.03, (elastic, fixed)
     if gap <= 0.08:
         assert elastic <= min(fixed) * 0.95, (elastic, fixed)
 
 
-def _best_fixed(p, cap, cores, gap, n):
+def _fixed_dops(p, cap, cores, gap, n):
+    """Mean ACT of each fixed DoP in FIXED_DOPS up to ``cap`` (Amdahl ``p``), same open loop."""
     a = Amdahl(p)
     out = []
     for dop in (d for d in FIXED_DOPS if d <= cap):
         spec = ActionSpec(kind="t", cpus=dop, elastic=Elasticity("cpu", max_units=dop, efficiency=a),
                           duration=1.0 / a.speedup(dop))
         out.append(open_loop(Scheduler(Pool(cpus=cores), elastic=False), spec, gap, n))
-    return min(out)
+    return out
 
 
 @pytest.mark.parametrize("p, cap, gap", [(0.97, 8, 0.05), (0.99, 16, 0.08)])
@@ -203,7 +199,7 @@ def test_near_linear_work_is_not_priced_below_a_fixed_dop(p, cap, gap, monkeypat
     counted in full, as before (``_FULL_SAVING`` ~0), 1.072 / 1.054."""
     import tangram_sdk.scheduler.moldable as moldable
 
-    best = _best_fixed(p, cap, 32, gap, 3000)
+    best = min(_fixed_dops(p, cap, 32, gap, 3000))
     elastic = open_loop(Scheduler(Pool(cpus=32)), ela(max_units=cap, p=p), gap, 3000)
     assert elastic <= best * 1.02, (elastic, best)
     monkeypatch.setattr(moldable, "_FULL_SAVING", 1e-9)  # every kind's demand in full
