@@ -165,6 +165,15 @@ def cells(quick: bool, seeds: int) -> list[Cell]:
         out.append(Cell(f"ai-coding near-linear medium cap8 s{seed}", "ai-coding",
                         dict(batch=batch, nodes=nodes, seed=seed, test_max_cpus=8, test_parallel=0.97),
                         ("tangram", "static") + _fifos(8)))
+    for seed in range(1 if quick else seeds):
+        # two elastic kinds in one pool (stop 47): half the tests are builds that scale almost
+        # linearly (Amdahl 0.99, kind "build"), the rest Amdahl 0.9, each capped at the cell's cap
+        for load, ratio in ((("contended", 0.8),) if quick else (("medium", 1.6), ("contended", 0.8))):
+            nodes = max(1, round(batch * ratio / 256))
+            for cap in ((16,) if quick else caps):
+                out.append(Cell(f"ai-coding mixed {load} cap{cap} s{seed}", "ai-coding",
+                                dict(batch=batch, nodes=nodes, seed=seed, test_max_cpus=cap, build_frac=0.5),
+                                ("tangram", "static") + _fifos(cap), contended=load == "contended"))
     # (batch, GPUs): 6 GPUs at batch 2048 is the contended GPU cell of the calibrated MOPD
     # (~1.15 GPUs of TP-1 load: isolated-36 ~3 % busy, 10 GPUs ~12 %, 6 ~19 %); there the best fixed TP is 2 and TP-4 queues
     # 10x. A light 6-GPU cell (batch 512, in the quick matrix too): fifo4 is the best fixed policy

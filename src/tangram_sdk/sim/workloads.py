@@ -77,6 +77,10 @@ CODING = dict(
                                              # or its task ("task": group="task<i // task_size>")
     task_size=1,                             # trajectories per task (GRPO: samples of one prompt, one
                                              # repository): they share the test_traj_sigma factor
+    build_frac=0.0,                          # share of the test actions that are builds instead: kind
+                                             # "build", the same work, scaling as build_parallel (a
+                                             # mixed pool: two elastic kinds that gain differently)
+    build_parallel=0.99,                     # Amdahl p of builds (make -j of many small units)
 )
 
 
@@ -90,7 +94,13 @@ def ai_coding(batch: int = 1280, *, nodes: int = 15, cores: int = 256, seed: int
                                                              malleable=bool(p["test_malleable"]),
                                                              restartable=bool(p["test_restartable"])))
     shell = ActionSpec(kind="shell", cpus=1)
-    test0, shell0 = test, shell
+    build = attrs.evolve(test, kind="build", elastic=attrs.evolve(test.elastic, efficiency=Amdahl(p["build_parallel"])))
+    test0, shell0, build0 = test, shell, build
+    bf = float(p["build_frac"])
+    if not 0.0 <= bf <= 1.0:
+        raise ValueError(f"build_frac must be in [0, 1], got {bf!r}")
+    # which tests are builds, from its own stream: every other draw is the workload without builds
+    brng = np.random.default_rng([seed, 3]) if bf else None
     # mean action seconds in a 3-core sandbox; think is set so the sandbox is busy busy_frac of the time
     sb = p["sandbox_cpus"]
     act_mean = (p["test_frac"] * p["test_work_mean"] * test.relative_duration(min(sb, p["test_max_cpus"]))
@@ -119,11 +129,11 @@ def ai_coding(batch: int = 1280, *, nodes: int = 15, cores: int = 256, seed: int
     factor = 1.0
     for i in range(batch):
         if named == "group":
-            test, shell = attrs.evolve(test0, group=f"sb{i}"), attrs.evolve(shell0, group=f"sb{i}")
+            test, shell, build = (attrs.evolve(x, group=f"sb{i}") for x in (test0, shell0, build0))
         elif named == "task":
-            test, shell = attrs.evolve(test0, group=f"task{i // tsz}"), attrs.evolve(shell0, group=f"task{i // tsz}")
+            test, shell, build = (attrs.evolve(x, group=f"task{i // tsz}") for x in (test0, shell0, build0))
         elif named:
-            test, shell = attrs.evolve(test0, container=f"sb{i}"), attrs.evolve(shell0, container=f"sb{i}")
+            test, shell, build = (attrs.evolve(x, container=f"sb{i}") for x in (test0, shell0, build0))
         n = int(rng.integers(p["actions_min"], p["actions_max"] + 1))
         is_test = rng.random(n) < p["test_frac"]
         tw = _lognormal(rng, p["test_work_mean"], a_sigma, n)
@@ -136,7 +146,9 @@ def ai_coding(batch: int = 1280, *, nodes: int = 15, cores: int = 256, seed: int
         th = _lognormal(rng, think_mean, p["think_sigma"], n + 1)
         # a hint is right on average: work times a lognormal error of mean 1
         hint = None if hrng is None else tw * _lognormal(hrng, 1.0, hs, n) if hs else tw
-        acts = tuple(Act(test, float(tw[k]), float(th[k]), truth=truth,
+        is_build = brng.random(n) < bf if brng is not None else np.zeros(n, dtype=bool)
+        acts = tuple(Act(build if is_build[k] else test, float(tw[k]), float(th[k]),
+                         truth=None if is_build[k] else truth,
                          hint=None if hint is None else float(hint[k]), startup=su, per_core=pc) if is_test[k]
                      else Act(shell, float(sw[k]), float(th[k])) for k in range(n))
         trajs.append(Trajectory(acts, 0.0, float(th[n])))
