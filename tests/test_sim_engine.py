@@ -24,13 +24,17 @@ TEST = ActionSpec(kind="test", cpus=1, elastic=Elasticity("cpu", 8, Amdahl(0.9))
 SHELL = ActionSpec(kind="shell", cpus=1)
 
 
-def _trace(seed: int, n_traj: int = 6, n_act: int = 5, test: ActionSpec = TEST) -> list[Trajectory]:
+def _trace(seed: int, n_traj: int = 6, n_act: int = 5, test: ActionSpec = TEST,
+           build: ActionSpec | None = None) -> list[Trajectory]:
+    """``build``: half the elastic actions are of this second kind instead."""
     rng = np.random.default_rng(seed)
     out = []
     for _ in range(n_traj):
         acts = []
         for _ in range(n_act):
             spec = test if rng.random() < 0.5 else SHELL
+            if build is not None and spec is test and rng.random() < 0.5:
+                spec = build
             # times on a 1 us grid, drawn from a wide range so no two events coincide
             acts.append(Act(spec, round(float(rng.uniform(0.2, 3.0)), 6), round(float(rng.uniform(0.05, 2.0)), 6)))
         out.append(Trajectory(tuple(acts), 0.0, round(float(rng.uniform(0.1, 1.0)), 6)))
@@ -52,14 +56,20 @@ def _same_logs(sim_log: list[Any], rt_log: list[Any]) -> None:
 
 
 @pytest.mark.looptime
-@pytest.mark.parametrize("seed,n_traj,p", [(7, 6, 0.9), (11, 16, 0.9), (11, 16, 0.97)])
-async def test_runtime_and_simulator_make_identical_decisions(seed: int, n_traj: int, p: float) -> None:
+@pytest.mark.parametrize("seed,n_traj,p", [(7, 6, 0.9), (11, 16, 0.9), (11, 16, 0.97), (11, 16, "mixed")])
+async def test_runtime_and_simulator_make_identical_decisions(seed: int, n_traj: int, p: float | str) -> None:
     # the second trace is busy enough that elastic actions wait for imminent releases (start
     # or wait): timer ticks at the scheduler's next_wakeup must land alike in both; the third
-    # runs near-linear tests, whose own queue counts less in their price (moldable._demand_of)
+    # runs near-linear tests, whose own queue counts less in their price (moldable._demand_of);
+    # the fourth two elastic kinds, Amdahl 0.9 tests and 0.99 builds, each priced with the
+    # other's demand in full and its own weighted
     pool = Pool(cpus=12, numa=[list(range(6)), list(range(6, 12))])
-    test = TEST if p == 0.9 else attrs.evolve(TEST, elastic=Elasticity("cpu", 8, Amdahl(p)))
-    trajs = _trace(seed=seed, n_traj=n_traj, test=test)
+    build = None
+    if p == "mixed":
+        test, build = TEST, ActionSpec(kind="build", cpus=1, elastic=Elasticity("cpu", 8, Amdahl(0.99)))
+    else:
+        test = TEST if p == 0.9 else attrs.evolve(TEST, elastic=Elasticity("cpu", 8, Amdahl(p)))
+    trajs = _trace(seed=seed, n_traj=n_traj, test=test, build=build)
     sim_log: list[tuple[object, ...]] = []
     pol = make_policy("tangram", pool)
     simulate(trajs, pol, observers=[_recorder(sim_log)], time_resolution=1e-6)
@@ -87,6 +97,9 @@ async def test_runtime_and_simulator_make_identical_decisions(seed: int, n_traj:
     _same_logs(sim_log, rt_log)
     grants = [d for _e, _t, ds in sim_log for d in ds if isinstance(d, Grant)]
     assert any(g.units > 1 for g in grants), "the trace should exercise elastic grants"
+    if build is not None:
+        kinds = {a.spec.kind for t in trajs for a in t.acts}
+        assert {"test", "build"} <= kinds
     if n_traj > 6:
         assert any(type(e).__name__ == "Tick" for es, _t, _d in sim_log for e in es), "no wait exercised"
 
