@@ -174,6 +174,14 @@ def cells(quick: bool, seeds: int) -> list[Cell]:
                 out.append(Cell(f"ai-coding mixed {load} cap{cap} s{seed}", "ai-coding",
                                 dict(batch=batch, nodes=nodes, seed=seed, test_max_cpus=cap, build_frac=0.5),
                                 ("tangram", "static") + _fifos(cap), contended=load == "contended"))
+    if not quick:  # a pool a few actions wide (stop 46's search; stop 47): 8 trajectories on one
+        # 16-core node, a workstation's first hour. Tangram loses mean ACT in some seeds (s0 cap 16
+        # 1.040): its forecast window holds less than one arrival (docs/evaluation.md, "tiny pools")
+        for seed in range(seeds):
+            for cap in (8, 16):
+                out.append(Cell(f"ai-coding tiny cap{cap} s{seed}", "ai-coding",
+                                dict(batch=8, nodes=1, cores=16, seed=seed, test_max_cpus=cap),
+                                ("tangram", "static") + _fifos(cap)))
     # (batch, GPUs): 6 GPUs at batch 2048 is the contended GPU cell of the calibrated MOPD
     # (~1.15 GPUs of TP-1 load: isolated-36 ~3 % busy, 10 GPUs ~12 %, 6 ~19 %); there the best fixed TP is 2 and TP-4 queues
     # 10x. A light 6-GPU cell (batch 512, in the quick matrix too): fifo4 is the best fixed policy
