@@ -89,12 +89,13 @@ def ai_coding(batch: int = 1280, *, nodes: int = 15, cores: int = 256, seed: int
     """SWE-style coding agents: decode -> shell/test action -> decode ... on a CPU sandbox pool."""
     p = _params(CODING, over, "ai_coding")  # ranges checked there (test_frac, task_size, ...)
     rng = np.random.default_rng(seed)
-    test = ActionSpec(kind="test", cpus=1, elastic=Elasticity("cpu", p["test_max_cpus"],
-                                                             Amdahl(p["test_parallel"]),
-                                                             malleable=bool(p["test_malleable"]),
-                                                             restartable=bool(p["test_restartable"])))
+    def tests(kind: str, parallel: float) -> ActionSpec:  # tests and builds differ in kind and scaling
+        return ActionSpec(kind=kind, cpus=1, elastic=Elasticity("cpu", p["test_max_cpus"], Amdahl(parallel),
+                                                                malleable=bool(p["test_malleable"]),
+                                                                restartable=bool(p["test_restartable"])))
+
+    test, build = tests("test", p["test_parallel"]), tests("build", p["build_parallel"])
     shell = ActionSpec(kind="shell", cpus=1)
-    build = attrs.evolve(test, kind="build", elastic=attrs.evolve(test.elastic, efficiency=Amdahl(p["build_parallel"])))
     test0, shell0, build0 = test, shell, build
     bf = float(p["build_frac"])
     if not 0.0 <= bf <= 1.0:
