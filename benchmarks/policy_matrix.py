@@ -18,6 +18,9 @@ Cells:
 
 * ``ai-coding`` with DoP caps 8/16/32/64 at light, medium and contended load: the pool is 3.2x,
   1.6x and 0.8x the batch in cores (static sandboxes of 3 cores fit only the light pool);
+* ``ai-coding mixed``: half the tests are near-linear builds (Amdahl 0.99, kind "build"), two
+  elastic kinds in one pool, medium and contended; ``ai-coding near-linear``: Amdahl 0.97 tests;
+  ``ai-coding tiny`` (full matrix only): 8 trajectories on one 16-core node;
 * ``ai-coding-slow``: the declared efficiency (Amdahl 0.9) is better than the truth (0.5), which
   only online efficiency learning gets right;
 * ``mopd`` at 6/10/16/24/32/40 GPUs with elastic TP (up to 4) and with TP off;
