@@ -19,7 +19,6 @@ from tangram_sdk.sim.metrics import summarise
 from tangram_sdk.sim.workloads import ai_coding, run_policy
 
 
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", type=int, default=2)
