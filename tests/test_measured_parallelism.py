@@ -74,3 +74,33 @@ async def test_report_parallelism_teaches_the_scheduler_and_ignores_nonsense() -
                 assert lease.parallelism == 1.0
     assert units[0] == 2
     assert units[-4:].count(1) >= 3, units
+
+
+TWO = ("import subprocess,sys\n"
+       f"ps=[subprocess.Popen([sys.executable,'-c',{SPIN.format(s=0.3)!r}]) for _ in range(2)]\n"
+       "[p.wait() for p in ps]")
+
+
+@pytest.mark.skipif(CORES is None, reason="needs two cores")
+async def test_a_tool_declared_flat_that_uses_its_cores_is_learned_live() -> None:
+    """The other direction: declared ``Amdahl(0.0)`` (more cores do not help), so the
+    declaration alone grants one core forever. The command runs two spinning processes; on the
+    idle pool the first runs are given both cores to measure, they report about two cores'
+    worth, the kind is upgraded, and it keeps getting both. A one-process command declared the
+    same measures one core's worth and goes back to one core."""
+    flat = Elasticity("cpu", max_units=2, efficiency=Amdahl(0.0))
+    runs = {"two": TWO, "one": SPIN.format(s=0.15)}
+    units: dict[str, list[int]] = {}
+    async with Tangram(Pool(cpus=CORES)) as t:
+        for kind, code in runs.items():
+            spec = ActionSpec(kind=kind, cpus=1, elastic=flat)
+            units[kind] = []
+            for _ in range(6):
+                async with t.acquire(spec) as lease:
+                    units[kind].append(lease.units)
+                    r = await lease.run([sys.executable, "-c", code])
+                    assert r.ok
+        up = {k: t.scheduler._kinds[k].up for k in runs}
+    assert up["two"] is not None and up["one"] is None, (up, units)
+    assert units["two"][:2] == [2, 2] and units["two"][-3:] == [2, 2, 2], units
+    assert units["one"][:2] == [2, 2] and units["one"][-3:] == [1, 1, 1], units

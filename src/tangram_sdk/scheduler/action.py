@@ -50,6 +50,8 @@ def dur_min(a: Action) -> float:
     st = a.stats
     if not a.eres:
         return st.t1
+    if st.up is not None:  # upgraded to a fitted Amdahl shape (learn.KindStats._upgrade)
+        return st.t1 / st.speedup_at(spec, spec.min_units)
     return st.t1 / (a.sp_min if st.beta == 1.0 else a.sp_min ** st.beta)
 
 

@@ -65,7 +65,7 @@ class KindLearning:
             sp = (a.spec.speedup(units) if msp is None else msp) if a.eres else 1.0
             a.stats.observe_exec(exec_s, sp, self.duration_alpha,
                                  learn_beta=self.learn_efficiency and a.eres is not None,
-                                 parallelism=parallelism if units > 1 else None)
+                                 parallelism=parallelism, units=units if msp is None else 0)
             if a.box is not None and msp is None:
                 # the sandbox's length at the minimum units, under the efficiency learned so far
                 sb = a.stats.sandboxes

@@ -12,7 +12,7 @@ from typing import Any
 
 from .lengths import HORIZON, SandboxLengths, add_sample
 
-__all__ = ["KindStats"]
+__all__ = ["KindStats", "UP_MIN", "amdahl_speedup"]
 
 RING = 32
 _PRIOR_SD = 0.5  # how far from the declared efficiency (beta = 1) the prior lets beta move easily
@@ -27,11 +27,22 @@ _MIN_SPREAD = 0.35
 # arrivals closer than this are simultaneous (a burst, not a rate): the same floor as rate()'s gap;
 # a span of 5e-324 s gave a rate of inf and NaN in the GPU market (found by Hypothesis)
 _SIMULTANEOUS = 1e-6
+# measured parallelism above what the declaration can reach (an upgrade, see KindStats._fit): the
+# decayed count of such completions before an Amdahl fit replaces the declared shape, and the
+# least parallel fraction a flat declaration (Amdahl(0.0): one size for every price) is upgraded to
+UP_MIN = 1.5  # two completions (their decayed weight: 1.97)
+_UP_FLAT_P = 0.2
+_UP_P_MAX = 0.999
 
 
-def _spread(bs: dict[float, list[float]]) -> float:
+def amdahl_speedup(p: float, m: int) -> float:
+    """Amdahl's speedup at ``m`` units for parallel fraction ``p`` (the shape an upgrade learns)."""
+    return 1.0 / ((1.0 - p) + p / m)
+
+
+def _spread(bs: dict[tuple[float, int], list[float]]) -> float:
     """Range of log declared speedup over the sizes with ``_MIN_PER_SIZE`` completions each."""
-    xs = [x for x, (w, _m, _v) in bs.items() if w >= _MIN_PER_SIZE]
+    xs = [x for (x, _u), (w, _m, _v) in bs.items() if w >= _MIN_PER_SIZE]
     return max(xs) - min(xs) if len(xs) > 1 else 0.0
 
 
@@ -50,7 +61,8 @@ class KindStats:
     """
 
     __slots__ = ("t1", "t1_samples", "gap", "last_arrival", "arrivals", "spec", "ring", "ring_i",
-                 "log_var", "beta", "buckets", "_rel", "_rel_beta", "_pxx", "_pxy", "hints", "sandboxes")
+                 "log_var", "beta", "buckets", "_rel", "_rel_beta", "_pxx", "_pxy", "hints", "sandboxes",
+                 "up", "measured", "_avv", "_auv", "up_n")
 
     def __init__(self, prior_t1: float) -> None:
         self.t1 = prior_t1  # seconds at one unit of the elastic resource (or plain duration)
@@ -63,13 +75,17 @@ class KindStats:
         self.ring_i = 0
         self.log_var = 0.0  # residual variance of log durations
         self.beta = 1.0  # learned exponent on the declared speedup (quantised, see _fit)
-        self.buckets: dict[float, list[float]] = {}  # log declared speedup -> [weight, mean, var]
+        # (log declared speedup, units) -> [weight, mean, var]; units apart for a flat declaration
+        self.buckets: dict[tuple[float, int], list[float]] = {}
         self._rel: dict[tuple[Any, int], float] = {}
         self._rel_beta = 1.0
         self._pxx = 0.0  # measured parallelism: decaying sums of x * x and x * y (see observe_exec)
         self._pxy = 0.0
         self.hints: list[float] = [0.0, 0.0, 0.0]  # callers' length hints: count, mean and M2 of logs
         self.sandboxes: SandboxLengths | None = None  # lengths per container (learned hints), once one is named
+        self.up: float | None = None  # upgraded: the Amdahl fraction that replaces the declared shape
+        self.measured = False  # completions report their parallelism (lease.run / lease.exec)
+        self._avv = self._auv = self.up_n = 0.0  # the Amdahl fit's decaying sums, and its count
 
     def observe_hint(self, seconds: float) -> float:
         """Record one caller's length hint; return its z-score among the hints seen before it
@@ -103,9 +119,10 @@ class KindStats:
             self.ring_i = (self.ring_i + 1) % RING
 
     def observe_exec(self, exec_s: float, speedup: float, alpha: float, *, learn_beta: bool,
-                     parallelism: float | None = None) -> None:
+                     parallelism: float | None = None, units: int = 0) -> None:
         """One completion: ``exec_s`` seconds at units whose declared speedup (vs one unit) is
-        ``speedup``. ``learn_beta=False`` keeps the declared efficiency (beta = 1).
+        ``speedup`` (``units``: how many, when known; 0 for a resized run, whose speedup is a
+        time-weighted mix). ``learn_beta=False`` keeps the declared efficiency (beta = 1).
 
         ``parallelism``: the cores' worth of work the action's commands really got (CPU seconds
         over wall seconds). For work that conserves its CPU time that *is* the speedup it ran at,
@@ -113,6 +130,13 @@ class KindStats:
         are across completions: ``y = log(parallelism)`` against ``x = log(speedup)``, through the
         origin, is beta with no second size needed. A busy machine (two pinned processes getting
         one core's worth) or a tool that ignores its cores shows up after a few completions.
+
+        Measured parallelism can also show *more* speedup than the declaration can express even
+        at beta 1.25 (a user declared ``Amdahl(0.5)``, or ``Amdahl(0.0)``, for tests that scale
+        at 0.99). A power of the declared speedup has the wrong shape for that (``S_0.2(m) ** 12``
+        overshoots at small ``m``), so the kind is *upgraded*: Amdahl's law fitted to the
+        measured pairs (``1 - 1/P = p (1 - 1/m)``, through the origin) replaces the declared
+        shape (``up``, the fitted ``p``). Only then: while the power family fits, nothing moves.
 
         Samples are averaged per granted size first: completions arrive in an order that
         correlates size with length (a long action granted few units in a busy phase completes
@@ -122,11 +146,12 @@ class KindStats:
             return
         y = math.log(exec_s)
         x = 0.0 if speedup == 1.0 else math.log(speedup)  # every fixed-size kind: log(1) exactly
-        b = self.buckets.get(x)
+        key = (x, units)
+        b = self.buckets.get(key)
         if b is None:
             if len(self.buckets) >= 64:  # keep the most used sizes
                 del self.buckets[min(self.buckets, key=lambda k: self.buckets[k][0])]
-            b = self.buckets[x] = [0.0, 0.0, 0.0]  # weight, mean y, mean squared deviation
+            b = self.buckets[key] = [0.0, 0.0, 0.0]  # weight, mean y, mean squared deviation
         n = b[0] + 1.0
         inv = 1.0 / n
         w = inv if inv > alpha else alpha  # max(alpha, 1/n) and min(n, 1/alpha) without the calls
@@ -136,18 +161,25 @@ class KindStats:
         b[1] += w * d
         b[2] = (1 - w) * (b[2] + w * d * d)
         self.t1_samples += 1
-        if parallelism is not None and parallelism > 0 and x > 0.05 and math.isfinite(parallelism):
+        if parallelism is not None and parallelism > 0 and math.isfinite(parallelism):
+            self.measured = True
             keep = 1.0 - max(alpha, 1.0 / RING)  # forget old evidence: a machine gets busy and idle
-            self._pxx = keep * self._pxx + x * x
-            self._pxy = keep * self._pxy + x * math.log(min(parallelism, speedup * 1.5))
+            if x > 0.05:
+                self._pxx = keep * self._pxx + x * x
+                self._pxy = keep * self._pxy + x * math.log(min(parallelism, speedup * 1.5))
+            if units > 1 and learn_beta:  # Amdahl through the origin: 1 - 1/P = p (1 - 1/m)
+                v = 1.0 - 1.0 / units
+                self._avv = keep * self._avv + v * v
+                self._auv = keep * self._auv + v * (1.0 - 1.0 / min(max(parallelism, 1.0), float(units)))
+                self.up_n = keep * self.up_n + 1.0
         self._fit(learn_beta)
 
     def _fit(self, learn_beta: bool) -> None:
         bs = self.buckets
-        if len(bs) == 1 and not (learn_beta and self._pxx > 0):
+        if len(bs) == 1 and not (learn_beta and (self._pxx > 0 or self.up_n > 0)):
             # one size (every fixed-size kind): beta stays 1 (no slope from one size, no measured
             # parallelism), the same arithmetic as the loop below, without it
-            ((x, (w, my, v)),) = bs.items()
+            (((x, _u), (w, my, v)),) = bs.items()
             mx, my_all, var = (0.0 + w * x) / w, (0.0 + w * my) / w, (0.0 + w * v) / w
             self.beta = 1.0
             self.log_var = var
@@ -155,7 +187,7 @@ class KindStats:
             return
         sw = sx = sy = 0.0
         within = 0.0
-        for x, (w, my, v) in bs.items():
+        for (x, _u), (w, my, v) in bs.items():
             sw += w
             sx += w * x
             sy += w * my
@@ -174,10 +206,13 @@ class KindStats:
             prior = 1.0 / (_PRIOR_SD * _PRIOR_SD)
             v = _PAIRED_VAR
             beta = (self._pxy / v + prior) / (self._pxx / v + prior)
+            self.up = self._upgrade(beta)
             beta = min(_BETA_MAX, max(0.0, round(beta * 20.0) / 20.0))
+        elif learn_beta and self.up_n > 0:  # measured only where the declaration is flat
+            self.up = self._upgrade(math.inf)
         elif learn_beta and _spread(bs) >= _MIN_SPREAD:
             cxx = cxy = 0.0
-            for x, (w, my, _v) in bs.items():
+            for (x, _u), (w, my, _v) in bs.items():
                 cxx += w * (x - mx) ** 2
                 cxy += w * (x - mx) * (my - my_all)
             if cxx > 1e-9:
@@ -185,23 +220,46 @@ class KindStats:
                 prior = 1.0 / (_PRIOR_SD * _PRIOR_SD)
                 beta = (-cxy / v + prior) / (cxx / v + prior)
                 beta = min(_BETA_MAX, max(0.0, round(beta * 20.0) / 20.0))
-        self.beta = beta
         self.log_var = var
-        a = my_all + beta * mx  # E[log exec] at one unit (x = 0)
+        up = self.up
+        if up is not None:  # E[log exec] at one unit under the fitted shape, size by size
+            beta = 1.0
+            sa = 0.0
+            for (_x, u), (w, my, _v) in bs.items():
+                sa += w * (my + math.log(amdahl_speedup(up, max(u, 1))))
+            a = sa / sw
+        else:
+            a = my_all + beta * mx  # E[log exec] at one unit (x = 0)
+        self.beta = beta
         self.t1 = math.exp(a + 0.5 * min(var, 4.0))
+
+    def _upgrade(self, beta_raw: float) -> float | None:
+        """The Amdahl fraction that replaces the declared shape, or None (keep it): only when the
+        measured pairs put beta past the power family's top (``beta_raw``; inf where the
+        declaration is flat at the sizes measured), with ``UP_MIN`` completions behind the fit."""
+        if self.up_n < UP_MIN or beta_raw <= _BETA_MAX or self._avv <= 0.0:
+            return None
+        p = min(_UP_P_MAX, max(0.0, self._auv / self._avv))
+        if math.isinf(beta_raw) and p < _UP_FLAT_P:
+            return None
+        return round(p * 200.0) / 200.0  # quantised like beta: memos keyed by it stay few
 
     def rel(self, spec: Any, m: int) -> float:
         """``T(m) / T(min)`` for ``spec`` under what has been learned: the declared ratio raised
         to ``beta`` (memoised per spec and size until beta moves)."""
-        if self.beta != self._rel_beta:
+        shape = self.beta if self.up is None else 10.0 + self.up  # what the memo holds (beta <= 1.25)
+        if shape != self._rel_beta:
             self._rel.clear()
-            self._rel_beta = self.beta
+            self._rel_beta = shape
         key = (spec, m)
         r = self._rel.get(key)
         if r is None:
             if len(self._rel) > 4096:
                 self._rel.clear()
-            r = spec.relative_duration(m)
+            if self.up is not None:
+                r = amdahl_speedup(self.up, spec.min_units) / amdahl_speedup(self.up, m)
+            else:
+                r = spec.relative_duration(m)
             if self.beta != 1.0:
                 r = r ** self.beta
             self._rel[key] = r
@@ -209,6 +267,8 @@ class KindStats:
 
     def speedup_at(self, spec: Any, m: int) -> float:
         """Learned speedup at ``m`` units vs one unit."""
+        if self.up is not None:
+            return amdahl_speedup(self.up, m)
         sp = float(spec.speedup(m))
         return sp if self.beta == 1.0 else sp ** self.beta
 

@@ -40,13 +40,14 @@ from typing import Any
 
 from ..spec import ActionSpec
 from .action import Action, dur_min, spec_dur_min
-from .learn import KindStats
+from .learn import UP_MIN, KindStats
 from .ledger import Ledger
 from .pricing import PRICE_GRID, dop_at_price, dops_over_grid
 
 __all__ = ["CpuSizing", "ReleaseLine", "RISK_MIN_RATIO", "RISK_Z"]
 
 _EXPLORE_EVERY = 16  # every n-th arrival of a kind at price 0 re-checks its declared size
+_EXPLORE_UNITS = 4  # ... or, declared flat, runs on this many times its minimum
 # a kind's own demand counts in full in its price when shrinking it from its declared price-0
 # size to its minimum saves at least this share of its core-seconds, in proportion below (Amdahl
 # 0.9 at cap 8 saves 41 %, the calibrated workload's narrowest cap: its decisions do not move;
@@ -98,7 +99,7 @@ class CpuSizing:
         self._cap_overload = objective != "act"
         self._price_ewma: dict[ActionSpec, float] = {}
         # size per grid price and demand weight, per spec and learned exponent (_demand_of)
-        self._dops: dict[tuple[ActionSpec, float], tuple[tuple[int, ...], float]] = {}
+        self._dops: dict[tuple[ActionSpec, float, float | None], tuple[tuple[int, ...], float]] = {}
         self._node_rel_all: ReleaseLine | None = None  # expected releases, per round
         self._node_rel_round = -1
         self._price_memo: dict[tuple[int, ActionSpec], int] = {}
@@ -141,13 +142,16 @@ class CpuSizing:
         lottery of the matrix's contended steps (one two-step cell 166 -> 240 s). Memoised per
         spec and learned exponent: the market asks for both per spec and round."""
         st = self._kinds.get(spec.kind)
-        key = (spec, st.beta if st is not None else 1.0)
+        up = st.up if st is not None else None
+        key = (spec, st.beta if st is not None else 1.0, up)
         hit = self._dops.get(key)
         if hit is None:
             if len(self._dops) > 4096:
                 self._dops.clear()
             units = range(spec.min_units, spec.max_units + 1)
-            rel = spec.relative_duration  # declared: see the docstring
+            # declared (see the docstring), unless measured parallelism upgraded the kind's shape:
+            # that is a fit to paired evidence, not a drift of lengths across sizes
+            rel = spec.relative_duration if up is None else self._rel_fn(spec)
             lo = spec.min_units
             full = dop_at_price(rel, units, 0.0)
             saving = 1.0 - lo / (full * rel(full)) if full > lo else 0.0
@@ -316,6 +320,16 @@ class CpuSizing:
             # again is noticed
             want = max(want, dop_at_price(a.spec.relative_duration,
                                           range(a.spec.min_units, a.spec.max_units + 1), 0.0))
+        elif (gi == 0 and want == a.spec.min_units < a.spec.max_units and st.up is None
+              and (st.measured or not st.t1_samples)
+              and (st.up_n < UP_MIN or st.arrivals % _EXPLORE_EVERY == 0)):
+            # a kind whose declaration (or whose evidence so far) says more cores do not help,
+            # but whose runs report their parallelism (or, before its first completion, may): on
+            # cores idle anyway, a few more, so a declaration too modest (Amdahl(0.0) for tests
+            # that scale) is measured wrong (learn.KindStats._upgrade). Every time until UP_MIN
+            # such runs have reported (a job's opening burst arrives before any completion), then
+            # every _EXPLORE_EVERY-th: a machine that got faster is noticed too
+            want = min(a.spec.max_units, _EXPLORE_UNITS * a.spec.min_units)
         risk = a.risk
         full = dops[0]
         if risk and a.hint is not None:
