@@ -81,6 +81,9 @@ CODING = dict(
                                              # "build", the same work, scaling as build_parallel (a
                                              # mixed pool: two elastic kinds that gain differently)
     build_parallel=0.99,                     # Amdahl p of builds (make -j of many small units)
+    think_parallel=None,                     # the Amdahl p the think time is calibrated with (None: the
+                                             # declared test_parallel); set it to compare declarations
+                                             # of one workload: the same trajectories, declared otherwise
 )
 
 
@@ -104,7 +107,9 @@ def ai_coding(batch: int = 1280, *, nodes: int = 15, cores: int = 256, seed: int
     brng = np.random.default_rng([seed, 3]) if bf else None
     # mean action seconds in a 3-core sandbox; think is set so the sandbox is busy busy_frac of the time
     sb = p["sandbox_cpus"]
-    act_mean = (p["test_frac"] * p["test_work_mean"] * test.relative_duration(min(sb, p["test_max_cpus"]))
+    tp = p["think_parallel"]
+    calib = test if tp is None else tests("test", float(tp))
+    act_mean = (p["test_frac"] * p["test_work_mean"] * calib.relative_duration(min(sb, p["test_max_cpus"]))
                 + (1 - p["test_frac"]) * p["shell_work_mean"])
     think_mean = act_mean * (1 - p["busy_frac"]) / p["busy_frac"]
     p["think_mean"] = round(think_mean, 4)
