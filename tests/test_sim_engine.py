@@ -56,23 +56,32 @@ def _same_logs(sim_log: list[Any], rt_log: list[Any]) -> None:
 
 
 @pytest.mark.looptime
-@pytest.mark.parametrize("seed,n_traj,p", [(7, 6, 0.9), (11, 16, 0.9), (11, 16, 0.97), (11, 16, "mixed")])
+@pytest.mark.parametrize("seed,n_traj,p", [(7, 6, 0.9), (11, 16, 0.9), (11, 16, 0.97), (11, 16, "mixed"),
+                                           (11, 16, "flat")])
 async def test_runtime_and_simulator_make_identical_decisions(seed: int, n_traj: int, p: float | str) -> None:
     # the second trace is busy enough that elastic actions wait for imminent releases (start
     # or wait): timer ticks at the scheduler's next_wakeup must land alike in both; the third
     # runs near-linear tests, whose own queue counts less in their price (moldable._demand_of);
     # the fourth two elastic kinds, Amdahl 0.9 tests and 0.99 builds, each priced with the
-    # other's demand in full and its own weighted
+    # other's demand in full and its own weighted; the fifth tests declared flat (Amdahl(0.0))
+    # that really scale at 0.9 and report the parallelism they got: explored on idle cores, then
+    # upgraded to the fitted shape (learn.KindStats._upgrade)
     pool = Pool(cpus=12, numa=[list(range(6)), list(range(6, 12))])
     build = None
+    measured = p == "flat"
     if p == "mixed":
         test, build = TEST, ActionSpec(kind="build", cpus=1, elastic=Elasticity("cpu", 8, Amdahl(0.99)))
+    elif p == "flat":
+        test = attrs.evolve(TEST, elastic=Elasticity("cpu", 8, Amdahl(0.0)))
     else:
         test = TEST if p == 0.9 else attrs.evolve(TEST, elastic=Elasticity("cpu", 8, Amdahl(p)))
     trajs = _trace(seed=seed, n_traj=n_traj, test=test, build=build)
+    if measured:
+        trajs = [attrs.evolve(t, acts=tuple(attrs.evolve(a, truth=Amdahl(0.9)) if a.spec.elastic else a
+                                            for a in t.acts)) for t in trajs]
     sim_log: list[tuple[object, ...]] = []
     pol = make_policy("tangram", pool)
-    simulate(trajs, pol, observers=[_recorder(sim_log)], time_resolution=1e-6)
+    simulate(trajs, pol, observers=[_recorder(sim_log)], time_resolution=1e-6, measured=measured)
 
     rt_log: list[tuple[object, ...]] = []
     loop = asyncio.get_running_loop()
@@ -85,7 +94,9 @@ async def test_runtime_and_simulator_make_identical_decisions(seed: int, n_traj:
             for act in tr.acts:
                 await asyncio.sleep(act.think)
                 async with tangram.acquire(act.spec) as lease:
-                    rel = act.spec.relative_duration(lease.units) if act.spec.elastic and lease.units else 1.0
+                    rel = act.relative_duration(lease.units) if act.spec.elastic and lease.units else 1.0
+                    if measured and act.spec.elastic:  # what lease.run would have measured
+                        lease.report_parallelism(act.parallelism(lease.units, CPU_UPDATE_S))
                     # sleep to the same 1-us tick the simulator computes (looptime rounds each hop)
                     now = loop.time()
                     end = round((now + (act.work * rel + CPU_UPDATE_S)) * 1_000_000) / 1_000_000
@@ -100,6 +111,9 @@ async def test_runtime_and_simulator_make_identical_decisions(seed: int, n_traj:
     if build is not None:
         kinds = {a.spec.kind for t in trajs for a in t.acts}
         assert {"test", "build"} <= kinds
+    if measured:
+        assert pol.lanes[0]._kinds["test"].up == pytest.approx(0.9, abs=0.03)
+        assert any(g.units > 4 for g in grants), "the upgraded kind should be granted past the explored 4"
     if n_traj > 6:
         assert any(type(e).__name__ == "Tick" for es, _t, _d in sim_log for e in es), "no wait exercised"
 
