@@ -9,7 +9,8 @@ Record them before a refactor, compare after::
     python benchmarks/decision_hash.py --check /tmp/before.json     # exit 1 on any difference
 
 The workloads cover every decision path: priced CPU sizing with start-or-wait on NUMA nodes,
-malleable resizes and restarts of restartable stragglers, the
+malleable resizes and restarts of restartable stragglers, efficiency learned from measured
+parallelism (down, and up past a flat declaration), the
 GPU planner with restores and residency, its width switches (urgent narrowings, measured waits, a
 spill beside one cell, a width recalled after a lull between two RL steps), and quotas with rate
 limits.
@@ -50,11 +51,19 @@ def _workloads() -> dict[str, Callable[[], Workload]]:
         "mopd heavy 8 gpus": lambda: mopd(4096, gpus=8, seed=0),
         # two RL steps: the width the first step's peak needed, recalled after the lull
         "deepsearch two steps": lambda: rl_steps(deepsearch, 512, steps=2, seed=10, gpus=8, judge_work_mean=3.0),
+        # measured runs (_MEASURED): tests that scale better than declared, slow ones, and tests
+        # declared flat (explored on idle cores, then upgraded to a fitted Amdahl shape)
+        "ai-coding measured": lambda: ai_coding(160, nodes=1, cores=128, seed=2, test_max_cpus=32),
+        "ai-coding measured slow": lambda: ai_coding(96, nodes=1, cores=160, seed=3, true_parallel=0.5),
+        "ai-coding declared flat": lambda: ai_coding(96, nodes=1, cores=128, seed=4, test_parallel=0.0,
+                                                     true_parallel=0.9, think_parallel=0.9),
     }
 
 
 # Scheduler options per workload (the default elsewhere): the estimate planner is its own path.
 _OPTIONS: dict[str, dict[str, Any]] = {"mopd estimate planner": {"planner": "estimate"}}
+# Released actions report the parallelism their work got (lease.run/exec live; simulate(measured=))
+_MEASURED = {"ai-coding measured", "ai-coding measured slow", "ai-coding declared flat"}
 
 
 class _Hasher:
@@ -80,7 +89,7 @@ def run(policy: str = "tangram") -> dict[str, dict[str, Any]]:
         hasher = _Hasher()
         t0 = time.perf_counter()
         simulate(wl.trajectories, pol, workload=wl.name, restore_s=wl.restore_s, gpu_slots=wl.gpu_slots,
-                 observers=[hasher])
+                 observers=[hasher], measured=name in _MEASURED)
         out[name] = {"sha256": hasher.h.hexdigest()[:16], "entries": hasher.entries,
                      "seconds": round(time.perf_counter() - t0, 2)}
     return out
