@@ -61,7 +61,7 @@ class KindStats:
     """
 
     __slots__ = ("t1", "t1_samples", "gap", "last_arrival", "arrivals", "spec", "ring", "ring_i",
-                 "log_var", "beta", "buckets", "_rel", "_rel_beta", "_pxx", "_pxy", "hints", "sandboxes",
+                 "log_var", "beta", "buckets", "_rel", "_rel_shape", "_pxx", "_pxy", "hints", "sandboxes",
                  "up", "measured", "_avv", "_auv", "up_n")
 
     def __init__(self, prior_t1: float) -> None:
@@ -78,7 +78,7 @@ class KindStats:
         # (log declared speedup, units) -> [weight, mean, var]; units apart for a flat declaration
         self.buckets: dict[tuple[float, int], list[float]] = {}
         self._rel: dict[tuple[Any, int], float] = {}
-        self._rel_beta = 1.0
+        self._rel_shape = 1.0  # beta, or 10 + the upgraded fraction, that _rel was computed under
         self._pxx = 0.0  # measured parallelism: decaying sums of x * x and x * y (see observe_exec)
         self._pxy = 0.0
         self.hints: list[float] = [0.0, 0.0, 0.0]  # callers' length hints: count, mean and M2 of logs
@@ -246,11 +246,12 @@ class KindStats:
 
     def rel(self, spec: Any, m: int) -> float:
         """``T(m) / T(min)`` for ``spec`` under what has been learned: the declared ratio raised
-        to ``beta`` (memoised per spec and size until beta moves)."""
+        to ``beta``, or the fitted Amdahl ratio once upgraded (memoised per spec and size until
+        either moves)."""
         shape = self.beta if self.up is None else 10.0 + self.up  # what the memo holds (beta <= 1.25)
-        if shape != self._rel_beta:
+        if shape != self._rel_shape:
             self._rel.clear()
-            self._rel_beta = shape
+            self._rel_shape = shape
         key = (spec, m)
         r = self._rel.get(key)
         if r is None:
