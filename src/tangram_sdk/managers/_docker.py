@@ -580,10 +580,18 @@ class DockerClient:
         loop = asyncio.get_running_loop()
         end = loop.time() + _STOP_SEEN_S
         stopped: str | None = None  # the status it was first seen stopped in
+        waited = False
         while True:
             try:
                 info = await self.inspect(ref)
             except DockerError as exc:
+                if is_timeout(exc) and not waited:
+                    # the daemon holds a container's lock while it stops or restarts it, and an
+                    # inspect waits on it: one that timed out right after the kill is asked again
+                    # (a restart that took > api_timeout on a busy machine read as "nothing happened")
+                    waited = True
+                    end = max(end, loop.time() + _RESTART_SEEN_S)
+                    continue
                 if not is_not_found(exc):
                     return  # the result stands; the next call meets the daemon's trouble
                 raise DockerError(f"Docker exec: container {ref!r} was removed while the command ran (it was "
