@@ -98,7 +98,7 @@ class CpuSizing:
         # max_price implies (one long action on one core otherwise sets the RL step)
         self._cap_overload = objective != "act"
         self._price_ewma: dict[ActionSpec, float] = {}
-        # size per grid price and demand weight, per spec and learned exponent (_demand_of)
+        # size per grid price and demand weight, per spec, learned exponent and upgrade (_demand_of)
         self._dops: dict[tuple[ActionSpec, float, float | None], tuple[tuple[int, ...], float]] = {}
         self._node_rel_all: ReleaseLine | None = None  # expected releases, per round
         self._node_rel_round = -1
@@ -140,7 +140,7 @@ class CpuSizing:
         in contended cells of Amdahl 0.9 tests (sizes granted in a backlog complete with other
         lengths than sizes granted in a lull), and a weight following it moved the straggler
         lottery of the matrix's contended steps (one two-step cell 166 -> 240 s). Memoised per
-        spec and learned exponent: the market asks for both per spec and round."""
+        spec, learned exponent and upgraded shape: the market asks for both per spec and round."""
         st = self._kinds.get(spec.kind)
         up = st.up if st is not None else None
         key = (spec, st.beta if st is not None else 1.0, up)
