@@ -48,7 +48,7 @@ PURE_B=(tests/test_typing.py tests/test_fuzz.py tests/test_scheduler_props.py te
         tests/test_sim_engine.py tests/test_sim_baselines.py tests/test_sim_trace.py tests/test_sandbox_lengths.py
         tests/test_split.py tests/test_malleable.py tests/test_purity.py tests/test_learn.py
         tests/test_weighted_quotas.py tests/test_restart.py tests/test_pricing.py tests/test_plan_gap.py
-        tests/test_hints.py tests/test_resources.py tests/test_spec.py tests/test_options.py)
+        tests/test_hints.py tests/test_resources.py tests/test_spec.py tests/test_options.py tests/test_releases.py)
 out=$(mktemp -d)
 rc=0
 background() {  # background OUTFILE PYTEST-ARGS...: lowest priority, in a session of its own

@@ -354,6 +354,7 @@ class Scheduler:
         """Raise AssertionError if the ledger disagrees with the running grants (for tests)."""
         invariants.check_invariants(self.pool, self.ledger, self._resident, self._running, self.granted,
                                     self.released)
+        self._cpu.check_book()
 
     def __repr__(self) -> str:
         return f"<Scheduler {self.ledger.usage()} | {len(self._running)} running, {self._queue.n} queued>"
@@ -532,6 +533,8 @@ class Scheduler:
             est += self._gpu.restore_lat(self._place.restore_cost(spec.service), len(gpus))
         a.est_end = now + est
         self._running[a.id] = a
+        if g.cpus:
+            self._cpu.started(a)
         if a.eres == "cpu":
             self._mall.admitted(a)
             self._rst.admitted(a)
@@ -603,6 +606,8 @@ class Scheduler:
 
     def _release(self, aid: int, now: float, *, failed: bool, parallelism: float | None = None) -> None:
         a = self._running.pop(aid, None)
+        if a is not None:
+            self._cpu.ended(aid)
         if a is None:
             if self._drop_queued(aid):
                 self.cancelled += 1

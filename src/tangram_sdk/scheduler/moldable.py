@@ -43,6 +43,7 @@ from .action import Action, dur_min, spec_dur_min
 from .learn import UP_MIN, KindStats
 from .ledger import Ledger
 from .pricing import PRICE_GRID, dop_at_price, dops_over_grid
+from .releases import NodeReleases, ReleaseBook
 
 __all__ = ["CpuSizing", "ReleaseLine", "RISK_MIN_RATIO", "RISK_Z"]
 
@@ -61,7 +62,7 @@ RISK_Z = 3.09
 RISK_MIN_RATIO = 4.0
 
 # expected releases of running actions: sorted end times, cumulative cores, per-node (time, cores)
-ReleaseLine = tuple[list[float], list[int], list[list[tuple[float, int]]]]
+ReleaseLine = tuple[list[float], list[int], NodeReleases]
 
 
 class CpuSizing:
@@ -75,7 +76,7 @@ class CpuSizing:
     __slots__ = ("ledger", "_running", "_kinds", "_spec_queued", "default_duration", "lookahead",
                  "load_target", "price_horizon", "price_smoothing", "objective", "start_or_wait",
                  "_price_cap", "_cap_overload", "_price_ewma", "_dops", "_node_rel_all", "_node_rel_round",
-                 "_price_memo", "_market_memo", "_probe")
+                 "_book", "_price_memo", "_market_memo", "_probe")
 
     def __init__(self, ledger: Ledger, running: dict[int, Action], kinds: dict[str, KindStats],
                  spec_queued: dict[ActionSpec, int], *, default_duration: float, lookahead: bool,
@@ -102,6 +103,7 @@ class CpuSizing:
         self._dops: dict[tuple[ActionSpec, float, float | None], tuple[tuple[int, ...], float]] = {}
         self._node_rel_all: ReleaseLine | None = None  # expected releases, per round
         self._node_rel_round = -1
+        self._book = ReleaseBook(ledger.node_of, len(ledger.node_size))  # running actions' releases
         self._price_memo: dict[tuple[int, ActionSpec], int] = {}
         self._market_memo: dict[tuple[int, ActionSpec], Any] = {}
         self._probe = 0  # round keys below zero: prices asked between rounds (price_now)
@@ -109,6 +111,7 @@ class CpuSizing:
     def forget_releases(self) -> None:
         """Running actions' cores changed within the round (a malleable resize): rebuild the
         release line at its next use."""
+        self._book.reset(self._running.values())
         self._node_rel_all = None
 
     def price_now(self, a: Action, now: float) -> int:
@@ -163,43 +166,28 @@ class CpuSizing:
         """Seconds ``spec`` runs at its minimum units, from what its kind has learned."""
         return spec_dur_min(spec, self._kinds.get(spec.kind), self.default_duration)
 
+    def started(self, a: Action) -> None:
+        """``a`` was granted: its cores join the release book."""
+        self._book.add(a)
+
+    def ended(self, aid: int) -> None:
+        self._book.remove(aid)
+
+    def check_book(self) -> None:
+        """Raise AssertionError if the release book disagrees with the running grants."""
+        want = sorted((a.id, a.est_end, len(a.grant.cpus)) for a in self._running.values()
+                      if a.grant is not None and a.grant.cpus)
+        have = self._book.entries()
+        if have != want:
+            raise AssertionError(f"release book {have[:4]}... != running grants {want[:4]}...")
+
     def release_line(self, now: float, rnd: int) -> ReleaseLine:
-        """Expected CPU releases of running actions, built once per round. An action past its
-        estimate is assumed half done (heavy tails: the longer it has run, the longer it will)."""
+        """Expected CPU releases of running actions, as of the first ask in round ``rnd``
+        (releases.py: an action past its estimate is assumed half done)."""
         line = self._node_rel_all
         if line is not None and self._node_rel_round == rnd:
             return line
-        node_of = self.ledger.node_of
-        per_node: list[list[tuple[float, int]]] = [[] for _ in self.ledger.node_size]
-        allr: list[tuple[float, int]] = []
-        for r in self._running.values():
-            g = r.grant
-            assert g is not None
-            if not g.cpus:
-                continue
-            t = r.est_end
-            if t <= now:
-                t = now + 0.5 * (now - r.started)
-            allr.append((t, len(g.cpus)))
-            n0 = node_of[g.cpus[0]]
-            if node_of[g.cpus[-1]] == n0:
-                per_node[n0].append((t, len(g.cpus)))
-            else:  # a grant spanning nodes releases on each
-                cnt: dict[int, int] = {}
-                for c in g.cpus:
-                    cnt[node_of[c]] = cnt.get(node_of[c], 0) + 1
-                for n, k in cnt.items():
-                    per_node[n].append((t, k))
-        allr.sort()
-        times = [t for t, _ in allr]
-        cum: list[int] = []
-        acc = 0
-        for _, k in allr:
-            acc += k
-            cum.append(acc)
-        for lst in per_node:
-            lst.sort()
-        line = self._node_rel_all = (times, cum, per_node)
+        line = self._node_rel_all = self._book.line(now)
         self._node_rel_round = rnd
         return line
 
@@ -252,7 +240,13 @@ class CpuSizing:
         cap_overload = self._cap_overload
         always = self.objective == "step"  # the floor holds even under a backlog
 
+        seen: dict[float, int] = {}
+
         def index(supply: float) -> int:
+            hit = seen.get(supply)
+            if hit is not None:
+                return hit
+
             def fits(gi: int) -> bool:
                 demand = fixed
                 for n, sizes in elastic:
@@ -271,6 +265,7 @@ class CpuSizing:
                 # a flood of expected arrivals is priced at most max_price; only a backlog the
                 # pool cannot absorb even at minimum sizes (or any overload, with objective "act")
                 lo = cap
+            seen[supply] = lo
             return lo
 
         memo[key] = index
@@ -349,8 +344,11 @@ class CpuSizing:
         # than it saved: in the quick contended cells it held actions waiting for the floor and
         # the step got worse (1.06 -> 1.45), and it did not save the full seed-2 straggler.
         floor = dops[gi] if gi == self._price_cap and self.objective == "step" else a.emin
-        _, _, per_node = self.release_line(now, rnd)
+        times, cum, per_node = self.release_line(now, rnd)
         market = self._market(a, now, rnd)
+        # _supply_by(t, a, rnd) for each awaited release, its round-constant parts hoisted
+        horizon = self.price_horizon * dur_min(a)
+        free_all = self.ledger.free_cpus
         rel = self._rel_fn(a.spec)
         d0 = a.hint if risk and a.hint is not None else dur_min(a)
         behind = sum(n for spec, n in self._spec_queued.items() if spec.cpus) - 1
@@ -369,7 +367,8 @@ class CpuSizing:
                     continue
                 c = w + d0 * rel(m)
             else:
-                gk = market(self._supply_by(t, a, rnd))
+                j = bisect_right(times, t + horizon)
+                gk = market(free_all + (cum[j - 1] if j else 0))
                 m = min(have, dops[gk])
                 if m <= start or m < floor:
                     continue
