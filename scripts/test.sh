@@ -56,16 +56,17 @@ background() {  # background OUTFILE PYTEST-ARGS...: lowest priority, in a sessi
     setsid -w nice -n 19 sh -c 'echo 19 > /proc/self/autogroup 2>/dev/null; exec "$@"' sh \
         "${PYTEST[@]}" "$@" >"$to" 2>&1 </dev/null
 }
-background "$out/a" "${PURE_A[@]}" &
+background "$out/a" --durations=5 "${PURE_A[@]}" &
 pid_a=$!
-background "$out/b" "${PURE_B[@]}" &
+background "$out/b" --durations=10 "${PURE_B[@]}" &
 pid_b=$!
 ignore=()
 for f in "${PURE_A[@]}" "${PURE_B[@]}"; do
     ignore+=("--ignore=$f")
 done
 echo "== everything but the pure files (those run in the background)"
-"${PYTEST[@]}" "${ignore[@]}" || rc=1
+# --durations: the slowest tests in the log, where CI time goes (kept under 20 minutes)
+"${PYTEST[@]}" --durations=15 "${ignore[@]}" || rc=1
 wait "$pid_a" || rc=1
 wait "$pid_b" || rc=1
 echo "== ${PURE_A[*]}"
