@@ -76,7 +76,7 @@ class CpuSizing:
     __slots__ = ("ledger", "_running", "_kinds", "_spec_queued", "default_duration", "lookahead",
                  "load_target", "price_horizon", "price_smoothing", "objective", "start_or_wait",
                  "_price_cap", "_cap_overload", "_price_ewma", "_dops", "_node_rel_all", "_node_rel_round",
-                 "_book", "_price_memo", "_market_memo", "_probe")
+                 "_book", "_book_live", "_price_memo", "_market_memo", "_probe")
 
     def __init__(self, ledger: Ledger, running: dict[int, Action], kinds: dict[str, KindStats],
                  spec_queued: dict[ActionSpec, int], *, default_duration: float, lookahead: bool,
@@ -104,6 +104,7 @@ class CpuSizing:
         self._node_rel_all: ReleaseLine | None = None  # expected releases, per round
         self._node_rel_round = -1
         self._book = ReleaseBook(ledger.node_of, len(ledger.node_size))  # running actions' releases
+        self._book_live = False  # kept from the first ask on
         self._price_memo: dict[tuple[int, ActionSpec], int] = {}
         self._market_memo: dict[tuple[int, ActionSpec], Any] = {}
         self._probe = 0  # round keys below zero: prices asked between rounds (price_now)
@@ -111,7 +112,8 @@ class CpuSizing:
     def forget_releases(self) -> None:
         """Running actions' cores changed within the round (a malleable resize): rebuild the
         release line at its next use."""
-        self._book.reset(self._running.values())
+        if self._book_live:
+            self._book.reset(self._running.values())
         self._node_rel_all = None
 
     def price_now(self, a: Action, now: float) -> int:
@@ -167,14 +169,19 @@ class CpuSizing:
         return spec_dur_min(spec, self._kinds.get(spec.kind), self.default_duration)
 
     def started(self, a: Action) -> None:
-        """``a`` was granted: its cores join the release book."""
-        self._book.add(a)
+        """``a`` was granted: its cores join the release book (once any price was asked: a
+        fixed policy never reads it)."""
+        if self._book_live:
+            self._book.add(a)
 
     def ended(self, aid: int) -> None:
-        self._book.remove(aid)
+        if self._book_live:
+            self._book.remove(aid)
 
     def check_book(self) -> None:
         """Raise AssertionError if the release book disagrees with the running grants."""
+        if not self._book_live:
+            return
         want = sorted((a.id, a.est_end, len(a.grant.cpus)) for a in self._running.values()
                       if a.grant is not None and a.grant.cpus)
         have = self._book.entries()
@@ -187,6 +194,9 @@ class CpuSizing:
         line = self._node_rel_all
         if line is not None and self._node_rel_round == rnd:
             return line
+        if not self._book_live:
+            self._book.reset(self._running.values())
+            self._book_live = True
         line = self._node_rel_all = self._book.line(now)
         self._node_rel_round = rnd
         return line
