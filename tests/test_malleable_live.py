@@ -55,6 +55,7 @@ class ResizingCore(Scheduler):
                     self.ledger.give(Grant(aid, cpus=tuple(c for c in old.cpus if c not in cpus)))
                     self.ledger.take(Grant(aid, cpus=tuple(c for c in cpus if c not in old.cpus)))
                     a.grant = old._replace(cpus=cpus, units=len(cpus))
+                    self._cpu.forget_releases()  # as the core's own resizes do (resizing.py)
                 out.append(Resize(aid, cpus, len(cpus)))
         return out
 
