@@ -37,7 +37,7 @@ def test_the_book_gives_every_running_actions_release_in_order() -> None:
         book = ReleaseBook(node_of, nodes)
         running: dict[int, Any] = {}
         now, aid = 0.0, 0
-        for _ in range(400):
+        for rnd in range(400):
             now += rng.choice((0.0, rng.expovariate(2.0)))  # several asks at one time, too
             r = rng.random()
             if running and r < 0.4:
@@ -59,7 +59,8 @@ def test_the_book_gives_every_running_actions_release_in_order() -> None:
                     a.est_end = now + rng.expovariate(1.0)
                     a.grant = SimpleNamespace(cpus=a.grant.cpus[:1])
                     book.reset(running.values())  # type: ignore[arg-type]
-            times, cum, per = book.line(now)
+            times, cum, per = book.line(now, rnd, running)
+            assert book.line(now + 1.0, rnd, running)[0] is times  # one line a round
             if rng.random() < 0.5:  # a node's line is the book as it was when the line was taken
                 x = SimpleNamespace(id=-1, grant=SimpleNamespace(cpus=(0,)), est_end=now, started=now)
                 book.add(x)  # type: ignore[arg-type]
@@ -75,6 +76,7 @@ def test_the_book_gives_every_running_actions_release_in_order() -> None:
 
 def test_a_removal_the_book_never_saw_added_is_ignored_and_a_lost_entry_is_loud() -> None:
     book = ReleaseBook([0, 0], 1)
+    assert book.line(0.0, 0, {}) == ([], [], [[]]) and book.live  # the first ask makes it live
     book.remove(42)  # an action holding no cores (GPU only) was never added
     a = SimpleNamespace(id=1, grant=SimpleNamespace(cpus=(0,)), est_end=2.0, started=0.0)
     book.add(a)  # type: ignore[arg-type]

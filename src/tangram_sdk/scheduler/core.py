@@ -181,6 +181,7 @@ class Scheduler:
                               default_duration=default_duration, lookahead=lookahead, load_target=load_target,
                               price_horizon=price_horizon, price_smoothing=price_smoothing, max_price=max_price,
                               objective=objective, start_or_wait=start_or_wait)
+        self._book = self._cpu.book  # running actions' expected releases: added and removed here
         self._seq = 0
         self._deadlines = Deadlines(self._live, self._queue, self._running, self.ledger, self._cpu)
         ng = len(pool.gpus)
@@ -533,8 +534,8 @@ class Scheduler:
             est += self._gpu.restore_lat(self._place.restore_cost(spec.service), len(gpus))
         a.est_end = now + est
         self._running[a.id] = a
-        if g.cpus:
-            self._cpu.started(a)
+        if g.cpus and self._book.live:
+            self._book.add(a)
         if a.eres == "cpu":
             self._mall.admitted(a)
             self._rst.admitted(a)
@@ -606,8 +607,8 @@ class Scheduler:
 
     def _release(self, aid: int, now: float, *, failed: bool, parallelism: float | None = None) -> None:
         a = self._running.pop(aid, None)
-        if a is not None:
-            self._cpu.ended(aid)
+        if self._book.live:
+            self._book.remove(aid)
         if a is None:
             if self._drop_queued(aid):
                 self.cancelled += 1

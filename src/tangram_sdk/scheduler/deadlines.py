@@ -108,7 +108,7 @@ class Deadlines:
                 ahead_t[name] = ahead_t.get(name, 0) + n
         start = now
         if a.cpu_min:
-            times, cum, _ = self._cpu.release_line(now, rnd)
+            times, cum, _ = self._cpu.book.line(now, rnd, self._running)
             start = max(start, _when(ahead_cpu + a.cpu_min - L.free_cpus, times, cum, now))
         if a.gpu_min or spec.quotas:
             gpu_rel: list[tuple[float, int]] = []

@@ -43,9 +43,9 @@ from .action import Action, dur_min, spec_dur_min
 from .learn import UP_MIN, KindStats
 from .ledger import Ledger
 from .pricing import PRICE_GRID, dop_at_price, dops_over_grid
-from .releases import NodeReleases, ReleaseBook
+from .releases import ReleaseBook
 
-__all__ = ["CpuSizing", "ReleaseLine", "RISK_MIN_RATIO", "RISK_Z"]
+__all__ = ["CpuSizing", "RISK_MIN_RATIO", "RISK_Z"]
 
 _EXPLORE_EVERY = 16  # every n-th arrival of a kind at price 0 re-checks its declared size
 _EXPLORE_UNITS = 4  # ... or, declared flat, runs on this many times its minimum
@@ -61,8 +61,6 @@ RISK_Z = 3.09
 # kind's mean, so among sandboxes that barely differ the z-score alone would pick out noise
 RISK_MIN_RATIO = 4.0
 
-# expected releases of running actions: sorted end times, cumulative cores, per-node (time, cores)
-ReleaseLine = tuple[list[float], list[int], NodeReleases]
 
 
 class CpuSizing:
@@ -75,8 +73,7 @@ class CpuSizing:
 
     __slots__ = ("ledger", "_running", "_kinds", "_spec_queued", "default_duration", "lookahead",
                  "load_target", "price_horizon", "price_smoothing", "objective", "start_or_wait",
-                 "_price_cap", "_cap_overload", "_price_ewma", "_dops", "_node_rel_all", "_node_rel_round",
-                 "_book", "_book_live", "_price_memo", "_market_memo", "_probe")
+                 "_price_cap", "_cap_overload", "_price_ewma", "_dops", "book", "_price_memo", "_market_memo", "_probe")
 
     def __init__(self, ledger: Ledger, running: dict[int, Action], kinds: dict[str, KindStats],
                  spec_queued: dict[ActionSpec, int], *, default_duration: float, lookahead: bool,
@@ -101,10 +98,7 @@ class CpuSizing:
         self._price_ewma: dict[ActionSpec, float] = {}
         # size per grid price and demand weight, per spec, learned exponent and upgrade (_demand_of)
         self._dops: dict[tuple[ActionSpec, float, float | None], tuple[tuple[int, ...], float]] = {}
-        self._node_rel_all: ReleaseLine | None = None  # expected releases, per round
-        self._node_rel_round = -1
-        self._book = ReleaseBook(ledger.node_of, len(ledger.node_size))  # running actions' releases
-        self._book_live = False  # kept from the first ask on
+        self.book = ReleaseBook(ledger.node_of, len(ledger.node_size))  # running actions' releases
         self._price_memo: dict[tuple[int, ActionSpec], int] = {}
         self._market_memo: dict[tuple[int, ActionSpec], Any] = {}
         self._probe = 0  # round keys below zero: prices asked between rounds (price_now)
@@ -112,16 +106,14 @@ class CpuSizing:
     def forget_releases(self) -> None:
         """Running actions' cores changed within the round (a malleable resize): rebuild the
         release line at its next use."""
-        if self._book_live:
-            self._book.reset(self._running.values())
-        self._node_rel_all = None
+        self.book.reset(self._running.values())
 
     def price_now(self, a: Action, now: float) -> int:
         """Index in PRICE_GRID of the clearing price for ``a``'s cores at ``now``, unsmoothed and
         not memoised: asked outside admission (a restart check), so no round's memo may answer
         it and it must not move the per-spec smoothing that admission uses."""
         self._probe -= 1
-        self._node_rel_all = None
+        self.book.forget_line()
         return self._market(a, now, self._probe)(self._supply_by(now, a, self._probe))
 
     def _rel_fn(self, spec: ActionSpec) -> Callable[[int], float]:
@@ -168,38 +160,15 @@ class CpuSizing:
         """Seconds ``spec`` runs at its minimum units, from what its kind has learned."""
         return spec_dur_min(spec, self._kinds.get(spec.kind), self.default_duration)
 
-    def started(self, a: Action) -> None:
-        """``a`` was granted: its cores join the release book (once any price was asked: a
-        fixed policy never reads it)."""
-        if self._book_live:
-            self._book.add(a)
-
-    def ended(self, aid: int) -> None:
-        if self._book_live:
-            self._book.remove(aid)
-
     def check_book(self) -> None:
         """Raise AssertionError if the release book disagrees with the running grants."""
-        if not self._book_live:
+        if not self.book.live:
             return
         want = sorted((a.id, a.est_end, len(a.grant.cpus)) for a in self._running.values()
                       if a.grant is not None and a.grant.cpus)
-        have = self._book.entries()
+        have = self.book.entries()
         if have != want:
             raise AssertionError(f"release book {have[:4]}... != running grants {want[:4]}...")
-
-    def release_line(self, now: float, rnd: int) -> ReleaseLine:
-        """Expected CPU releases of running actions, as of the first ask in round ``rnd``
-        (releases.py: an action past its estimate is assumed half done)."""
-        line = self._node_rel_all
-        if line is not None and self._node_rel_round == rnd:
-            return line
-        if not self._book_live:
-            self._book.reset(self._running.values())
-            self._book_live = True
-        line = self._node_rel_all = self._book.line(now)
-        self._node_rel_round = rnd
-        return line
 
     def _market(self, a: Action, now: float, rnd: int) -> Callable[[float], int]:
         """``supply -> price index``: the clearing price for ``a``'s cores if ``supply`` cores
@@ -253,9 +222,8 @@ class CpuSizing:
         seen: dict[float, int] = {}
 
         def index(supply: float) -> int:
-            hit = seen.get(supply)
-            if hit is not None:
-                return hit
+            if supply in seen:
+                return seen[supply]
 
             def fits(gi: int) -> bool:
                 demand = fixed
@@ -283,7 +251,7 @@ class CpuSizing:
 
     def _supply_by(self, t: float, a: Action, rnd: int) -> float:
         """Cores free now plus those expected back by ``t`` plus the pricing window."""
-        times, cum, _ = self.release_line(t, rnd)
+        times, cum, _ = self.book.line(t, rnd, self._running)
         i = bisect_right(times, t + self.price_horizon * dur_min(a))
         return self.ledger.free_cpus + (cum[i - 1] if i else 0)
 
@@ -354,7 +322,7 @@ class CpuSizing:
         # than it saved: in the quick contended cells it held actions waiting for the floor and
         # the step got worse (1.06 -> 1.45), and it did not save the full seed-2 straggler.
         floor = dops[gi] if gi == self._price_cap and self.objective == "step" else a.emin
-        times, cum, per_node = self.release_line(now, rnd)
+        times, cum, per_node = self.book.line(now, rnd, self._running)
         market = self._market(a, now, rnd)
         # _supply_by(t, a, rnd) for each awaited release, its round-constant parts hoisted
         horizon = self.price_horizon * dur_min(a)

@@ -14,29 +14,39 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_left, bisect_right, insort
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from itertools import accumulate
 
 from .action import Action
 
+__all__ = ["NodeReleases", "Release", "ReleaseBook", "ReleaseLine"]
+
 # (end estimate, cores, action id, started): sorted by estimate, then cores; the id makes it unique
 _Entry = tuple[float, int, int, float]
 Release = tuple[float, int]  # (expected time, cores)
+# sorted expected release times, cumulative cores, per node (expected time, cores) in order
+ReleaseLine = tuple[list[float], list[int], Sequence[list[Release]]]
 
 
 class ReleaseBook:
     """The running CPU actions' entries, in the whole pool and per NUMA node (a grant spanning
     nodes has a part on each). ``add`` after a grant, ``remove`` at its end, ``reset`` after
-    grants changed in place (a malleable resize, a restart)."""
+    grants changed in place (a malleable resize, a restart). Kept only while ``live``: from the
+    first :meth:`line` on (a fixed policy never asks), so the core checks ``live`` before it calls
+    ``add`` or ``remove`` (no call at all on the uncontended hot path of a fixed policy)."""
 
-    __slots__ = ("_node_of", "_all", "_nodes", "_ents")
+    __slots__ = ("_node_of", "_all", "_nodes", "_multi", "_ents", "live", "_line", "_round")
 
     def __init__(self, node_of: Mapping[int, int], nodes: int) -> None:
         self._node_of = node_of
         self._all: list[_Entry] = []
-        self._nodes: list[list[_Entry]] = [[] for _ in range(nodes)]
+        self._multi = nodes > 1  # one node: its line is the pool's, no lists of its own
+        self._nodes: list[list[_Entry]] = [[] for _ in range(nodes)] if self._multi else []
         # id -> (estimate, cores, started, (node, cores) parts): what to find again at removal
         self._ents: dict[int, tuple[float, int, float, tuple[tuple[int, int], ...]]] = {}
+        self.live = False
+        self._line: ReleaseLine | None = None  # the line of round ``_round``
+        self._round = -1
 
     def add(self, a: Action) -> None:
         g = a.grant
@@ -57,19 +67,29 @@ class ReleaseBook:
         e, s, aid = a.est_end, a.started, a.id
         self._ents[aid] = (e, k, s, parts)
         insort(self._all, (e, k, aid, s))
-        for n, kn in parts:
-            insort(self._nodes[n], (e, kn, aid, s))
+        if self._multi:
+            for n, kn in parts:
+                insort(self._nodes[n], (e, kn, aid, s))
 
     def remove(self, aid: int) -> None:
         hit = self._ents.pop(aid, None)
         if hit is None:
             return
         e, k, s, parts = hit
-        _drop(self._all, (e, k, aid, s))
-        for n, kn in parts:
-            _drop(self._nodes[n], (e, kn, aid, s))
+        lst, ent = self._all, (e, k, aid, s)  # _drop inline: this is every release's path
+        i = bisect_left(lst, ent)
+        if lst[i:i + 1] != [ent]:
+            raise AssertionError(f"release entry {ent!r} missing")  # the book lost track: loud
+        del lst[i]
+        if self._multi:
+            for n, kn in parts:
+                _drop(self._nodes[n], (e, kn, aid, s))
 
     def reset(self, running: Iterable[Action]) -> None:
+        """Rebuild from ``running`` (grants changed in place) and forget this round's line."""
+        self._line = None
+        if not self.live:
+            return
         self._all.clear()
         for lst in self._nodes:
             lst.clear()
@@ -77,48 +97,63 @@ class ReleaseBook:
         for a in running:
             self.add(a)
 
-    def line(self, now: float) -> tuple[list[float], list[int], NodeReleases]:
-        """Expected release times in order, the cores released by each (cumulative), and each
-        node's expected releases ``(time, cores)`` in order (computed when first asked, from the
-        entries as they are now)."""
-        rel = _at(self._all, now)
-        if len(self._nodes) == 1:
-            nodes = NodeReleases(now, None, rel)
+    def forget_line(self) -> None:
+        """The next :meth:`line` is computed afresh, whatever its round."""
+        self._line = None
+
+    def line(self, now: float, rnd: int, running: Mapping[int, Action]) -> ReleaseLine:
+        """As of the first ask in round ``rnd``: expected release times in order, the cores
+        released by each (cumulative), and each node's expected releases ``(time, cores)`` in
+        order (a node's computed when first asked, from its entries as they were then).
+        ``running``: what a book not yet live is filled from."""
+        line = self._line
+        if line is not None and self._round == rnd:
+            return line
+        if not self.live:
+            self.live = True
+            self.reset(running.values())
+        rel = _at(self._all, now) if self._all else []
+        nodes: Sequence[list[Release]]
+        nodes = NodeReleases(now, [lst.copy() for lst in self._nodes]) if self._multi else [rel]
+        if rel:
+            times, cores = zip(*rel)
+            line = (list(times), list(accumulate(cores)), nodes)
         else:
-            nodes = NodeReleases(now, [lst.copy() for lst in self._nodes])
-        if not rel:
-            return [], [], nodes
-        times, cores = zip(*rel)
-        return list(times), list(accumulate(cores)), nodes
+            line = ([], [], nodes)
+        self._line = line
+        self._round = rnd
+        return line
 
     def entries(self) -> list[tuple[int, float, int]]:
         """``(id, estimate, cores)`` of every entry, for the invariant check."""
         return sorted((aid, e, k) for aid, (e, k, _, _) in self._ents.items())
 
 
-class NodeReleases:
+class NodeReleases(Sequence[list[Release]]):
     """Per node, ``(expected time, cores)`` in order: ``lines[n]``. A pool of many nodes asks
     for one or two a round, so each is computed on first use, from the node's entries as they
     were when the line was taken (a copy: grants later in the round do not change it)."""
 
     __slots__ = ("_now", "_entries", "_out")
 
-    def __init__(self, now: float, entries: list[list[_Entry]] | None, one: list[Release] | None = None) -> None:
+    def __init__(self, now: float, entries: list[list[_Entry]]) -> None:
         self._now = now
         self._entries = entries
-        self._out: list[list[Release] | None] = [one] if one is not None else [None] * len(entries or ())
+        self._out: list[list[Release] | None] = [None] * len(entries)
 
-    def __getitem__(self, n: int) -> list[Release]:
+    def __getitem__(self, n: int) -> list[Release]:  # type: ignore[override]
         hit = self._out[n]
         if hit is None:
-            assert self._entries is not None
             hit = self._out[n] = _at(self._entries[n], self._now)
         return hit
+
+    def __len__(self) -> int:
+        return len(self._out)
 
 
 def _drop(lst: list[_Entry], ent: _Entry) -> None:
     i = bisect_left(lst, ent)
-    if i == len(lst) or lst[i] != ent:
+    if lst[i:i + 1] != [ent]:
         raise AssertionError(f"release entry {ent!r} missing")  # the book lost track: loud
     del lst[i]
 
