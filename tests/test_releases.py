@@ -80,6 +80,7 @@ def test_a_removal_the_book_never_saw_added_is_ignored_and_a_lost_entry_is_loud(
     book.remove(42)  # an action holding no cores (GPU only) was never added
     a = SimpleNamespace(id=1, grant=SimpleNamespace(cpus=(0,)), est_end=2.0, started=0.0)
     book.add(a)  # type: ignore[arg-type]
+    book.line(1.0, 1, {1: a})  # merged into the sorted list
     book._all.clear()  # what a bookkeeping bug would leave
     try:
         book.remove(1)

@@ -4,7 +4,9 @@ The price of cores (moldable.CpuSizing) and start-or-wait ask every round how ma
 running actions release by when. Rebuilding that from every running action each round was about
 half of a simulated CPU step. The book keeps each running action's entry sorted by its end
 estimate, so a round recomputes only the entries already past their estimate (their expected end
-moves with the clock) and merges them with the rest, which stay in order.
+moves with the clock) and merges them with the rest, which stay in order. A grant waits unsorted
+until the next round that reads the line, so an uncontended acquire, granted and released between
+two such rounds, costs one dict operation each way.
 
 An action past its estimate is assumed half done (heavy tails: the longer it has run, the longer
 it will): expected back at ``now + (now - started) / 2``. Pure bookkeeping: no clock, no IO.
@@ -35,55 +37,63 @@ class ReleaseBook:
     first :meth:`line` on (a fixed policy never asks), so the core checks ``live`` before it calls
     ``add`` or ``remove`` (no call at all on the uncontended hot path of a fixed policy)."""
 
-    __slots__ = ("_node_of", "_all", "_nodes", "_multi", "_ents", "live", "_line", "_round")
+    __slots__ = ("_node_of", "_all", "_nodes", "_multi", "_ents", "_pending", "live", "_line", "_round")
 
     def __init__(self, node_of: Mapping[int, int], nodes: int) -> None:
         self._node_of = node_of
         self._all: list[_Entry] = []
         self._multi = nodes > 1  # one node: its line is the pool's, no lists of its own
         self._nodes: list[list[_Entry]] = [[] for _ in range(nodes)] if self._multi else []
-        # id -> (estimate, cores, started, (node, cores) parts): what to find again at removal
-        self._ents: dict[int, tuple[float, int, float, tuple[tuple[int, int], ...]]] = {}
+        # id -> its entry and, on a pool of several nodes, (node, entry) per node it holds cores on
+        self._ents: dict[int, tuple[_Entry, tuple[tuple[int, _Entry], ...]]] = {}
+        self._pending: dict[int, Action] = {}  # granted since the last line: not in the lists yet
         self.live = False
         self._line: ReleaseLine | None = None  # the line of round ``_round``
         self._round = -1
 
     def add(self, a: Action) -> None:
+        """``a`` holds cores now. Its entry waits unsorted until the next line merges it: an
+        uncontended acquire adds and removes it again without touching the sorted lists."""
         g = a.grant
         assert g is not None
-        cpus = g.cpus
-        if not cpus:
-            return
-        node_of = self._node_of
-        k = len(cpus)
-        n0 = node_of[cpus[0]]
-        if node_of[cpus[-1]] == n0:
-            parts: tuple[tuple[int, int], ...] = ((n0, k),)
-        else:  # a grant spanning nodes releases on each
-            cnt: dict[int, int] = {}
-            for c in cpus:
-                cnt[node_of[c]] = cnt.get(node_of[c], 0) + 1
-            parts = tuple(cnt.items())
-        e, s, aid = a.est_end, a.started, a.id
-        self._ents[aid] = (e, k, s, parts)
-        insort(self._all, (e, k, aid, s))
-        if self._multi:
-            for n, kn in parts:
-                insort(self._nodes[n], (e, kn, aid, s))
+        if g.cpus:
+            self._pending[a.id] = a
 
     def remove(self, aid: int) -> None:
+        if self._pending.pop(aid, None) is not None:
+            return
         hit = self._ents.pop(aid, None)
         if hit is None:
             return
-        e, k, s, parts = hit
-        lst, ent = self._all, (e, k, aid, s)  # _drop inline: this is every release's path
-        i = bisect_left(lst, ent)
-        if lst[i:i + 1] != [ent]:
-            raise AssertionError(f"release entry {ent!r} missing")  # the book lost track: loud
-        del lst[i]
-        if self._multi:
-            for n, kn in parts:
-                _drop(self._nodes[n], (e, kn, aid, s))
+        ent, parts = hit
+        _drop(self._all, ent)
+        for n, part in parts:
+            _drop(self._nodes[n], part)
+
+    def _merge(self) -> None:
+        """The entries added since the last line, into the sorted lists (per node too)."""
+        node_of = self._node_of
+        for aid, a in self._pending.items():
+            g = a.grant
+            assert g is not None
+            cpus = g.cpus
+            ent = (a.est_end, len(cpus), aid, a.started)
+            insort(self._all, ent)
+            if not self._multi:
+                self._ents[aid] = (ent, ())
+                continue
+            n0 = node_of[cpus[0]]
+            if node_of[cpus[-1]] == n0:
+                parts: tuple[tuple[int, _Entry], ...] = ((n0, ent),)
+            else:  # a grant spanning nodes releases on each
+                cnt: dict[int, int] = {}
+                for c in cpus:
+                    cnt[node_of[c]] = cnt.get(node_of[c], 0) + 1
+                parts = tuple((n, (ent[0], kn, aid, ent[3])) for n, kn in cnt.items())
+            for n, part in parts:
+                insort(self._nodes[n], part)
+            self._ents[aid] = (ent, parts)
+        self._pending.clear()
 
     def reset(self, running: Iterable[Action]) -> None:
         """Rebuild from ``running`` (grants changed in place) and forget this round's line."""
@@ -94,6 +104,7 @@ class ReleaseBook:
         for lst in self._nodes:
             lst.clear()
         self._ents.clear()
+        self._pending.clear()
         for a in running:
             self.add(a)
 
@@ -112,6 +123,8 @@ class ReleaseBook:
         if not self.live:
             self.live = True
             self.reset(running.values())
+        if self._pending:
+            self._merge()
         rel = _at(self._all, now) if self._all else []
         nodes: Sequence[list[Release]]
         nodes = NodeReleases(now, [lst.copy() for lst in self._nodes]) if self._multi else [rel]
@@ -126,7 +139,11 @@ class ReleaseBook:
 
     def entries(self) -> list[tuple[int, float, int]]:
         """``(id, estimate, cores)`` of every entry, for the invariant check."""
-        return sorted((aid, e, k) for aid, (e, k, _, _) in self._ents.items())
+        out = [(aid, ent[0], ent[1]) for aid, (ent, _) in self._ents.items()]
+        for aid, a in self._pending.items():
+            assert a.grant is not None
+            out.append((aid, a.est_end, len(a.grant.cpus)))
+        return sorted(out)
 
 
 class NodeReleases(Sequence[list[Release]]):
@@ -153,8 +170,11 @@ class NodeReleases(Sequence[list[Release]]):
 
 def _drop(lst: list[_Entry], ent: _Entry) -> None:
     i = bisect_left(lst, ent)
-    if lst[i:i + 1] != [ent]:
-        raise AssertionError(f"release entry {ent!r} missing")  # the book lost track: loud
+    try:
+        if lst[i] is not ent:
+            raise IndexError(i)
+    except IndexError:
+        raise AssertionError(f"release entry {ent!r} missing") from None  # the book lost track: loud
     del lst[i]
 
 
