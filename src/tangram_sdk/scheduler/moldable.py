@@ -62,7 +62,6 @@ RISK_Z = 3.09
 RISK_MIN_RATIO = 4.0
 
 
-
 class CpuSizing:
     """The price of cores, and the size it gives each elastic CPU action at admission.
 
