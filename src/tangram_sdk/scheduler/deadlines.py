@@ -108,8 +108,10 @@ class Deadlines:
                 ahead_t[name] = ahead_t.get(name, 0) + n
         start = now
         if a.cpu_min:
-            times, cum, _ = self._cpu.book.line(now, rnd, self._running)
-            start = max(start, _when(ahead_cpu + a.cpu_min - L.free_cpus, times, cum, now))
+            line = self._cpu.book.line(now, rnd, self._running)  # taken now: the round's line
+            short = ahead_cpu + a.cpu_min - L.free_cpus
+            if short > 0:
+                start = max(start, line.when(short))
         if a.gpu_min or spec.quotas:
             gpu_rel: list[tuple[float, int]] = []
             q_rel: dict[str, list[tuple[float, int]]] = {}
@@ -133,16 +135,6 @@ class Deadlines:
         for name, n in spec.tokens:
             start = max(start, _refill(L, "#" + name, ahead_t.get(name, 0) + n, n, now))
         return start
-
-
-def _when(short: float, times: list[float], cum: list[int], now: float) -> float:
-    """When ``short`` more units are back, from sorted release times and cumulative units."""
-    if short <= 0:
-        return now
-    for t, c in zip(times, cum):
-        if c >= short:
-            return t
-    return math.inf
 
 
 def _when_list(short: float, rel: list[tuple[float, int]], now: float) -> float:

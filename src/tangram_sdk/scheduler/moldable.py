@@ -218,27 +218,21 @@ class CpuSizing:
         cap_overload = self._cap_overload
         always = self.objective == "step"  # the floor holds even under a backlog
 
+        # the demand at every grid price (non-increasing: sizes only fall as the price rises),
+        # negated so that the lowest price at which it fits a supply is one bisection
+        demand = [fixed] * len(PRICE_GRID)
+        for cnt, sizes in elastic:
+            demand = [d + cnt * m for d, m in zip(demand, sizes)]
+        neg = [-d for d in demand]
+        fits_top = neg[top]
         seen: dict[float, int] = {}
 
         def index(supply: float) -> int:
             if supply in seen:
                 return seen[supply]
-
-            def fits(gi: int) -> bool:
-                demand = fixed
-                for n, sizes in elastic:
-                    demand += n * sizes[gi]
-                return demand < supply + 1.0  # expected arrivals: less than one core is no one's
-
-            lo, hi = 0, top
-            if not fits(lo):
-                while lo < hi:  # first feasible index: demand only falls as the price rises
-                    mid = (lo + hi) // 2
-                    if fits(mid):
-                        hi = mid
-                    else:
-                        lo = mid + 1
-            if lo > cap and (always or lo < top or fits(top) or (cap_overload and backlog <= supply)):
+            bar = -(supply + 1.0)  # fits: demand < supply + 1 (less than one core is no one's)
+            lo = min(bisect_right(neg, bar), top)  # the first price that fits (or the top)
+            if lo > cap and (always or lo < top or fits_top > bar or (cap_overload and backlog <= supply)):
                 # a flood of expected arrivals is priced at most max_price; only a backlog the
                 # pool cannot absorb even at minimum sizes (or any overload, with objective "act")
                 lo = cap
@@ -250,9 +244,8 @@ class CpuSizing:
 
     def _supply_by(self, t: float, a: Action, rnd: int) -> float:
         """Cores free now plus those expected back by ``t`` plus the pricing window."""
-        times, cum, _ = self.book.line(t, rnd, self._running)
-        i = bisect_right(times, t + self.price_horizon * dur_min(a))
-        return self.ledger.free_cpus + (cum[i - 1] if i else 0)
+        line = self.book.line(t, rnd, self._running)
+        return self.ledger.free_cpus + line.cores_by(t + self.price_horizon * dur_min(a))
 
     def _cpu_price(self, a: Action, now: float, rnd: int) -> int:
         """Index in PRICE_GRID of the price ``a`` is sized at now: the clearing price for the
@@ -321,7 +314,7 @@ class CpuSizing:
         # than it saved: in the quick contended cells it held actions waiting for the floor and
         # the step got worse (1.06 -> 1.45), and it did not save the full seed-2 straggler.
         floor = dops[gi] if gi == self._price_cap and self.objective == "step" else a.emin
-        times, cum, per_node = self.book.line(now, rnd, self._running)
+        line = self.book.line(now, rnd, self._running)
         market = self._market(a, now, rnd)
         # _supply_by(t, a, rnd) for each awaited release, its round-constant parts hoisted
         horizon = self.price_horizon * dur_min(a)
@@ -333,7 +326,7 @@ class CpuSizing:
         patience = d0 * rel(floor)
         best_m, best_w = start, 0.0
         have = free
-        for t, k in per_node[node]:
+        for t, k in line.node(node):
             w = t - now
             if w >= best or w > patience:  # nothing that starts later can finish sooner
                 break
@@ -344,8 +337,7 @@ class CpuSizing:
                     continue
                 c = w + d0 * rel(m)
             else:
-                j = bisect_right(times, t + horizon)
-                gk = market(free_all + (cum[j - 1] if j else 0))
+                gk = market(free_all + line.cores_by(t + horizon))
                 m = min(have, dops[gk])
                 if m <= start or m < floor:
                     continue

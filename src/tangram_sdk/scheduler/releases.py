@@ -16,18 +16,18 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_left, bisect_right, insort
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping
 from itertools import accumulate
+from operator import itemgetter
 
 from .action import Action
 
-__all__ = ["NodeReleases", "Release", "ReleaseBook", "ReleaseLine"]
+__all__ = ["Line", "Release", "ReleaseBook"]
 
 # (end estimate, cores, action id, started): sorted by estimate, then cores; the id makes it unique
 _Entry = tuple[float, int, int, float]
 Release = tuple[float, int]  # (expected time, cores)
-# sorted expected release times, cumulative cores, per node (expected time, cores) in order
-ReleaseLine = tuple[list[float], list[int], Sequence[list[Release]]]
+_CHUNK = 16  # releases computed at a time when a reader walks the line
 
 
 class ReleaseBook:
@@ -48,7 +48,7 @@ class ReleaseBook:
         self._ents: dict[int, tuple[_Entry, tuple[tuple[int, _Entry], ...]]] = {}
         self._pending: dict[int, Action] = {}  # granted since the last line: not in the lists yet
         self.live = False
-        self._line: ReleaseLine | None = None  # the line of round ``_round``
+        self._line: Line | None = None  # the line of round ``_round``
         self._round = -1
 
     def add(self, a: Action) -> None:
@@ -112,11 +112,10 @@ class ReleaseBook:
         """The next :meth:`line` is computed afresh, whatever its round."""
         self._line = None
 
-    def line(self, now: float, rnd: int, running: Mapping[int, Action]) -> ReleaseLine:
-        """As of the first ask in round ``rnd``: expected release times in order, the cores
-        released by each (cumulative), and each node's expected releases ``(time, cores)`` in
-        order (a node's computed when first asked, from its entries as they were then).
-        ``running``: what a book not yet live is filled from."""
+    def line(self, now: float, rnd: int, running: Mapping[int, Action]) -> Line:
+        """The expected releases as of the first ask in round ``rnd`` (one :class:`Line` a round;
+        a node's is taken from its entries as they were then). ``running``: what a book not yet
+        live is filled from."""
         line = self._line
         if line is not None and self._round == rnd:
             return line
@@ -125,15 +124,8 @@ class ReleaseBook:
             self.reset(running.values())
         if self._pending:
             self._merge()
-        rel = _at(self._all, now) if self._all else []
-        nodes: Sequence[list[Release]]
-        nodes = NodeReleases(now, [lst.copy() for lst in self._nodes]) if self._multi else [rel]
-        if rel:
-            times, cores = zip(*rel)
-            line = (list(times), list(accumulate(cores)), nodes)
-        else:
-            line = ([], [], nodes)
-        self._line = line
+        nodes = [lst.copy() for lst in self._nodes] if self._multi else None
+        line = self._line = Line(self._all, now, nodes)
         self._round = rnd
         return line
 
@@ -146,26 +138,116 @@ class ReleaseBook:
         return sorted(out)
 
 
-class NodeReleases(Sequence[list[Release]]):
-    """Per node, ``(expected time, cores)`` in order: ``lines[n]``. A pool of many nodes asks
-    for one or two a round, so each is computed on first use, from the node's entries as they
-    were when the line was taken (a copy: grants later in the round do not change it)."""
+class Line:
+    """Expected releases ``(time, cores)`` in time order, computed only as far as they are read.
 
-    __slots__ = ("_now", "_entries", "_out")
+    A round reads a few seconds ahead (the pricing window, start-or-wait's patience): about a fifth
+    of the running actions on a contended pool. The overdue entries' times move with the clock, so
+    they are computed and sorted at once; the rest are merged in from the book's order as a read
+    reaches them. The order is that of a sort of every ``(time, cores)`` pair, so every reader sees
+    what a line built in full would give."""
 
-    def __init__(self, now: float, entries: list[list[_Entry]]) -> None:
+    __slots__ = ("times", "cores", "cum", "_over", "_oi", "_fut", "_fi", "_next", "_now", "_nodes",
+                 "_node_lines")
+
+    def __init__(self, entries: list[_Entry], now: float, nodes: list[list[_Entry]] | None) -> None:
+        i = bisect_right(entries, (now, math.inf)) if entries else 0  # estimates <= now: overdue
+        over = [(now + 0.5 * (now - s), k) for _, k, _, s in entries[:i]] if i else []
+        over.sort()
+        self._over = over
+        self._oi = 0
+        self._fut = entries[i:]  # a copy: later grants and releases do not change this line
+        self._fi = 0
+        self.times: list[float] = []  # computed so far, in order
+        self.cores: list[int] = []
+        self.cum: list[int] = []  # cores released by each, cumulative
+        self._next = min(over[0][0] if over else math.inf, self._fut[0][0] if self._fut else math.inf)
         self._now = now
-        self._entries = entries
-        self._out: list[list[Release] | None] = [None] * len(entries)
+        self._nodes = nodes  # per node entries (a copy), or None: one node, this line is its line
+        self._node_lines: dict[int, Line] = {}
 
-    def __getitem__(self, n: int) -> list[Release]:  # type: ignore[override]
-        hit = self._out[n]
+    def node(self, n: int) -> Line:
+        """Node ``n``'s expected releases (its part of grants spanning nodes)."""
+        if self._nodes is None:
+            return self
+        hit = self._node_lines.get(n)
         if hit is None:
-            hit = self._out[n] = _at(self._entries[n], self._now)
+            hit = self._node_lines[n] = Line(self._nodes[n], self._now, None)
         return hit
 
-    def __len__(self) -> int:
-        return len(self._out)
+    def cores_by(self, t: float) -> int:
+        """Cores expected back by ``t`` (inclusive)."""
+        if t >= self._next:
+            self._upto(t)
+        j = bisect_right(self.times, t)
+        return self.cum[j - 1] if j else 0
+
+    def when(self, short: float) -> float:
+        """When ``short`` more cores are back (``inf``: not in sight)."""
+        i = 0
+        while True:
+            if i == len(self.cum) and not self._more():
+                return math.inf
+            if self.cum[i] >= short:
+                return self.times[i]
+            i += 1
+
+    def __iter__(self) -> Iterator[Release]:
+        i = 0
+        times, cores = self.times, self.cores
+        while True:
+            if i == len(times) and not self._more():
+                return
+            yield times[i], cores[i]
+            i += 1
+
+    def full(self) -> tuple[list[float], list[int], list[int]]:
+        """Every release: times, cores and cumulative cores (tests)."""
+        self._upto(math.inf)
+        return self.times, self.cores, self.cum
+
+    def _more(self) -> bool:
+        """Compute the next releases; False when there is none."""
+        if self._next == math.inf:
+            return False
+        self._upto(self._next)
+        return True
+
+    def _upto(self, t: float) -> None:
+        """Compute every release expected by ``t``, and a chunk more: a reader walking the line
+        extends it a chunk at a time. The releases expected by a time, less those already
+        computed, are the next ones in order, so a sort of that chunk alone continues the line."""
+        over, fut = self._over, self._fut
+        oi, fi = self._oi, self._fi
+        no, nf = len(over), len(fut)
+        inf = math.inf
+        t = max(t, min(fut[fi + _CHUNK][0] if fi + _CHUNK < nf else inf,
+                       over[oi + _CHUNK][0] if oi + _CHUNK < no else inf))
+        io = bisect_right(over, (t, inf), oi) if oi < no else oi
+        jf = bisect_right(fut, (t, inf), fi) if fi < nf else fi
+        if io > oi:
+            chunk = over[oi:io]
+            if jf > fi:
+                chunk.extend(map(_pair, fut[fi:jf]))
+                chunk.sort()  # two sorted runs: one merge
+        elif jf > fi:
+            chunk = list(map(_pair, fut[fi:jf]))
+        else:
+            return
+        self.times.extend(map(_first, chunk))
+        ks = list(map(_second, chunk))
+        self.cores.extend(ks)
+        cum = self.cum
+        acc = accumulate(ks, initial=cum[-1] if cum else 0)
+        next(acc)  # the initial value: the last one already there (or none)
+        cum.extend(acc)
+        self._oi, self._fi = io, jf
+        self._next = min(over[io][0] if io < no else inf, fut[jf][0] if jf < nf else inf)
+
+
+_pair = itemgetter(0, 1)
+_first = itemgetter(0)
+_second = itemgetter(1)
 
 
 def _drop(lst: list[_Entry], ent: _Entry) -> None:
@@ -176,19 +258,3 @@ def _drop(lst: list[_Entry], ent: _Entry) -> None:
     except IndexError:
         raise AssertionError(f"release entry {ent!r} missing") from None  # the book lost track: loud
     del lst[i]
-
-
-def _at(entries: list[_Entry], now: float) -> list[Release]:
-    """``entries`` as ``(expected time, cores)`` at ``now``, sorted: the same list a sort of every
-    entry's expected time would give, with only the overdue prefix recomputed."""
-    i = bisect_right(entries, (now, math.inf))  # estimates <= now: overdue
-    fut = [(e, k) for e, k, _, _ in entries[i:]] if i < len(entries) else []
-    if not i:
-        return fut
-    over = [(now + 0.5 * (now - s), k) for _, k, _, s in entries[:i]]
-    if not fut:
-        over.sort()
-        return over
-    over += fut
-    over.sort()  # two sorted-ish runs: the overdue ones (unordered) and the rest (in order)
-    return over
