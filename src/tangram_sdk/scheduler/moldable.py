@@ -218,21 +218,28 @@ class CpuSizing:
         cap_overload = self._cap_overload
         always = self.objective == "step"  # the floor holds even under a backlog
 
-        # the demand at every grid price (non-increasing: sizes only fall as the price rises),
-        # negated so that the lowest price at which it fits a supply is one bisection
-        demand = [fixed] * len(PRICE_GRID)
+        d0 = fixed  # the demand at price 0: most supplies fit it, and need nothing more
         for cnt, sizes in elastic:
-            demand = [d + cnt * m for d, m in zip(demand, sizes)]
-        neg = [-d for d in demand]
-        fits_top = neg[top]
+            d0 += cnt * sizes[0]
+        neg: list[float] = []
         seen: dict[float, int] = {}
 
         def index(supply: float) -> int:
             if supply in seen:
                 return seen[supply]
-            bar = -(supply + 1.0)  # fits: demand < supply + 1 (less than one core is no one's)
+            if d0 < supply + 1.0:  # fits: less than one core is no one's
+                seen[supply] = 0
+                return 0
+            if not neg:
+                # the demand at every grid price (non-increasing: sizes only fall as the price
+                # rises), negated: the lowest price at which it fits a supply is one bisection
+                demand = [fixed] * len(PRICE_GRID)
+                for cnt, sizes in elastic:
+                    demand = [d + cnt * m for d, m in zip(demand, sizes)]
+                neg.extend([-d for d in demand])
+            bar = -(supply + 1.0)
             lo = min(bisect_right(neg, bar), top)  # the first price that fits (or the top)
-            if lo > cap and (always or lo < top or fits_top > bar or (cap_overload and backlog <= supply)):
+            if lo > cap and (always or lo < top or neg[top] > bar or (cap_overload and backlog <= supply)):
                 # a flood of expected arrivals is priced at most max_price; only a backlog the
                 # pool cannot absorb even at minimum sizes (or any overload, with objective "act")
                 lo = cap

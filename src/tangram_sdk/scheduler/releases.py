@@ -124,8 +124,11 @@ class ReleaseBook:
             self.reset(running.values())
         if self._pending:
             self._merge()
-        nodes = [lst.copy() for lst in self._nodes] if self._multi else None
-        line = self._line = Line(self._all, now, nodes)
+        if self._all:
+            nodes = [lst.copy() for lst in self._nodes] if self._multi else None
+            line = self._line = Line(self._all, now, nodes)
+        else:  # nothing running holds cores: the one line with nothing to compute, ever
+            line = self._line = _NONE
         self._round = rnd
         return line
 
@@ -245,6 +248,7 @@ class Line:
         self._next = min(over[io][0] if io < no else inf, fut[jf][0] if jf < nf else inf)
 
 
+_NONE = Line([], 0.0, None)
 _pair = itemgetter(0, 1)
 _first = itemgetter(0)
 _second = itemgetter(1)
