@@ -19,6 +19,7 @@ from bisect import bisect_left, bisect_right, insort
 from collections.abc import Iterable, Iterator, Mapping
 from itertools import accumulate
 from operator import itemgetter
+from typing import Any
 
 from .action import Action
 
@@ -26,8 +27,52 @@ __all__ = ["Line", "Release", "ReleaseBook"]
 
 # (end estimate, cores, action id, started): sorted by estimate, then cores; the id makes it unique
 _Entry = tuple[float, int, int, float]
+# an entry past its estimate: (-started, cores, action id, estimate), latest start first
+_Over = tuple[float, int, int, float]
 Release = tuple[float, int]  # (expected time, cores)
 _CHUNK = 16  # releases computed at a time when a reader walks the line
+
+
+class _Lane:
+    """One sorted set of entries (the pool's, or one node's) and, apart, those already past their
+    estimates at ``at``, ordered by start, latest first: the order of their expected ends at any
+    later time (``now + (now - started) / 2`` falls as ``started`` rises), so an entry joins that
+    list once, when its estimate passes, instead of being recomputed and sorted every round."""
+
+    __slots__ = ("ents", "over", "at")
+
+    def __init__(self) -> None:
+        self.ents: list[_Entry] = []
+        self.over: list[_Over] = []
+        self.at = -math.inf
+
+    def add(self, ent: _Entry) -> None:
+        insort(self.ents, ent)
+        if ent[0] <= self.at:
+            insort(self.over, _over(ent))
+
+    def drop(self, ent: _Entry) -> None:
+        _drop(self.ents, ent)
+        if ent[0] <= self.at:
+            _drop(self.over, _over(ent))
+
+    def clear(self) -> None:
+        self.ents.clear()
+        self.over.clear()
+        self.at = -math.inf
+
+    def view(self, now: float) -> tuple[list[_Entry], list[_Over]]:
+        """The entries not past their estimates at ``now``, and those past them, as of now (copies:
+        what a line reads later in the round does not change)."""
+        ents, over = self.ents, self.over
+        j = bisect_right(ents, (now, math.inf))  # estimates <= now: overdue
+        if now >= self.at:
+            for e in ents[bisect_right(ents, (self.at, math.inf)):j]:  # overdue since last time
+                insort(over, _over(e))
+        else:  # the clock went back (never in the runtime or the simulator): from scratch
+            over[:] = sorted(map(_over, ents[:j]))
+        self.at = now
+        return ents[j:], over.copy()
 
 
 class ReleaseBook:
@@ -41,12 +86,12 @@ class ReleaseBook:
 
     def __init__(self, node_of: Mapping[int, int], nodes: int) -> None:
         self._node_of = node_of
-        self._all: list[_Entry] = []
-        self._multi = nodes > 1  # one node: its line is the pool's, no lists of its own
-        self._nodes: list[list[_Entry]] = [[] for _ in range(nodes)] if self._multi else []
+        self._all = _Lane()
+        self._multi = nodes > 1  # one node: its line is the pool's, no lanes of its own
+        self._nodes: list[_Lane] = [_Lane() for _ in range(nodes)] if self._multi else []
         # id -> its entry and, on a pool of several nodes, (node, entry) per node it holds cores on
         self._ents: dict[int, tuple[_Entry, tuple[tuple[int, _Entry], ...]]] = {}
-        self._pending: dict[int, Action] = {}  # granted since the last line: not in the lists yet
+        self._pending: dict[int, Action] = {}  # granted since the last line: not in the lanes yet
         self.live = False
         self._line: Line | None = None  # the line of round ``_round``
         self._round = -1
@@ -66,19 +111,19 @@ class ReleaseBook:
         if hit is None:
             return
         ent, parts = hit
-        _drop(self._all, ent)
+        self._all.drop(ent)
         for n, part in parts:
-            _drop(self._nodes[n], part)
+            self._nodes[n].drop(part)
 
     def _merge(self) -> None:
-        """The entries added since the last line, into the sorted lists (per node too)."""
+        """The entries added since the last line, into the sorted lanes (per node too)."""
         node_of = self._node_of
         for aid, a in self._pending.items():
             g = a.grant
             assert g is not None
             cpus = g.cpus
             ent = (a.est_end, len(cpus), aid, a.started)
-            insort(self._all, ent)
+            self._all.add(ent)
             if not self._multi:
                 self._ents[aid] = (ent, ())
                 continue
@@ -91,7 +136,7 @@ class ReleaseBook:
                     cnt[node_of[c]] = cnt.get(node_of[c], 0) + 1
                 parts = tuple((n, (ent[0], kn, aid, ent[3])) for n, kn in cnt.items())
             for n, part in parts:
-                insort(self._nodes[n], part)
+                self._nodes[n].add(part)
             self._ents[aid] = (ent, parts)
         self._pending.clear()
 
@@ -101,8 +146,8 @@ class ReleaseBook:
         if not self.live:
             return
         self._all.clear()
-        for lst in self._nodes:
-            lst.clear()
+        for lane in self._nodes:
+            lane.clear()
         self._ents.clear()
         self._pending.clear()
         for a in running:
@@ -124,9 +169,9 @@ class ReleaseBook:
             self.reset(running.values())
         if self._pending:
             self._merge()
-        if self._all:
-            nodes = [lst.copy() for lst in self._nodes] if self._multi else None
-            line = self._line = Line(self._all, now, nodes)
+        if self._all.ents:
+            nodes = [lane.view(now) for lane in self._nodes] if self._multi else None
+            line = self._line = Line(*self._all.view(now), now, nodes)
         else:  # nothing running holds cores: the one line with nothing to compute, ever
             line = self._line = _NONE
         self._round = rnd
@@ -145,28 +190,28 @@ class Line:
     """Expected releases ``(time, cores)`` in time order, computed only as far as they are read.
 
     A round reads a few seconds ahead (the pricing window, start-or-wait's patience): about a fifth
-    of the running actions on a contended pool. The overdue entries' times move with the clock, so
-    they are computed and sorted at once; the rest are merged in from the book's order as a read
-    reaches them. The order is that of a sort of every ``(time, cores)`` pair, so every reader sees
-    what a line built in full would give."""
+    of the running actions on a contended pool. The entries come in two runs, each in the order of
+    its expected ends: those not past their estimates (ordered by estimate) and those past them
+    (ordered by start, latest first); a read merges the next chunk of both and sorts it. The order
+    is that of a sort of every ``(time, cores)`` pair, so every reader sees what a line built in
+    full would give."""
 
     __slots__ = ("times", "cores", "cum", "_over", "_oi", "_fut", "_fi", "_next", "_now", "_nodes",
                  "_node_lines")
 
-    def __init__(self, entries: list[_Entry], now: float, nodes: list[list[_Entry]] | None) -> None:
-        i = bisect_right(entries, (now, math.inf)) if entries else 0  # estimates <= now: overdue
-        over = [(now + 0.5 * (now - s), k) for _, k, _, s in entries[:i]] if i else []
-        over.sort()
-        self._over = over
-        self._oi = 0
-        self._fut = entries[i:]  # a copy: later grants and releases do not change this line
+    def __init__(self, fut: list[_Entry], over: list[_Over], now: float,
+                 nodes: list[tuple[list[_Entry], list[_Over]]] | None) -> None:
+        self._fut = fut  # not past their estimates, by estimate
         self._fi = 0
+        self._over = over  # past their estimates, latest start first
+        self._oi = 0
         self.times: list[float] = []  # computed so far, in order
         self.cores: list[int] = []
         self.cum: list[int] = []  # cores released by each, cumulative
-        self._next = min(over[0][0] if over else math.inf, self._fut[0][0] if self._fut else math.inf)
         self._now = now
-        self._nodes = nodes  # per node entries (a copy), or None: one node, this line is its line
+        self._next = min(now + 0.5 * (now + over[0][0]) if over else math.inf,
+                         fut[0][0] if fut else math.inf)  # every release before it is computed
+        self._nodes = nodes  # per node (fut, over), or None: one node, this line is its line
         self._node_lines: dict[int, Line] = {}
 
     def node(self, n: int) -> Line:
@@ -175,7 +220,7 @@ class Line:
             return self
         hit = self._node_lines.get(n)
         if hit is None:
-            hit = self._node_lines[n] = Line(self._nodes[n], self._now, None)
+            hit = self._node_lines[n] = Line(*self._nodes[n], self._now, None)
         return hit
 
     def cores_by(self, t: float) -> int:
@@ -223,16 +268,18 @@ class Line:
         over, fut = self._over, self._fut
         oi, fi = self._oi, self._fi
         no, nf = len(over), len(fut)
+        now = self._now
         inf = math.inf
+        # an overdue entry is expected back at now + (now - started) / 2 (over holds -started)
         t = max(t, min(fut[fi + _CHUNK][0] if fi + _CHUNK < nf else inf,
-                       over[oi + _CHUNK][0] if oi + _CHUNK < no else inf))
-        io = bisect_right(over, (t, inf), oi) if oi < no else oi
+                       now + 0.5 * (now + over[oi + _CHUNK][0]) if oi + _CHUNK < no else inf))
+        io = bisect_right(over, t, oi, key=lambda e: now + 0.5 * (now + e[0])) if oi < no else oi
         jf = bisect_right(fut, (t, inf), fi) if fi < nf else fi
         if io > oi:
-            chunk = over[oi:io]
+            chunk = [(now + 0.5 * (now + ns), k) for ns, k, _, _ in over[oi:io]]
             if jf > fi:
                 chunk.extend(map(_pair, fut[fi:jf]))
-                chunk.sort()  # two sorted runs: one merge
+            chunk.sort()  # runs in order: a merge, and ties by cores
         elif jf > fi:
             chunk = list(map(_pair, fut[fi:jf]))
         else:
@@ -245,20 +292,24 @@ class Line:
         next(acc)  # the initial value: the last one already there (or none)
         cum.extend(acc)
         self._oi, self._fi = io, jf
-        self._next = min(over[io][0] if io < no else inf, fut[jf][0] if jf < nf else inf)
+        self._next = min(now + 0.5 * (now + over[io][0]) if io < no else inf, fut[jf][0] if jf < nf else inf)
 
 
-_NONE = Line([], 0.0, None)
+def _over(ent: _Entry) -> _Over:
+    """An overdue entry's key: latest start first, then as the entry."""
+    return (-ent[3], ent[1], ent[2], ent[0])
+
+
+_NONE = Line([], [], 0.0, None)
 _pair = itemgetter(0, 1)
 _first = itemgetter(0)
 _second = itemgetter(1)
 
 
-def _drop(lst: list[_Entry], ent: _Entry) -> None:
+def _drop(lst: list[Any], ent: tuple[Any, ...]) -> None:
+    """Remove ``ent`` (an entry, or an overdue key equal to one in ``lst``): loud if it is not
+    there, since the book would have lost track of a running action."""
     i = bisect_left(lst, ent)
-    try:
-        if lst[i] is not ent:
-            raise IndexError(i)
-    except IndexError:
-        raise AssertionError(f"release entry {ent!r} missing") from None  # the book lost track: loud
+    if i == len(lst) or lst[i] != ent:
+        raise AssertionError(f"release entry {ent!r} missing")
     del lst[i]
