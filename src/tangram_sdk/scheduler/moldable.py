@@ -54,6 +54,7 @@ _EXPLORE_UNITS = 4  # ... or, declared flat, runs on this many times its minimum
 # 0.9 at cap 8 saves 41 %, the calibrated workload's narrowest cap: its decisions do not move;
 # 0.97 at cap 8 saves 17 %, 0.99 at cap 16 13 %)
 _FULL_SAVING = 0.4
+_UNKNOWN: list[float | None] = [None] * (len(PRICE_GRID) - 1)  # a market's demand above price 0
 # a hinted action is a step risk when its hint is its kind's one-in-a-thousand (z of 0.999) among
 # the hints seen (KindStats.observe_hint)
 RISK_Z = 3.09
@@ -218,28 +219,38 @@ class CpuSizing:
         cap_overload = self._cap_overload
         always = self.objective == "step"  # the floor holds even under a backlog
 
-        d0 = fixed  # the demand at price 0: most supplies fit it, and need nothing more
+        # the demand at a grid price, computed when a search first needs it: a market answers
+        # several supplies a round on a contended pool, one on an idle one
+        d0 = fixed  # at price 0, asked first by every search: computed here
         for cnt, sizes in elastic:
             d0 += cnt * sizes[0]
-        neg: list[float] = []
+        dem: list[float | None] = [d0]
+        dem += _UNKNOWN
+
+        def demand_at(gi: int) -> float:
+            d = dem[gi]
+            if d is None:
+                d = fixed
+                for cnt, sizes in elastic:
+                    d += cnt * sizes[gi]
+                dem[gi] = d
+            return d
+
         seen: dict[float, int] = {}
 
         def index(supply: float) -> int:
             if supply in seen:
                 return seen[supply]
-            if d0 < supply + 1.0:  # fits: less than one core is no one's
-                seen[supply] = 0
-                return 0
-            if not neg:
-                # the demand at every grid price (non-increasing: sizes only fall as the price
-                # rises), negated: the lowest price at which it fits a supply is one bisection
-                demand = [fixed] * len(PRICE_GRID)
-                for cnt, sizes in elastic:
-                    demand = [d + cnt * m for d, m in zip(demand, sizes)]
-                neg.extend([-d for d in demand])
-            bar = -(supply + 1.0)
-            lo = min(bisect_right(neg, bar), top)  # the first price that fits (or the top)
-            if lo > cap and (always or lo < top or neg[top] > bar or (cap_overload and backlog <= supply)):
+            bar = supply + 1.0  # fits: demand < bar (expected arrivals: less than one core is no one's)
+            lo, hi = 0, top
+            if not d0 < bar:
+                while lo < hi:  # first feasible index: demand only falls as the price rises
+                    mid = (lo + hi) // 2
+                    if demand_at(mid) < bar:
+                        hi = mid
+                    else:
+                        lo = mid + 1
+            if lo > cap and (always or lo < top or demand_at(top) < bar or (cap_overload and backlog <= supply)):
                 # a flood of expected arrivals is priced at most max_price; only a backlog the
                 # pool cannot absorb even at minimum sizes (or any overload, with objective "act")
                 lo = cap
@@ -333,7 +344,18 @@ class CpuSizing:
         patience = d0 * rel(floor)
         best_m, best_w = start, 0.0
         have = free
-        for t, k in line.node(node):
+        # the walk reads the node's line and the pool's window release by release: inline, the
+        # reads a round makes most (Line.cores_by and iteration, without their calls)
+        nline = line.node(node)
+        ntimes, ncores = nline.times, nline.cores
+        ptimes, pcum = line.times, line.cum
+        i = 0
+        while True:
+            if i == len(ntimes) and not nline.more():
+                break
+            t = ntimes[i]
+            k = ncores[i]
+            i += 1
             w = t - now
             if w >= best or w > patience:  # nothing that starts later can finish sooner
                 break
@@ -344,7 +366,11 @@ class CpuSizing:
                     continue
                 c = w + d0 * rel(m)
             else:
-                gk = market(free_all + line.cores_by(t + horizon))
+                tw = t + horizon
+                if tw >= line.known_before:
+                    line.compute(tw)
+                j = bisect_right(ptimes, tw)
+                gk = market(free_all + (pcum[j - 1] if j else 0))
                 m = min(have, dops[gk])
                 if m <= start or m < floor:
                     continue

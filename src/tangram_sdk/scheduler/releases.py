@@ -30,7 +30,7 @@ _Entry = tuple[float, int, int, float]
 # an entry past its estimate: (-started, cores, action id, estimate), latest start first
 _Over = tuple[float, int, int, float]
 Release = tuple[float, int]  # (expected time, cores)
-_CHUNK = 16  # releases computed at a time when a reader walks the line
+_CHUNK = 32  # releases computed at a time when a reader walks the line
 
 
 class _Lane:
@@ -196,7 +196,7 @@ class Line:
     is that of a sort of every ``(time, cores)`` pair, so every reader sees what a line built in
     full would give."""
 
-    __slots__ = ("times", "cores", "cum", "_over", "_oi", "_fut", "_fi", "_next", "_now", "_nodes",
+    __slots__ = ("times", "cores", "cum", "known_before", "_over", "_oi", "_fut", "_fi", "_now", "_nodes",
                  "_node_lines")
 
     def __init__(self, fut: list[_Entry], over: list[_Over], now: float,
@@ -209,8 +209,10 @@ class Line:
         self.cores: list[int] = []
         self.cum: list[int] = []  # cores released by each, cumulative
         self._now = now
-        self._next = min(now + 0.5 * (now + over[0][0]) if over else math.inf,
-                         fut[0][0] if fut else math.inf)  # every release before it is computed
+        # every release expected before this time is computed (and in ``times``): a reader
+        # walking the line checks it inline, and calls compute() past it
+        self.known_before = min(now + 0.5 * (now + over[0][0]) if over else math.inf,
+                                fut[0][0] if fut else math.inf)
         self._nodes = nodes  # per node (fut, over), or None: one node, this line is its line
         self._node_lines: dict[int, Line] = {}
 
@@ -225,8 +227,8 @@ class Line:
 
     def cores_by(self, t: float) -> int:
         """Cores expected back by ``t`` (inclusive)."""
-        if t >= self._next:
-            self._upto(t)
+        if t >= self.known_before:
+            self.compute(t)
         j = bisect_right(self.times, t)
         return self.cum[j - 1] if j else 0
 
@@ -234,7 +236,7 @@ class Line:
         """When ``short`` more cores are back (``inf``: not in sight)."""
         i = 0
         while True:
-            if i == len(self.cum) and not self._more():
+            if i == len(self.cum) and not self.more():
                 return math.inf
             if self.cum[i] >= short:
                 return self.times[i]
@@ -244,24 +246,24 @@ class Line:
         i = 0
         times, cores = self.times, self.cores
         while True:
-            if i == len(times) and not self._more():
+            if i == len(times) and not self.more():
                 return
             yield times[i], cores[i]
             i += 1
 
     def full(self) -> tuple[list[float], list[int], list[int]]:
         """Every release: times, cores and cumulative cores (tests)."""
-        self._upto(math.inf)
+        self.compute(math.inf)
         return self.times, self.cores, self.cum
 
-    def _more(self) -> bool:
+    def more(self) -> bool:
         """Compute the next releases; False when there is none."""
-        if self._next == math.inf:
+        if self.known_before == math.inf:
             return False
-        self._upto(self._next)
+        self.compute(self.known_before)
         return True
 
-    def _upto(self, t: float) -> None:
+    def compute(self, t: float) -> None:
         """Compute every release expected by ``t``, and a chunk more: a reader walking the line
         extends it a chunk at a time. The releases expected by a time, less those already
         computed, are the next ones in order, so a sort of that chunk alone continues the line."""
@@ -292,7 +294,8 @@ class Line:
         next(acc)  # the initial value: the last one already there (or none)
         cum.extend(acc)
         self._oi, self._fi = io, jf
-        self._next = min(now + 0.5 * (now + over[io][0]) if io < no else inf, fut[jf][0] if jf < nf else inf)
+        self.known_before = min(now + 0.5 * (now + over[io][0]) if io < no else inf,
+                                fut[jf][0] if jf < nf else inf)
 
 
 def _over(ent: _Entry) -> _Over:
