@@ -54,7 +54,6 @@ _EXPLORE_UNITS = 4  # ... or, declared flat, runs on this many times its minimum
 # 0.9 at cap 8 saves 41 %, the calibrated workload's narrowest cap: its decisions do not move;
 # 0.97 at cap 8 saves 17 %, 0.99 at cap 16 13 %)
 _FULL_SAVING = 0.4
-_UNKNOWN: list[float | None] = [None] * (len(PRICE_GRID) - 1)  # a market's demand above price 0
 # a hinted action is a step risk when its hint is its kind's one-in-a-thousand (z of 0.999) among
 # the hints seen (KindStats.observe_hint)
 RISK_Z = 3.09
@@ -219,38 +218,27 @@ class CpuSizing:
         cap_overload = self._cap_overload
         always = self.objective == "step"  # the floor holds even under a backlog
 
-        # the demand at a grid price, computed when a search first needs it: a market answers
-        # several supplies a round on a contended pool, one on an idle one
-        d0 = fixed  # at price 0, asked first by every search: computed here
-        for cnt, sizes in elastic:
-            d0 += cnt * sizes[0]
-        dem: list[float | None] = [d0]
-        dem += _UNKNOWN
-
-        def demand_at(gi: int) -> float:
-            d = dem[gi]
-            if d is None:
-                d = fixed
-                for cnt, sizes in elastic:
-                    d += cnt * sizes[gi]
-                dem[gi] = d
-            return d
-
         seen: dict[float, int] = {}
 
         def index(supply: float) -> int:
             if supply in seen:
                 return seen[supply]
-            bar = supply + 1.0  # fits: demand < bar (expected arrivals: less than one core is no one's)
+
+            def fits(gi: int) -> bool:
+                demand = fixed
+                for n, sizes in elastic:
+                    demand += n * sizes[gi]
+                return demand < supply + 1.0  # expected arrivals: less than one core is no one's
+
             lo, hi = 0, top
-            if not d0 < bar:
+            if not fits(lo):
                 while lo < hi:  # first feasible index: demand only falls as the price rises
                     mid = (lo + hi) // 2
-                    if demand_at(mid) < bar:
+                    if fits(mid):
                         hi = mid
                     else:
                         lo = mid + 1
-            if lo > cap and (always or lo < top or demand_at(top) < bar or (cap_overload and backlog <= supply)):
+            if lo > cap and (always or lo < top or fits(top) or (cap_overload and backlog <= supply)):
                 # a flood of expected arrivals is priced at most max_price; only a backlog the
                 # pool cannot absorb even at minimum sizes (or any overload, with objective "act")
                 lo = cap
@@ -263,7 +251,11 @@ class CpuSizing:
     def _supply_by(self, t: float, a: Action, rnd: int) -> float:
         """Cores free now plus those expected back by ``t`` plus the pricing window."""
         line = self.book.line(t, rnd, self._running)
-        return self.ledger.free_cpus + line.cores_by(t + self.price_horizon * dur_min(a))
+        tw = t + self.price_horizon * dur_min(a)
+        if tw >= line.known_before:  # Line.cores_by, inline: asked at every admission
+            line.compute(tw)
+        i = bisect_right(line.times, tw)
+        return self.ledger.free_cpus + (line.cum[i - 1] if i else 0)
 
     def _cpu_price(self, a: Action, now: float, rnd: int) -> int:
         """Index in PRICE_GRID of the price ``a`` is sized at now: the clearing price for the

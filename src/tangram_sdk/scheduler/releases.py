@@ -202,17 +202,25 @@ class Line:
     def __init__(self, fut: list[_Entry], over: list[_Over], now: float,
                  nodes: list[tuple[list[_Entry], list[_Over]]] | None) -> None:
         self._fut = fut  # not past their estimates, by estimate
-        self._fi = 0
         self._over = over  # past their estimates, latest start first
-        self._oi = 0
-        self.times: list[float] = []  # computed so far, in order
-        self.cores: list[int] = []
-        self.cum: list[int] = []  # cores released by each, cumulative
         self._now = now
-        # every release expected before this time is computed (and in ``times``): a reader
-        # walking the line checks it inline, and calls compute() past it
-        self.known_before = min(now + 0.5 * (now + over[0][0]) if over else math.inf,
-                                fut[0][0] if fut else math.inf)
+        if len(fut) + len(over) <= _CHUNK:  # a small book: all of it now, as cheaply as it gets
+            self._fi, self._oi = len(fut), len(over)
+            pairs = [(now + 0.5 * (now + ns), k) for ns, k, _, _ in over] if over else []
+            pairs.extend(map(_pair, fut))
+            if over:
+                pairs.sort()
+            self.times: list[float] = list(map(_first, pairs))  # computed so far, in order
+            self.cores: list[int] = list(map(_second, pairs))
+            self.cum: list[int] = list(accumulate(self.cores))  # cores released by each, cumulative
+            self.known_before = math.inf
+        else:
+            self._fi = self._oi = 0
+            self.times, self.cores, self.cum = [], [], []
+            # every release expected before this time is computed (and in ``times``): a reader
+            # walking the line checks it inline, and calls compute() past it
+            self.known_before = min(now + 0.5 * (now + over[0][0]) if over else math.inf,
+                                    fut[0][0] if fut else math.inf)
         self._nodes = nodes  # per node (fut, over), or None: one node, this line is its line
         self._node_lines: dict[int, Line] = {}
 
@@ -272,11 +280,14 @@ class Line:
         no, nf = len(over), len(fut)
         now = self._now
         inf = math.inf
-        # an overdue entry is expected back at now + (now - started) / 2 (over holds -started)
-        t = max(t, min(fut[fi + _CHUNK][0] if fi + _CHUNK < nf else inf,
-                       now + 0.5 * (now + over[oi + _CHUNK][0]) if oi + _CHUNK < no else inf))
-        io = bisect_right(over, t, oi, key=lambda e: now + 0.5 * (now + e[0])) if oi < no else oi
-        jf = bisect_right(fut, (t, inf), fi) if fi < nf else fi
+        if fi + _CHUNK >= nf and oi + _CHUNK >= no:  # less than a chunk left: all of it
+            io, jf = no, nf
+        else:
+            # an overdue entry is expected back at now + (now - started) / 2 (over holds -started)
+            t = max(t, min(fut[fi + _CHUNK][0] if fi + _CHUNK < nf else inf,
+                           now + 0.5 * (now + over[oi + _CHUNK][0]) if oi + _CHUNK < no else inf))
+            io = bisect_right(over, t, oi, key=lambda e: now + 0.5 * (now + e[0])) if oi < no else oi
+            jf = bisect_right(fut, (t, inf), fi) if fi < nf else fi
         if io > oi:
             chunk = [(now + 0.5 * (now + ns), k) for ns, k, _, _ in over[oi:io]]
             if jf > fi:
@@ -303,10 +314,10 @@ def _over(ent: _Entry) -> _Over:
     return (-ent[3], ent[1], ent[2], ent[0])
 
 
-_NONE = Line([], [], 0.0, None)
 _pair = itemgetter(0, 1)
 _first = itemgetter(0)
 _second = itemgetter(1)
+_NONE = Line([], [], 0.0, None)  # the line of an empty book
 
 
 def _drop(lst: list[Any], ent: tuple[Any, ...]) -> None:
