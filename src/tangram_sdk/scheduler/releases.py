@@ -288,13 +288,14 @@ class Line:
                            now + 0.5 * (now + over[oi + _CHUNK][0]) if oi + _CHUNK < no else inf))
             io = bisect_right(over, t, oi, key=lambda e: now + 0.5 * (now + e[0])) if oi < no else oi
             jf = bisect_right(fut, (t, inf), fi) if fi < nf else fi
+        chunk: list[Any]  # (time, cores, ...) in order
         if io > oi:
             chunk = [(now + 0.5 * (now + ns), k) for ns, k, _, _ in over[oi:io]]
             if jf > fi:
                 chunk.extend(map(_pair, fut[fi:jf]))
             chunk.sort()  # runs in order: a merge, and ties by cores
         elif jf > fi:
-            chunk = list(map(_pair, fut[fi:jf]))
+            chunk = fut[fi:jf]  # in order already: its first two fields are (time, cores)
         else:
             return
         self.times.extend(map(_first, chunk))
