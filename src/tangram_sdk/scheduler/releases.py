@@ -3,10 +3,11 @@
 The price of cores (moldable.CpuSizing) and start-or-wait ask every round how many cores the
 running actions release by when. Rebuilding that from every running action each round was about
 half of a simulated CPU step. The book keeps each running action's entry sorted by its end
-estimate, so a round recomputes only the entries already past their estimate (their expected end
-moves with the clock) and merges them with the rest, which stay in order. A grant waits unsorted
-until the next round that reads the line, so an uncontended acquire, granted and released between
-two such rounds, costs one dict operation each way.
+estimate, and those already past their estimate apart, in order of start (their expected ends move
+with the clock, but keep that order). A round's :class:`Line` merges the two only as far as the
+round reads it: a few seconds ahead, about a fifth of the running actions on a contended pool. A
+grant waits unsorted until the next round that reads the line, so an uncontended acquire, granted
+and released between two such rounds, costs one dict operation each way.
 
 An action past its estimate is assumed half done (heavy tails: the longer it has run, the longer
 it will): expected back at ``now + (now - started) / 2``. Pure bookkeeping: no clock, no IO.
