@@ -57,7 +57,7 @@ def _same_logs(sim_log: list[Any], rt_log: list[Any]) -> None:
 
 @pytest.mark.looptime
 @pytest.mark.parametrize("seed,n_traj,p", [(7, 6, 0.9), (11, 16, 0.9), (11, 16, 0.97), (11, 16, "mixed"),
-                                           (11, 16, "flat")])
+                                           (11, 16, "flat"), (11, 16, "expected")])
 async def test_runtime_and_simulator_make_identical_decisions(seed: int, n_traj: int, p: float | str) -> None:
     # the second trace is busy enough that elastic actions wait for imminent releases (start
     # or wait): timer ticks at the scheduler's next_wakeup must land alike in both; the third
@@ -65,8 +65,10 @@ async def test_runtime_and_simulator_make_identical_decisions(seed: int, n_traj:
     # the fourth two elastic kinds, Amdahl 0.9 tests and 0.99 builds, each priced with the
     # other's demand in full and its own weighted; the fifth tests declared flat (Amdahl(0.0))
     # that really scale at 0.9 and report the parallelism they got: explored on idle cores, then
-    # upgraded to the fitted shape (learn.KindStats._upgrade)
+    # upgraded to the fitted shape (learn.KindStats._upgrade); the sixth prices with the running
+    # actions' releases counted by probability (supply="expected", supply.py)
     pool = Pool(cpus=12, numa=[list(range(6)), list(range(6, 12))])
+    opts = {"supply": "expected"} if p == "expected" else {}
     build = None
     measured = p == "flat"
     if p == "mixed":
@@ -74,13 +76,13 @@ async def test_runtime_and_simulator_make_identical_decisions(seed: int, n_traj:
     elif p == "flat":
         test = attrs.evolve(TEST, elastic=Elasticity("cpu", 8, Amdahl(0.0)))
     else:
-        test = TEST if p == 0.9 else attrs.evolve(TEST, elastic=Elasticity("cpu", 8, Amdahl(p)))
+        test = TEST if p in (0.9, "expected") else attrs.evolve(TEST, elastic=Elasticity("cpu", 8, Amdahl(p)))
     trajs = _trace(seed=seed, n_traj=n_traj, test=test, build=build)
     if measured:
         trajs = [attrs.evolve(t, acts=tuple(attrs.evolve(a, truth=Amdahl(0.9)) if a.spec.elastic else a
                                             for a in t.acts)) for t in trajs]
     sim_log: list[tuple[object, ...]] = []
-    pol = make_policy("tangram", pool)
+    pol = make_policy("tangram", pool, **opts)
     simulate(trajs, pol, observers=[_recorder(sim_log)], time_resolution=1e-6, measured=measured)
 
     rt_log: list[tuple[object, ...]] = []
@@ -88,7 +90,7 @@ async def test_runtime_and_simulator_make_identical_decisions(seed: int, n_traj:
     t0 = loop.time()
     assert t0 == 0.0
 
-    async with Tangram(pool, observers=[_recorder(rt_log)], batch=False) as tangram:
+    async with Tangram(pool, observers=[_recorder(rt_log)], batch=False, **opts) as tangram:
 
         async def run(tr: Trajectory) -> None:
             for act in tr.acts:
@@ -108,6 +110,10 @@ async def test_runtime_and_simulator_make_identical_decisions(seed: int, n_traj:
     _same_logs(sim_log, rt_log)
     grants = [d for _e, _t, ds in sim_log for d in ds if isinstance(d, Grant)]
     assert any(g.units > 1 for g in grants), "the trace should exercise elastic grants"
+    if opts:  # and the option is exercised: the same trace decides otherwise without it
+        plain: list[tuple[object, ...]] = []
+        simulate(trajs, make_policy("tangram", pool), observers=[_recorder(plain)], time_resolution=1e-6)
+        assert plain != sim_log
     if build is not None:
         kinds = {a.spec.kind for t in trajs for a in t.acts}
         assert {"test", "build"} <= kinds

@@ -20,12 +20,16 @@ import attrs
 from ._validate import show
 from .errors import SpecError
 
-__all__ = ["OBJECTIVE_PRICES", "SchedulerKeywords", "SchedulerOptions", "check_ranges", "check_scheduler_options",
+__all__ = ["OBJECTIVE_PRICES", "SUPPLY_LOAD_TARGETS", "SchedulerKeywords", "SchedulerOptions", "check_ranges", "check_scheduler_options",
            "merge_options"]
 
 # objective -> the price bound it implies when max_price is not given (scheduler/moldable.py):
 # "step" keeps a floor of cores under any backlog, "act" / "balanced" let the price rise further
 OBJECTIVE_PRICES = {"act": 2.0, "balanced": 2.0, "step": 0.75}
+# load_target when not given, per ``supply``: the estimates' line counts about half of what is
+# released within the window, so expected arrivals count at 2/3 against it; counted by probability
+# (supply.py), supply is unbiased and arrivals count in full (docs/scheduler.md, "the clearing price")
+SUPPLY_LOAD_TARGETS = {"estimate": 1.5, "expected": 1.0}
 
 
 def _typed(kind: str) -> Any:
@@ -89,6 +93,7 @@ class SchedulerOptions:
     restore_horizon: float | None = _opt("float")
     gpu_instances: str | None = _opt("str")
     gpu_regime_window: float | None = _opt("float")
+    supply: str | None = _opt("str")
 
     def as_kwargs(self) -> dict[str, Any]:
         """The options that are set, as the Scheduler's keyword arguments."""
@@ -129,7 +134,7 @@ class SchedulerKeywords(TypedDict, total=False):
     skip_rounds: bool
     gpu_slots: float | None
     planner: str
-    load_target: float
+    load_target: float | None
     price_horizon: float
     price_smoothing: float
     max_price: float | None
@@ -139,6 +144,7 @@ class SchedulerKeywords(TypedDict, total=False):
     restore_horizon: float
     gpu_instances: str
     gpu_regime_window: float
+    supply: str
 
 
 def merge_options(options: SchedulerOptions | None, keywords: Mapping[str, Any]) -> dict[str, Any]:
@@ -156,11 +162,12 @@ def merge_options(options: SchedulerOptions | None, keywords: Mapping[str, Any])
     return out
 
 
-def check_scheduler_options(values: Mapping[str, Any]) -> tuple[tuple[float, ...], float]:
+def check_scheduler_options(values: Mapping[str, Any]) -> tuple[tuple[float, ...], float, float]:
     """Check every Scheduler option (``values``: each by name, its defaults filled in): the types
     as :class:`SchedulerOptions` checks them (a Scheduler built from keywords took window="8" to a
     bare TypeError, elastic="no" silently), then the ranges. Returns ``mu_grid`` as floats and
-    ``max_price`` (the objective's bound when None; an unknown objective is refused by the ranges)."""
+    ``max_price`` (the objective's bound when None; an unknown objective is refused by the ranges)
+    and ``load_target`` (:data:`SUPPLY_LOAD_TARGETS` for the supply when None)."""
     grid = values["mu_grid"]
     if isinstance(grid, Iterator):  # read once: the type check below would use a generator up
         values = {**values, "mu_grid": tuple(grid)}
@@ -169,8 +176,11 @@ def check_scheduler_options(values: Mapping[str, Any]) -> tuple[tuple[float, ...
     max_price = values["max_price"]
     if max_price is None:
         max_price = OBJECTIVE_PRICES.get(values["objective"], 0.0)
-    check_ranges({**values, "mu_grid": mu_grid, "max_price": max_price})
-    return mu_grid, max_price
+    load_target = values["load_target"]
+    if load_target is None:
+        load_target = SUPPLY_LOAD_TARGETS.get(values["supply"], 1.5)
+    check_ranges({**values, "mu_grid": mu_grid, "max_price": max_price, "load_target": load_target})
+    return mu_grid, max_price, load_target
 
 
 def check_ranges(values: Mapping[str, Any]) -> None:
@@ -197,6 +207,8 @@ def check_ranges(values: Mapping[str, Any]) -> None:
         raise SpecError(f"gpu_slots must be None or > 0, got {v['gpu_slots']!r}")
     if v["planner"] not in ("priced", "estimate"):
         raise SpecError(f"planner must be 'priced' or 'estimate', got {v['planner']!r}")
+    if v["supply"] not in SUPPLY_LOAD_TARGETS:
+        raise SpecError(f"supply must be one of {', '.join(SUPPLY_LOAD_TARGETS)}, got {v['supply']!r}")
     if v["objective"] not in OBJECTIVE_PRICES:
         raise SpecError(f"objective must be one of {', '.join(OBJECTIVE_PRICES)}, got {v['objective']!r}")
     if not v["max_price"] >= 0:

@@ -126,7 +126,7 @@ class Scheduler:
         skip_rounds: bool = True,
         gpu_slots: float | None = None,
         planner: str = "priced",
-        load_target: float = 1.5,
+        load_target: float | None = None,
         price_horizon: float = 1 / 16,
         price_smoothing: float = 0.5,
         max_price: float | None = None,
@@ -136,10 +136,11 @@ class Scheduler:
         restore_horizon: float = 300.0,
         gpu_instances: str = "tp",
         gpu_regime_window: float = 60.0,
+        supply: str = "estimate",
     ) -> None:
         # every option by name (the parameters above, SchedulerOptions' fields), checked
         values = {k: v for k, v in locals().items() if k not in ("self", "pool")}
-        mu_grid, max_price = check_scheduler_options(values)
+        mu_grid, max_price, load_target = check_scheduler_options(values)
         GpuSizing.check_options(restore_horizon, gpu_instances, gpu_regime_window)
         self.restore_horizon = restore_horizon
         self.gpu_instances = gpu_instances
@@ -167,6 +168,7 @@ class Scheduler:
         self.price_smoothing = price_smoothing
         self.max_price = max_price
         self.start_or_wait = start_or_wait
+        self.supply = supply
         self.ledger = Ledger(pool)
         self._queue = WaitQueue()
         self._mall = Malleables(self.ledger)  # running malleable actions and the cores they borrowed
@@ -180,7 +182,7 @@ class Scheduler:
         self._cpu = CpuSizing(self.ledger, self._running, self._kinds, self._queue.spec_queued,
                               default_duration=default_duration, lookahead=lookahead, load_target=load_target,
                               price_horizon=price_horizon, price_smoothing=price_smoothing, max_price=max_price,
-                              objective=objective, start_or_wait=start_or_wait)
+                              objective=objective, start_or_wait=start_or_wait, supply=supply)
         self._book = self._cpu.book  # running actions' expected releases: added and removed here
         self._seq = 0
         self._deadlines = Deadlines(self._live, self._queue, self._running, self.ledger, self._cpu)

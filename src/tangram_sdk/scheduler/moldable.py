@@ -72,12 +72,13 @@ class CpuSizing:
 
     __slots__ = ("ledger", "_running", "_kinds", "_spec_queued", "default_duration", "lookahead",
                  "load_target", "price_horizon", "price_smoothing", "objective", "start_or_wait",
-                 "_price_cap", "_cap_overload", "_price_ewma", "_dops", "book", "_price_memo", "_market_memo", "_probe")
+                 "_price_cap", "_cap_overload", "_price_ewma", "_dops", "book", "_price_memo", "_market_memo", "_probe", "_ncpus",
+                 "_expected")
 
     def __init__(self, ledger: Ledger, running: dict[int, Action], kinds: dict[str, KindStats],
                  spec_queued: dict[ActionSpec, int], *, default_duration: float, lookahead: bool,
                  load_target: float, price_horizon: float, price_smoothing: float, max_price: float,
-                 objective: str, start_or_wait: bool) -> None:
+                 objective: str, start_or_wait: bool, supply: str = "estimate") -> None:
         self.ledger = ledger
         self._running = running
         self._kinds = kinds
@@ -101,6 +102,10 @@ class CpuSizing:
         self._price_memo: dict[tuple[int, ActionSpec], int] = {}
         self._market_memo: dict[tuple[int, ActionSpec], Any] = {}
         self._probe = 0  # round keys below zero: prices asked between rounds (price_now)
+        self._ncpus = len(ledger.pool.cpus)  # free_cpus below it: some running action holds cores
+        # how running actions' releases count in the supply: at their end estimates (the line), or
+        # each by its probability of ending within the window (supply.py)
+        self._expected = supply == "expected"
 
     def forget_releases(self) -> None:
         """Running actions' cores changed within the round (a malleable resize): rebuild the
@@ -113,7 +118,7 @@ class CpuSizing:
         it and it must not move the per-spec smoothing that admission uses."""
         self._probe -= 1
         self.book.forget_line()
-        return self._market(a, now, self._probe)(self._supply_by(now, a, self._probe))
+        return self._clearing(a, now, self._probe)
 
     def _rel_fn(self, spec: ActionSpec) -> Callable[[int], float]:
         """``m -> T(m)/T(min)`` for ``spec`` as its kind has learned it."""
@@ -219,15 +224,19 @@ class CpuSizing:
         always = self.objective == "step"  # the floor holds even under a backlog
 
         seen: dict[float, int] = {}
+        demands: dict[int, float] = {}  # grid index -> demand there (the same for every supply)
 
         def index(supply: float) -> int:
             if supply in seen:
                 return seen[supply]
 
             def fits(gi: int) -> bool:
-                demand = fixed
-                for n, sizes in elastic:
-                    demand += n * sizes[gi]
+                demand = demands.get(gi)
+                if demand is None:
+                    demand = fixed
+                    for n, sizes in elastic:
+                        demand += n * sizes[gi]
+                    demands[gi] = demand
                 return demand < supply + 1.0  # expected arrivals: less than one core is no one's
 
             lo, hi = 0, top
@@ -248,14 +257,31 @@ class CpuSizing:
         memo[key] = index
         return index
 
-    def _supply_by(self, t: float, a: Action, rnd: int) -> float:
-        """Cores free now plus those expected back by ``t`` plus the pricing window."""
-        line = self.book.line(t, rnd, self._running)
-        tw = t + self.price_horizon * dur_min(a)
-        if tw >= line.known_before:  # Line.cores_by, inline: asked at every admission
+    def _clearing(self, a: Action, now: float, rnd: int) -> int:
+        """The clearing price index for ``a``'s cores at ``now``: supply is what is free plus what
+        running actions release within the pricing window. Inlined in :meth:`_cpu_price`, the
+        hot path.
+
+        ``supply="expected"``: a price that is zero on the free cores alone stays zero with more
+        supply, and with nothing running there is nothing to release, so the window's sum
+        (supply.py, a pass over the running actions) is skipped then."""
+        market = self._market(a, now, rnd)
+        free = self.ledger.free_cpus
+        if not self._expected:
+            return market(free + self._line_by(now, a, rnd))
+        lo = market(free)
+        if lo and free < self._ncpus:
+            lo = market(free + self.book.supply(now, rnd, self._running).by(now + self.price_horizon * dur_min(a)))
+        return lo
+
+    def _line_by(self, now: float, a: Action, rnd: int) -> int:
+        """Cores the release line expects back by the end of the pricing window."""
+        line = self.book.line(now, rnd, self._running)
+        tw = now + self.price_horizon * dur_min(a)
+        if tw >= line.known_before:  # Line.cores_by, inline
             line.compute(tw)
         i = bisect_right(line.times, tw)
-        return self.ledger.free_cpus + (line.cum[i - 1] if i else 0)
+        return line.cum[i - 1] if i else 0
 
     def _cpu_price(self, a: Action, now: float, rnd: int) -> int:
         """Index in PRICE_GRID of the price ``a`` is sized at now: the clearing price for the
@@ -268,7 +294,19 @@ class CpuSizing:
             return hit
         if len(memo) > 64:
             memo.clear()
-        lo = self._market(a, now, rnd)(self._supply_by(now, a, rnd))
+        market = self._market(a, now, rnd)  # _clearing, inline
+        free = self.ledger.free_cpus
+        if not self._expected:
+            line = self.book.line(now, rnd, self._running)  # _line_by, inline
+            tw = now + self.price_horizon * dur_min(a)
+            if tw >= line.known_before:
+                line.compute(tw)
+            i = bisect_right(line.times, tw)
+            lo = market(free + (line.cum[i - 1] if i else 0))
+        else:
+            lo = market(free)
+            if lo and free < self._ncpus:
+                lo = market(free + self.book.supply(now, rnd, self._running).by(now + self.price_horizon * dur_min(a)))
         sm = self.price_smoothing
         if sm and lo < len(PRICE_GRID) - 1:
             prev = self._price_ewma.get(a.spec)
@@ -326,7 +364,10 @@ class CpuSizing:
         floor = dops[gi] if gi == self._price_cap and self.objective == "step" else a.emin
         line = self.book.line(now, rnd, self._running)
         market = self._market(a, now, rnd)
-        # _supply_by(t, a, rnd) for each awaited release, its round-constant parts hoisted
+        # the clearing price when each awaited release is back: the supply then is what is free
+        # now plus what is expected back by then and over the pricing window: read off the pool's
+        # line, or (``supply="expected"``, supply.py) summed for a few releases at a time; zero on
+        # the free cores alone, it stays zero
         horizon = self.price_horizon * dur_min(a)
         free_all = self.ledger.free_cpus
         rel = self._rel_fn(a.spec)
@@ -336,11 +377,17 @@ class CpuSizing:
         patience = d0 * rel(floor)
         best_m, best_w = start, 0.0
         have = free
-        # the walk reads the node's line and the pool's window release by release: inline, the
-        # reads a round makes most (Line.cores_by and iteration, without their calls)
+        expected = self._expected
+        esup = None
+        if expected and free_all < self._ncpus and market(free_all):
+            esup = self.book.supply(now, rnd, self._running)
+        sup: list[float] = []
+        sup_at = 0
+        ptimes, pcum = line.times, line.cum
+        # the walk reads the node's line release by release: inline, the reads a round makes
+        # most (Line iteration, without its calls)
         nline = line.node(node)
         ntimes, ncores = nline.times, nline.cores
-        ptimes, pcum = line.times, line.cum
         i = 0
         while True:
             if i == len(ntimes) and not nline.more():
@@ -358,11 +405,24 @@ class CpuSizing:
                     continue
                 c = w + d0 * rel(m)
             else:
-                tw = t + horizon
-                if tw >= line.known_before:
-                    line.compute(tw)
-                j = bisect_right(ptimes, tw)
-                gk = market(free_all + (pcum[j - 1] if j else 0))
+                if have <= start or have < floor:  # at any price: m = min(have, dops[gk]) <= have
+                    continue
+                if not expected:
+                    tw = t + horizon
+                    if tw >= line.known_before:
+                        line.compute(tw)
+                    j = bisect_right(ptimes, tw)
+                    gk = market(free_all + (pcum[j - 1] if j else 0))
+                elif esup is None:
+                    gk = 0
+                else:
+                    b = i - 1 - sup_at
+                    if b >= len(sup):  # the supply at this release and the next few, in one pass
+                        while len(ntimes) < i - 1 + 2 * len(sup) + 8 and nline.more():
+                            pass
+                        sup_at, b = i - 1, 0
+                        sup = esup.by_each([x + horizon for x in ntimes[i - 1:i + 2 * len(sup) + 7]])
+                    gk = market(free_all + sup[b])
                 m = min(have, dops[gk])
                 if m <= start or m < floor:
                     continue

@@ -23,6 +23,7 @@ from operator import itemgetter
 from typing import Any
 
 from .action import Action
+from .supply import ExpectedSupply
 
 __all__ = ["Line", "Release", "ReleaseBook"]
 
@@ -83,7 +84,8 @@ class ReleaseBook:
     first :meth:`line` on (a fixed policy never asks), so the core checks ``live`` before it calls
     ``add`` or ``remove`` (no call at all on the uncontended hot path of a fixed policy)."""
 
-    __slots__ = ("_node_of", "_all", "_nodes", "_multi", "_ents", "_pending", "live", "_line", "_round")
+    __slots__ = ("_node_of", "_all", "_nodes", "_multi", "_ents", "_pending", "live", "_line", "_round",
+                 "expected")
 
     def __init__(self, node_of: Mapping[int, int], nodes: int) -> None:
         self._node_of = node_of
@@ -96,6 +98,7 @@ class ReleaseBook:
         self.live = False
         self._line: Line | None = None  # the line of round ``_round``
         self._round = -1
+        self.expected = ExpectedSupply()  # the same entries, counted by probability (supply.py)
 
     def add(self, a: Action) -> None:
         """``a`` holds cores now. Its entry waits unsorted until the next line merges it: an
@@ -113,6 +116,7 @@ class ReleaseBook:
             return
         ent, parts = hit
         self._all.drop(ent)
+        self.expected.drop(aid)
         for n, part in parts:
             self._nodes[n].drop(part)
 
@@ -125,6 +129,7 @@ class ReleaseBook:
             cpus = g.cpus
             ent = (a.est_end, len(cpus), aid, a.started)
             self._all.add(ent)
+            self.expected.add(a, len(cpus))
             if not self._multi:
                 self._ents[aid] = (ent, ())
                 continue
@@ -151,12 +156,26 @@ class ReleaseBook:
             lane.clear()
         self._ents.clear()
         self._pending.clear()
+        self.expected.clear()
         for a in running:
             self.add(a)
 
     def forget_line(self) -> None:
         """The next :meth:`line` is computed afresh, whatever its round."""
         self._line = None
+
+    def supply(self, now: float, rnd: int, running: Mapping[int, Action]) -> ExpectedSupply:
+        """The running actions' releases counted by probability, readied for round ``rnd``."""
+        exp = self.expected
+        if exp.ready(rnd):
+            return exp
+        if not self.live:
+            self.live = True
+            self.reset(running.values())
+        if self._pending:
+            self._merge()
+        exp.at(now, rnd)
+        return exp
 
     def line(self, now: float, rnd: int, running: Mapping[int, Action]) -> Line:
         """The expected releases as of the first ask in round ``rnd`` (one :class:`Line` a round;
@@ -179,7 +198,11 @@ class ReleaseBook:
         return line
 
     def entries(self) -> list[tuple[int, float, int]]:
-        """``(id, estimate, cores)`` of every entry, for the invariant check."""
+        """``(id, estimate, cores)`` of every entry, for the invariant check (which the expected
+        supply's slots must agree with)."""
+        merged = sorted((aid, ent[1]) for aid, (ent, _) in self._ents.items())
+        if self.expected.entries() != merged:
+            raise AssertionError(f"expected supply {self.expected.entries()[:4]}... != book {merged[:4]}...")
         out = [(aid, ent[0], ent[1]) for aid, (ent, _) in self._ents.items()]
         for aid, a in self._pending.items():
             assert a.grant is not None
