@@ -169,13 +169,17 @@ class ReleaseBook:
         exp = self.expected
         if exp.ready(rnd):
             return exp
+        self._catch_up(running)
+        exp.at(now, rnd)
+        return exp
+
+    def _catch_up(self, running: Mapping[int, Action]) -> None:
+        """Live from now on (filled from ``running`` the first time), every grant merged."""
         if not self.live:
             self.live = True
             self.reset(running.values())
         if self._pending:
             self._merge()
-        exp.at(now, rnd)
-        return exp
 
     def line(self, now: float, rnd: int, running: Mapping[int, Action]) -> Line:
         """The expected releases as of the first ask in round ``rnd`` (one :class:`Line` a round;
@@ -184,11 +188,7 @@ class ReleaseBook:
         line = self._line
         if line is not None and self._round == rnd:
             return line
-        if not self.live:
-            self.live = True
-            self.reset(running.values())
-        if self._pending:
-            self._merge()
+        self._catch_up(running)
         if self._all.ents:
             nodes = [lane.view(now) for lane in self._nodes] if self._multi else None
             line = self._line = Line(*self._all.view(now), now, nodes)
