@@ -15,8 +15,6 @@ import pytest
 from tangram_sdk.scheduler import releases
 from tangram_sdk.scheduler.releases import ReleaseBook
 
-_KIND = SimpleNamespace(log_var=1.0)  # what the expected supply beside the book reads
-
 
 def _brute(running: dict[int, Any], node_of: list[int], nodes: int, now: float) -> tuple[Any, ...]:
     allr: list[tuple[float, int]] = []
@@ -59,7 +57,7 @@ def test_the_book_gives_every_running_actions_release_in_order(chunk: int, monke
                 k = rng.randint(1, min(10, len(node_of)))
                 first = rng.randrange(0, len(node_of) - k + 1)  # some span two nodes
                 est = now + rng.choice((0.0, rng.expovariate(1.0)))  # estimates ending now, too
-                a = SimpleNamespace(id=aid, stats=_KIND, grant=SimpleNamespace(cpus=tuple(range(first, first + k))),
+                a = SimpleNamespace(id=aid, grant=SimpleNamespace(cpus=tuple(range(first, first + k))),
                                     est_end=est, started=now)
                 aid += 1
                 running[a.id] = a
@@ -86,7 +84,7 @@ def test_the_book_gives_every_running_actions_release_in_order(chunk: int, monke
                 head = list(itertools.islice(line.node(n), rng.randint(0, 4)))
                 assert head == want_per[n][:len(head)]
             if rng.random() < 0.5:  # a node's line is the book as it was when the line was taken
-                x = SimpleNamespace(id=-1, stats=_KIND, grant=SimpleNamespace(cpus=(0,)), est_end=now, started=now)
+                x = SimpleNamespace(id=-1, grant=SimpleNamespace(cpus=(0,)), est_end=now, started=now)
                 book.add(x)  # type: ignore[arg-type]
                 book.remove(-1)
                 book.add(x)  # type: ignore[arg-type]
@@ -106,7 +104,7 @@ def test_a_removal_the_book_never_saw_added_is_ignored_and_a_lost_entry_is_loud(
     assert line.full() == ([], [], []) and list(line.node(0)) == [] and book.live  # the first ask: live
     assert line.cores_by(9.0) == 0 and line.when(1) == math.inf
     book.remove(42)  # an action holding no cores (GPU only) was never added
-    a = SimpleNamespace(id=1, stats=_KIND, grant=SimpleNamespace(cpus=(0,)), est_end=2.0, started=0.0)
+    a = SimpleNamespace(id=1, grant=SimpleNamespace(cpus=(0,)), est_end=2.0, started=0.0)
     book.add(a)  # type: ignore[arg-type]
     book.line(1.0, 1, {1: a})  # merged into the sorted list
     book._all.clear()  # what a bookkeeping bug would leave
@@ -125,7 +123,7 @@ def test_an_overdue_release_tied_with_estimates_takes_its_place_by_cores() -> No
     running: dict[int, Any] = {}
     for aid, (est, k, started) in enumerate([(1.0, 5, 0.0), (3.0, 2, 1.5), (3.0, 7, 1.5),
                                              (4.0, 1, 1.5), (1.5, 1, 0.0)]):
-        running[aid] = SimpleNamespace(id=aid, stats=_KIND, grant=SimpleNamespace(cpus=tuple(range(k))),
+        running[aid] = SimpleNamespace(id=aid, grant=SimpleNamespace(cpus=tuple(range(k))),
                                        est_end=est, started=started)
         book.add(running[aid])  # type: ignore[arg-type]
     # at 2.0 the first is overdue, expected at 2 + (2 - 0) / 2 = 3.0, between the two estimates

@@ -37,7 +37,7 @@ def _brute(running: dict[int, Any], now: float, t: float) -> float:
 def test_the_expected_supply_is_each_actions_chance_of_ending_by_then() -> None:
     rng = random.Random(3)
     kinds = [SimpleNamespace(log_var=v) for v in (0.0, 0.3, 1.0, 9.0)]  # 9.0: capped at 4
-    book = ReleaseBook([0] * 64, 1)
+    book = ReleaseBook([0] * 64, 1, expected=True)
     running: dict[int, Any] = {}
     now, aid = 0.0, 0
     for rnd in range(300):
@@ -71,7 +71,7 @@ def test_the_expected_supply_is_each_actions_chance_of_ending_by_then() -> None:
 def test_a_round_reads_the_supply_as_of_its_first_ask() -> None:
     # as the release line: an action granted later in the round is not in this round's supply
     st = SimpleNamespace(log_var=1.0)
-    book = ReleaseBook([0] * 8, 1)
+    book = ReleaseBook([0] * 8, 1, expected=True)
     a = SimpleNamespace(id=1, grant=SimpleNamespace(cpus=(0, 1)), started=0.0, est_end=1.0, stats=st)
     running = {1: a}
     book.add(a)
@@ -88,6 +88,7 @@ def test_a_round_reads_the_supply_as_of_its_first_ask() -> None:
 
 
 def test_an_empty_supply_releases_nothing() -> None:
+    assert ReleaseBook([0] * 8, 1).expected is None  # the default supply keeps no arrays to update
     sup = ExpectedSupply()
     sup.at(5.0, 1)
     assert sup.by(100.0) == 0.0
@@ -96,7 +97,7 @@ def test_an_empty_supply_releases_nothing() -> None:
 
 def test_kinds_that_come_and_go_are_not_kept() -> None:
     # a job churning through kinds: the table holds the running actions' kinds, not every one seen
-    book = ReleaseBook([0] * 8, 1)
+    book = ReleaseBook([0] * 8, 1, expected=True)
     running: dict[int, Any] = {}
     for i in range(1000):
         a = SimpleNamespace(id=i, grant=SimpleNamespace(cpus=(0,)), started=float(i), est_end=i + 2.0,

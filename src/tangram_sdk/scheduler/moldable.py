@@ -98,7 +98,8 @@ class CpuSizing:
         self._price_ewma: dict[ActionSpec, float] = {}
         # size per grid price and demand weight, per spec, learned exponent and upgrade (_demand_of)
         self._dops: dict[tuple[ActionSpec, float, float | None], tuple[tuple[int, ...], float]] = {}
-        self.book = ReleaseBook(ledger.node_of, len(ledger.node_size))  # running actions' releases
+        self.book = ReleaseBook(ledger.node_of, len(ledger.node_size),  # running actions' releases
+                                expected=supply == "expected")
         self._price_memo: dict[tuple[int, ActionSpec], int] = {}
         self._market_memo: dict[tuple[int, ActionSpec], Any] = {}
         self._probe = 0  # round keys below zero: prices asked between rounds (price_now)

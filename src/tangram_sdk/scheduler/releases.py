@@ -87,7 +87,7 @@ class ReleaseBook:
     __slots__ = ("_node_of", "_all", "_nodes", "_multi", "_ents", "_pending", "live", "_line", "_round",
                  "expected")
 
-    def __init__(self, node_of: Mapping[int, int], nodes: int) -> None:
+    def __init__(self, node_of: Mapping[int, int], nodes: int, *, expected: bool = False) -> None:
         self._node_of = node_of
         self._all = _Lane()
         self._multi = nodes > 1  # one node: its line is the pool's, no lanes of its own
@@ -98,7 +98,8 @@ class ReleaseBook:
         self.live = False
         self._line: Line | None = None  # the line of round ``_round``
         self._round = -1
-        self.expected = ExpectedSupply()  # the same entries, counted by probability (supply.py)
+        # the same entries counted by probability (supply.py): kept only for supply="expected"
+        self.expected: ExpectedSupply | None = ExpectedSupply() if expected else None
 
     def add(self, a: Action) -> None:
         """``a`` holds cores now. Its entry waits unsorted until the next line merges it: an
@@ -116,7 +117,8 @@ class ReleaseBook:
             return
         ent, parts = hit
         self._all.drop(ent)
-        self.expected.drop(aid)
+        if self.expected is not None:
+            self.expected.drop(aid)
         for n, part in parts:
             self._nodes[n].drop(part)
 
@@ -129,7 +131,8 @@ class ReleaseBook:
             cpus = g.cpus
             ent = (a.est_end, len(cpus), aid, a.started)
             self._all.add(ent)
-            self.expected.add(a, len(cpus))
+            if self.expected is not None:
+                self.expected.add(a, len(cpus))
             if not self._multi:
                 self._ents[aid] = (ent, ())
                 continue
@@ -156,7 +159,8 @@ class ReleaseBook:
             lane.clear()
         self._ents.clear()
         self._pending.clear()
-        self.expected.clear()
+        if self.expected is not None:
+            self.expected.clear()
         for a in running:
             self.add(a)
 
@@ -165,8 +169,10 @@ class ReleaseBook:
         self._line = None
 
     def supply(self, now: float, rnd: int, running: Mapping[int, Action]) -> ExpectedSupply:
-        """The running actions' releases counted by probability, readied for round ``rnd``."""
+        """The running actions' releases counted by probability, readied for round ``rnd`` (a book
+        built with ``expected=True``)."""
         exp = self.expected
+        assert exp is not None, "supply() needs ReleaseBook(..., expected=True)"
         if exp.ready(rnd):
             return exp
         self._catch_up(running)
@@ -200,9 +206,10 @@ class ReleaseBook:
     def entries(self) -> list[tuple[int, float, int]]:
         """``(id, estimate, cores)`` of every entry, for the invariant check (which the expected
         supply's slots must agree with)."""
-        merged = sorted((aid, ent[1]) for aid, (ent, _) in self._ents.items())
-        if self.expected.entries() != merged:
-            raise AssertionError(f"expected supply {self.expected.entries()[:4]}... != book {merged[:4]}...")
+        if self.expected is not None:
+            merged = sorted((aid, ent[1]) for aid, (ent, _) in self._ents.items())
+            if self.expected.entries() != merged:
+                raise AssertionError(f"expected supply {self.expected.entries()[:4]}... != book {merged[:4]}...")
         out = [(aid, ent[0], ent[1]) for aid, (ent, _) in self._ents.items()]
         for aid, a in self._pending.items():
             assert a.grant is not None
