@@ -96,9 +96,6 @@ class ExpectedSupply:
         self._w = self._mu = self._isd = self._t0 = self._l0 = self._start[:0]
         self._ctot = 0.0
 
-    def __len__(self) -> int:
-        return self._n
-
     def add(self, a: Action, cores: int) -> None:
         """``a`` holds ``cores`` now, expected back at ``a.est_end``."""
         i = self._n
