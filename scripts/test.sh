@@ -36,15 +36,21 @@ if [ "$#" -gt 0 ]; then
     exec "${PYTEST[@]}" "$@"
 fi
 
-# The whole suite. The pure, deterministic CPU-bound files (the simulator, the policy matrix, the
-# core's property tests, mypy: no clocks, no daemons; ~280 CPU-seconds) run in the background as two
-# pytest processes at the lowest priority, while everything else runs in the foreground: that part
-# waits on daemons, subprocesses and real timeouts and leaves most of CI's two cores idle. The
-# background gets a session of its own with a nice autogroup (kernel.sched_autogroup_enabled
-# weighs sessions, not processes) and `nice -n 19` (where autogroups are off), so the tests that
-# measure time (two cores faster than one, timeouts) still get the cores they ask for.
-# Two lanes of about equal length (CI at stop 50: the GPU sizing file ~520 s, the quick policy
-# matrix ~310 s, the rest ~260 s; one lane of the first two was the critical path).
+# The whole suite, in four processes on CI's two cores:
+# - the pure, deterministic CPU-bound files (the simulator, the policy matrix, the core's property
+#   tests, mypy: no clocks, no daemons) as two pytest processes at the lowest priority, each in a
+#   session of its own with a nice autogroup (kernel.sched_autogroup_enabled weighs sessions, not
+#   processes) and `nice -n 19` (where autogroups are off);
+# - the Ray tests (`-m ray`: local clusters, actors killed and frozen) in a session of their own at
+#   normal priority, beside
+# - everything else in the foreground (Docker, subprocesses, real timeouts).
+# The last two wait on daemons and timeouts and leave most of a core idle, so side by side they
+# take about as long as the longer of the two. Ray gets its own process because a Ray test started
+# while another process runs a `ray start` cluster would join that cluster (ray.init finds it).
+# Then the tests marked `exclusive` (they measure a speed-up or CPU time: two cores faster than
+# one, the live demo) run alone, after the Ray process has ended.
+# CI at stop 53 (12.5 min in all, before the Ray split): foreground ~630 s, of which Ray ~250 s;
+# the pure lanes ~220 s and ~245 s.
 PURE_A=(tests/test_policy_matrix.py tests/test_typing.py tests/test_fuzz.py tests/test_scheduler_props.py
         tests/test_scheduler.py tests/test_core_never_stuck.py)
 PURE_B=(tests/test_gpu_sizing.py
@@ -55,22 +61,29 @@ PURE_B=(tests/test_gpu_sizing.py
         tests/test_supply.py)
 out=$(mktemp -d)
 rc=0
-background() {  # background OUTFILE PYTEST-ARGS...: lowest priority, in a session of its own
-    local to="$1"; shift
-    setsid -w nice -n 19 sh -c 'echo 19 > /proc/self/autogroup 2>/dev/null; exec "$@"' sh \
+background() {  # background NICE OUTFILE PYTEST-ARGS...: in a session of its own
+    local nice="$1" to="$2"; shift 2
+    setsid -w nice -n "$nice" sh -c 'echo "$0" > /proc/self/autogroup 2>/dev/null; exec "$@"' "$nice" \
         "${PYTEST[@]}" "$@" >"$to" 2>&1 </dev/null
 }
-background "$out/a" --durations=10 "${PURE_A[@]}" &
+background 19 "$out/a" --durations=10 "${PURE_A[@]}" &
 pid_a=$!
-background "$out/b" --durations=10 "${PURE_B[@]}" &
+background 19 "$out/b" --durations=10 "${PURE_B[@]}" &
 pid_b=$!
 ignore=()
 for f in "${PURE_A[@]}" "${PURE_B[@]}"; do
     ignore+=("--ignore=$f")
 done
-echo "== everything but the pure files (those run in the background)"
-# --durations: the slowest tests in the log, where CI time goes (kept under 20 minutes)
-"${PYTEST[@]}" --durations=15 "${ignore[@]}" || rc=1
+background 0 "$out/r" --durations=10 -m "ray and not exclusive" "${ignore[@]}" &
+pid_r=$!
+echo "== everything but the pure files and the Ray tests (those run in the background)"
+# --durations: the slowest tests in the log, where CI time goes (kept well under 20 minutes)
+"${PYTEST[@]}" --durations=15 -m "not ray and not exclusive" "${ignore[@]}" || rc=1
+wait "$pid_r" || rc=1
+echo "== the Ray tests (-m ray)"
+cat "$out/r"
+echo "== the tests that need the cores to themselves (-m exclusive)"
+"${PYTEST[@]}" -m exclusive "${ignore[@]}" || rc=1
 wait "$pid_a" || rc=1
 wait "$pid_b" || rc=1
 echo "== ${PURE_A[*]}"

@@ -65,6 +65,7 @@ def _demo(*args: str) -> subprocess.CompletedProcess[str]:
                            "--think", "0.05", *args], capture_output=True, text=True, timeout=120)
 
 
+@pytest.mark.exclusive
 @pytest.mark.timeout(180)
 def test_the_live_demo_reports_what_it_measured() -> None:
     proc = _demo()

@@ -410,6 +410,7 @@ async def test_workers_is_the_grant_or_what_a_malleable_lease_may_be_grown_to() 
     assert [malleable_workers(h, 16, 2) for h in (1, 2, 8, 9)] == [2, 4, 16, 16]  # fewer, for a costly start-up
 
 
+@pytest.mark.exclusive
 @pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2,
                     reason="needs Linux affinity and 2 cores")
 async def test_workers_sized_to_lease_workers_use_the_cores_a_grow_adds() -> None:

@@ -13,6 +13,7 @@ from tangram_sdk import ActionSpec, Amdahl, Elasticity, Pool, Tangram
 from tangram_sdk.process import run_pinned
 
 SPIN = "import time\nt=time.process_time()\nwhile time.process_time()-t<{s}: pass"
+pytestmark = pytest.mark.exclusive  # CPU time and speed-ups, measured: the cores to itself
 CORES = [0, 1] if len(__import__("os").sched_getaffinity(0)) >= 2 else None
 
 
