@@ -49,8 +49,9 @@ fi
 # while another process runs a `ray start` cluster would join that cluster (ray.init finds it).
 # Then the tests marked `exclusive` (they measure a speed-up or CPU time: two cores faster than
 # one, the live demo) run alone, after the Ray process has ended.
-# CI at stop 53 (12.5 min in all, before the Ray split): foreground ~630 s, of which Ray ~250 s;
-# the pure lanes ~220 s and ~245 s.
+# CI at stop 53, same machine: before the Ray split 12.5 min in all (foreground ~630 s, of which
+# Ray ~250 s; the pure lanes ~220 s and ~245 s); after it 8.6 min (foreground ~385 s beside Ray
+# ~280 s, then the exclusive tests ~33 s; the pure lanes ~330 s and ~355 s, the cores now busy).
 PURE_A=(tests/test_policy_matrix.py tests/test_typing.py tests/test_fuzz.py tests/test_scheduler_props.py
         tests/test_scheduler.py tests/test_core_never_stuck.py)
 PURE_B=(tests/test_gpu_sizing.py
