@@ -60,6 +60,7 @@ async def _calls_per_op(spec: ActionSpec, n: int = 200, grouped: bool = False) -
     return seen["py"] / n, seen["c"] / n
 
 
+@pytest.mark.exclusive  # the elastic path's count moves with the wall clock: the cores to itself
 @pytest.mark.parametrize("which", sorted(BUDGET))
 def test_an_uncontended_acquire_stays_within_its_call_budget(which: str) -> None:
     grouped = which == "grouped"

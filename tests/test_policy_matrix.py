@@ -3,7 +3,7 @@ every fixed policy a user could pick instead, cell by cell, on the same trajecto
 issue-12 bar in every cell it runs: mean ACT within 2 % of the best fixed policy (8 % better in
 contended cells), RL step within 2 % too — except the contended CPU cells' single step, the
 straggler lottery, bounded per step (benchmarks/policy_matrix.py STRAGGLER_BOUND, docs/evaluation.md
-"losing cells") and held to the strict bar over a *run*: the same cell over RUN_SEEDS seeds, the
+"losing cells") and held to the strict bar over a *run*: the same cell over RUN_SEEDS seeds (6), the
 total of its steps against each fixed policy's total (an RL job pays the sum of its steps; the
 8 % ACT gain is judged on the run too). Malleable, restartable and hinted cells meet the strict bar
 step by step. And in every cell and run without exception: no single fixed policy is more than 2 %
