@@ -53,7 +53,8 @@ fi
 # Ray ~250 s; the pure lanes ~220 s and ~245 s); after it 8.6 min (foreground ~385 s beside Ray
 # ~280 s, then the exclusive tests ~33 s; the pure lanes ~330 s and ~355 s, the cores now busy).
 # Then the quick policy matrix grew its contended cells into runs of six seeds (~80 CPU-s more;
-# ten seeds took CI to 10.1 min) and mypy moved to the second lane.
+# ten seeds took CI to 10.1 min) and mypy moved to the second lane: 8.9 min (foreground ~390 s
+# beside Ray ~280 s, exclusive ~33 s; the pure lanes ~413 s each).
 PURE_A=(tests/test_policy_matrix.py tests/test_fuzz.py tests/test_scheduler_props.py
         tests/test_scheduler.py tests/test_core_never_stuck.py)
 PURE_B=(tests/test_gpu_sizing.py tests/test_typing.py
