@@ -48,7 +48,8 @@ fi
 # take about as long as the longer of the two. Ray gets its own process because a Ray test started
 # while another process runs a `ray start` cluster would join that cluster (ray.init finds it).
 # Then the tests marked `exclusive` (they measure a speed-up or CPU time: two cores faster than
-# one, the live demo) run alone, after the Ray process has ended.
+# one, the live demo; or count calls on a path priced by the wall clock) run alone, after the Ray
+# process has ended.
 # CI at stop 53, same machine: before the Ray split 12.5 min in all (foreground ~630 s, of which
 # Ray ~250 s; the pure lanes ~220 s and ~245 s); after it 8.6 min (foreground ~385 s beside Ray
 # ~280 s, then the exclusive tests ~33 s; the pure lanes ~330 s and ~355 s, the cores now busy).
