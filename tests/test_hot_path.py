@@ -24,9 +24,9 @@ from tangram_sdk import ActionSpec, Amdahl, Elasticity, Pool, Tangram
 # (Python calls, C calls made from tangram_sdk frames) per acquire+release: budgets set 2026-12-03
 # at 23 / 27, 71 / 85 and 84 / 99 measured (stop 33's cuts; they were 27 / 27, 75 / 83, 87 / 95).
 # Stop 53 raised the elastic ones by two Python calls: the features since stop 33 had brought
-# them to 75.3 / 84.9 and 88.9 / 99.4 on an idle
-# machine, under 1 % below the budget, and a loaded CI machine's least of three runs was 76.7 and
-# 89.4; core_overhead.py then measured 1.11x CapacityLimiter and 57,000 actions/s (docs/benchmarks.md)
+# them to 75.3 / 84.9 and 88.9 / 99.4 on an idle machine, under 1 % below the budget, and a loaded
+# CI machine's least of three runs was 76.7 and 89.4; core_overhead.py then measured 1.11x
+# CapacityLimiter and 57,000 actions/s (docs/benchmarks.md)
 BUDGET = {"fixed": (25, 29), "elastic": (78, 88), "grouped": (91, 102)}
 SPECS = {
     "fixed": ActionSpec(kind="noop", cpus=1),
