@@ -141,7 +141,7 @@ def cells(quick: bool, seeds: int) -> list[Cell]:
     # static sandboxes' 3 cores each, a tight spot between light and medium)
     loads = (("light", 3.2),) + (() if quick else (("default", 3.0),)) + (("medium", 1.6), ("contended", 0.8))
     caps = (8, 16, 32, 64)
-    for seed in range(max(seeds, RUN_SEEDS if quick else seeds)):
+    for seed in range(max(seeds, RUN_SEEDS) if quick else seeds):
         for load, ratio in loads:
             if seed >= seeds and load != "contended":  # the quick matrix runs only these as runs
                 continue
