@@ -274,8 +274,10 @@ def test_a_flat_declaration_is_upgraded_from_measured_runs_and_only_then():
 def test_an_idle_pool_explores_a_flat_declaration_and_grows_into_what_it_measures():
     """The scheduler side: a kind declared flat gets its minimum at any price, so on its own it
     would never run wide enough to be measured. On cores idle anyway (price 0) it is run on 4 until
-    two runs have reported; work that then measures 0.9-parallel is granted all 16 cores, a tool
-    that measures one core's worth goes back to one (a few more every 16th arrival)."""
+    two runs have reported; work that then measures 0.9-parallel is granted (nearly) all 16 cores,
+    a tool that measures one core's worth goes back to one (a few more every 16th arrival). Nearly:
+    once its arrival rate is learned (one every ~5.5 s), a pool one grant wide keeps room for the
+    0.12 arrivals expected over its pricing window (moldable._RUN_SHARE) and grants 14."""
     def run(truth):
         s = Scheduler(Pool(cpus=16))
         units = []
@@ -289,7 +291,7 @@ def test_an_idle_pool_explores_a_flat_declaration_and_grows_into_what_it_measure
         return units
 
     scaling, single = run(Amdahl(0.9)), run(Amdahl(0.0))
-    assert scaling[:2] == [4, 4] and set(scaling[2:]) == {16}, scaling
+    assert scaling[:2] == [4, 4] and set(scaling[2:]) <= {14, 16} and scaling[2] == 16, scaling
     assert single[:2] == [4, 4] and single[2:].count(1) >= len(single) - 5, single
 
 

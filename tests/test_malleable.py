@@ -105,12 +105,13 @@ def _straggler_run(malleable: bool) -> tuple[float, list[int]]:
 
 def test_simulated_straggler_finishes_on_cores_the_others_left() -> None:
     """Sixteen tests at once on 8 cores, a backlog: each starts on one or two. Fifteen take 1 s;
-    the last, 100 s of single-core work, keeps its one core for 100 s unless it may grow: then it
-    takes the idle cores once it outruns its estimate and ends near 2 + 98 / S(8) = 23 s."""
-    fixed_end, _ = _straggler_run(False)
+    the last, 100 s of single-core work, keeps its two cores for 55 s (100 * T(2) / T(1)) unless
+    it may grow: then it takes the idle cores once it outruns its estimate and ends near
+    2 + 98 / S(8) = 23 s. (On one core, 101 s, before the narrow-pool window of stop 54.)"""
+    fixed_end, fixed_units = _straggler_run(False)
     mall_end, units = _straggler_run(True)
-    assert fixed_end == pytest.approx(101.0, rel=0.02)
-    assert mall_end < 0.3 * fixed_end, (mall_end, units)
+    assert fixed_units[-1] <= 2 and fixed_end > 55.0, (fixed_end, fixed_units)
+    assert mall_end < 0.45 * fixed_end, (mall_end, units)
     assert units[-1] == 8
 
 

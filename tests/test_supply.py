@@ -112,12 +112,13 @@ def test_kinds_that_come_and_go_are_not_kept() -> None:
     assert book.supply(999.5, 10_000, running).by(1e6) == pytest.approx(3.0)
 
 
-def test_on_a_pool_a_few_actions_wide_expected_supply_never_loses_to_a_fixed_dop() -> None:
+def test_on_a_pool_a_few_actions_wide_neither_supply_loses_to_a_fixed_dop() -> None:
     """8 trajectories on one 16-core node, tests capped at 16 (the matrix's tiny cells), seeds 0-9.
-    Counting releases at their estimates, the price sees about 0.4 of the cores a pool this small
-    releases within its window, sizes tests wide, and loses to fifo4 on mean ACT by up to 4.6 %
-    in 3 of the 10 seeds; counted by probability (supply="expected"), no seed loses (measured:
-    0.920-0.981 of fifo4, docs/evaluation.md)."""
+    Counting releases at their estimates over a window of 1/16 of a single-core run, the price
+    saw about 0.4 of the cores a pool this small releases, sized tests wide, and lost to fifo4 on
+    mean ACT by up to 4.6 % in 3 of the 10 seeds. Counted by probability (supply="expected") no
+    seed loses (0.920-0.981 of fifo4); and since stop 54 the default's window covers the widest
+    grant's run on a node this narrow (moldable._RUN_SHARE): 0.941-1.014 of fifo4, within the bar."""
     from tangram_sdk.sim.metrics import summarise
     from tangram_sdk.sim.workloads import ai_coding, run_policy
 
@@ -128,4 +129,4 @@ def test_on_a_pool_a_few_actions_wide_expected_supply_never_loses_to_a_fixed_dop
         estimate.append(summarise(run_policy(w, "tangram"))["act_mean_s"] / fifo4)
         expected.append(summarise(run_policy(w, "tangram", supply="expected"))["act_mean_s"] / fifo4)
     assert max(expected) <= 1.0, expected
-    assert max(estimate) > 1.02, estimate  # the default's loss, which the option is for
+    assert max(estimate) <= 1.02, estimate

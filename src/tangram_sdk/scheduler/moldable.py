@@ -54,6 +54,14 @@ _EXPLORE_UNITS = 4  # ... or, declared flat, runs on this many times its minimum
 # 0.9 at cap 8 saves 41 %, the calibrated workload's narrowest cap: its decisions do not move;
 # 0.97 at cap 8 saves 17 %, 0.99 at cap 16 13 %)
 _FULL_SAVING = 0.4
+# the pricing window is at least this many times the run of the action's widest grant (its size at
+# price zero) times the share of its node that grant holds: on a node only a few grants wide, one
+# grant holds much of the node for its whole run, so the arrivals that find it taken are those of
+# that run, not of 1/16 of a single-core run (open loop, 16 cores, Amdahl 0.9 at cap 16, 30 % busy:
+# 1.083x the best fixed DoP with the 1/16 window alone, 1.015x with this). Below a quarter of a node
+# it is under the 1/16 window for the workloads the matrix calibrates (Amdahl 0.9 at cap 64 on
+# 256 cores: 0.046), so pools many grants wide decide as before (docs/evaluation.md, "narrow pools")
+_RUN_SHARE = 1.6
 # a hinted action is a step risk when its hint is its kind's one-in-a-thousand (z of 0.999) among
 # the hints seen (KindStats.observe_hint)
 RISK_Z = 3.09
@@ -73,7 +81,7 @@ class CpuSizing:
     __slots__ = ("ledger", "_running", "_kinds", "_spec_queued", "default_duration", "lookahead",
                  "load_target", "price_horizon", "price_smoothing", "objective", "start_or_wait",
                  "_price_cap", "_cap_overload", "_price_ewma", "_dops", "book", "_price_memo", "_market_memo", "_probe", "_ncpus",
-                 "_expected")
+                 "_expected", "_node_max")
 
     def __init__(self, ledger: Ledger, running: dict[int, Action], kinds: dict[str, KindStats],
                  spec_queued: dict[ActionSpec, int], *, default_duration: float, lookahead: bool,
@@ -96,8 +104,9 @@ class CpuSizing:
         # max_price implies (one long action on one core otherwise sets the RL step)
         self._cap_overload = objective != "act"
         self._price_ewma: dict[ActionSpec, float] = {}
-        # size per grid price and demand weight, per spec, learned exponent and upgrade (_demand_of)
-        self._dops: dict[tuple[ActionSpec, float, float | None], tuple[tuple[int, ...], float]] = {}
+        # size per grid price, demand weight and pricing window (a share of the run at the minimum),
+        # per spec, learned exponent and upgrade (_demand_of)
+        self._dops: dict[tuple[ActionSpec, float, float | None], tuple[tuple[int, ...], float, float]] = {}
         self.book = ReleaseBook(ledger.node_of, len(ledger.node_size),  # running actions' releases
                                 expected=supply == "expected")
         self._price_memo: dict[tuple[int, ActionSpec], int] = {}
@@ -107,6 +116,7 @@ class CpuSizing:
         # how running actions' releases count in the supply: at their end estimates (the line), or
         # each by its probability of ending within the window (supply.py)
         self._expected = supply == "expected"
+        self._node_max = max(ledger.node_size) if ledger.node_size else 1
 
     def forget_releases(self) -> None:
         """Running actions' cores changed within the round (a malleable resize): rebuild the
@@ -121,6 +131,11 @@ class CpuSizing:
         self.book.forget_line()
         return self._clearing(a, now, self._probe)
 
+    def _window(self, a: Action) -> float:
+        """Seconds of the pricing window for ``a``: ``price_horizon`` of its run at its minimum,
+        or longer on a node only a few of its widest grants wide (:data:`_RUN_SHARE`)."""
+        return self._demand_of(a.spec)[2] * dur_min(a)
+
     def _rel_fn(self, spec: ActionSpec) -> Callable[[int], float]:
         """``m -> T(m)/T(min)`` for ``spec`` as its kind has learned it."""
         st = self._kinds.get(spec.kind)
@@ -133,8 +148,9 @@ class CpuSizing:
         (memoised per spec until that moves)."""
         return self._demand_of(spec)[0]
 
-    def _demand_of(self, spec: ActionSpec) -> tuple[tuple[int, ...], float]:
-        """``spec``'s sizes per grid price (:meth:`dops_of`) and how much of each of its queued or
+    def _demand_of(self, spec: ActionSpec) -> tuple[tuple[int, ...], float, float]:
+        """``spec``'s sizes per grid price (:meth:`dops_of`), its pricing window as a share of its
+        run at its minimum (:meth:`_window`), and how much of each of its queued or
         expected actions counts in its own kind's price: the share of its core-seconds that
         shrinking it from its price-0 size to its minimum saves, relative to :data:`_FULL_SAVING`
         (at most 1). A price that shrinks near-linear work frees almost no capacity, only reorders
@@ -142,7 +158,7 @@ class CpuSizing:
         in contended cells of Amdahl 0.9 tests (sizes granted in a backlog complete with other
         lengths than sizes granted in a lull), and a weight following it moved the straggler
         lottery of the matrix's contended steps (one two-step cell 166 -> 240 s). Memoised per
-        spec, learned exponent and upgraded shape: the market asks for both per spec and round."""
+        spec, learned exponent and upgraded shape: the market asks for all three per spec and round."""
         st = self._kinds.get(spec.kind)
         up = st.up if st is not None else None
         key = (spec, st.beta if st is not None else 1.0, up)
@@ -157,8 +173,12 @@ class CpuSizing:
             lo = spec.min_units
             full = dop_at_price(rel, units, 0.0)
             saving = 1.0 - lo / (full * rel(full)) if full > lo else 0.0
+            win = self.price_horizon
+            if win > 0:  # a window of zero is the caller's choice: no forecast, no releases
+                # the declared run, as for the weight (the learned exponent's drift would move it)
+                win = max(win, _RUN_SHARE * rel(full) * full / self._node_max)
             hit = self._dops[key] = (dops_over_grid(self._rel_fn(spec), units),
-                                     min(1.0, max(0.0, saving) / _FULL_SAVING))
+                                     min(1.0, max(0.0, saving) / _FULL_SAVING), win)
         return hit
 
     def spec_d0(self, spec: ActionSpec) -> float:
@@ -187,7 +207,7 @@ class CpuSizing:
             return hit
         if len(memo) > 64:
             memo.clear()
-        tau = self.price_horizon * dur_min(a)
+        tau = self._window(a)
         ahead = 1.0 / self.load_target
         # demand per distinct spec: a count (queued) or expected count in the window (arriving),
         # with its size per price (elastic CPU) or its fixed need. ``a``'s own kind counts at its
@@ -200,7 +220,7 @@ class CpuSizing:
         for spec, n in self._spec_queued.items():
             if spec.cpus:
                 if spec.elastic_resource == "cpu":
-                    sizes, w = self._demand_of(spec)
+                    sizes, w, _ = self._demand_of(spec)
                     backlog += n * sizes[-1]
                     elastic.append((n * w if spec.kind == own else n, sizes))
                 else:
@@ -215,7 +235,7 @@ class CpuSizing:
                 if n_in <= 0:
                     continue
                 if spec.elastic_resource == "cpu":
-                    sizes, w = self._demand_of(spec)
+                    sizes, w, _ = self._demand_of(spec)
                     elastic.append((n_in * w if spec.kind == own else n_in, sizes))
                 else:
                     fixed += n_in * spec.cpus
@@ -272,13 +292,13 @@ class CpuSizing:
             return market(free + self._line_by(now, a, rnd))
         lo = market(free)
         if lo and free < self._ncpus:
-            lo = market(free + self.book.supply(now, rnd, self._running).by(now + self.price_horizon * dur_min(a)))
+            lo = market(free + self.book.supply(now, rnd, self._running).by(now + self._window(a)))
         return lo
 
     def _line_by(self, now: float, a: Action, rnd: int) -> int:
         """Cores the release line expects back by the end of the pricing window."""
         line = self.book.line(now, rnd, self._running)
-        tw = now + self.price_horizon * dur_min(a)
+        tw = now + self._window(a)
         if tw >= line.known_before:  # Line.cores_by, inline
             line.compute(tw)
         i = bisect_right(line.times, tw)
@@ -299,7 +319,7 @@ class CpuSizing:
         free = self.ledger.free_cpus
         if not self._expected:
             line = self.book.line(now, rnd, self._running)  # _line_by, inline
-            tw = now + self.price_horizon * dur_min(a)
+            tw = now + self._window(a)
             if tw >= line.known_before:
                 line.compute(tw)
             i = bisect_right(line.times, tw)
@@ -307,7 +327,7 @@ class CpuSizing:
         else:
             lo = market(free)
             if lo and free < self._ncpus:
-                lo = market(free + self.book.supply(now, rnd, self._running).by(now + self.price_horizon * dur_min(a)))
+                lo = market(free + self.book.supply(now, rnd, self._running).by(now + self._window(a)))
         sm = self.price_smoothing
         if sm and lo < len(PRICE_GRID) - 1:
             prev = self._price_ewma.get(a.spec)
@@ -369,7 +389,7 @@ class CpuSizing:
         # now plus what is expected back by then and over the pricing window: read off the pool's
         # line, or (``supply="expected"``, supply.py) summed for a few releases at a time; zero on
         # the free cores alone, it stays zero
-        horizon = self.price_horizon * dur_min(a)
+        horizon = self._window(a)
         free_all = self.ledger.free_cpus
         rel = self._rel_fn(a.spec)
         d0 = a.hint if risk and a.hint is not None else dur_min(a)
