@@ -1,0 +1,84 @@
+"""Elastic (Tangram) vs the best fixed DoP on an open-loop stream, from narrow pools to wide ones.
+
+Poisson arrivals of one elastic CPU kind (exponential work of 1 s on one core, Amdahl ``p``,
+capped at ``cap`` cores) on a pool of ``cores`` (one node), at loads of 15-90 % of the pool's
+single-core capacity. No trajectories: nothing adapts to the scheduler, so a fixed DoP picked for
+the load is the strongest simple alternative (``tangram_sdk.sim.openloop``). Each cell is the
+ratio of Tangram's summed mean ACT over the seeds to the best single fixed DoP's (1, 2, 4, ...
+up to the cap), all measured in this run on the same arrivals. ``--run-share 0`` adds a column
+with the narrow-pool window off (the pricing window 1/16 of a single-core run alone, as before
+stop 54; ``moldable._RUN_SHARE``).
+
+    python benchmarks/open_loop.py                 # 9 shapes x 6 loads x 3 seeds, ~3 min here
+    python benchmarks/open_loop.py --run-share 0   # and the window before stop 54, same run
+    python benchmarks/open_loop.py --shapes 0.9:16:16 --loads 0.3 --seeds 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import time
+
+import tangram_sdk.scheduler.moldable as moldable
+from tangram_sdk import Pool, Scheduler
+from tangram_sdk.sim.openloop import elastic_spec, fixed_dop_acts, open_loop
+
+SHAPES = "0.9:16:16,0.75:16:16,0.97:16:16,0.5:16:16,0.9:8:16,0.9:16:32,0.9:32:32,0.9:16:64,0.9:32:128"
+LOADS = "0.15,0.3,0.45,0.6,0.75,0.9"
+
+
+def cell(p: float, cap: int, cores: int, load: float, seeds: int, n: int,
+         shares: list[float | None]) -> tuple[int, list[float]]:
+    """(best fixed DoP, Tangram / best for each window share) on ``seeds`` streams."""
+    gap = 1.0 / (load * cores)
+    fixed = [fixed_dop_acts(p, cap, cores, gap, n, seed=s) for s in range(seeds)]
+    best = min(fixed[0], key=lambda d: sum(f[d] for f in fixed))
+    best_sum = sum(f[best] for f in fixed)
+    out = []
+    default = moldable._RUN_SHARE
+    for share in shares:
+        moldable._RUN_SHARE = default if share is None else share
+        try:
+            t = sum(open_loop(Scheduler(Pool(cpus=cores)), elastic_spec(cap, p), gap, n, seed=s)
+                    for s in range(seeds))
+        finally:
+            moldable._RUN_SHARE = default
+        out.append(t / best_sum)
+    return best, out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shapes", default=SHAPES, help="p:cap:cores,... (Amdahl p, DoP cap, pool cores)")
+    ap.add_argument("--loads", default=LOADS, help="offered load as a share of the pool at one core each")
+    ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--n", type=int, default=1500, help="arrivals per stream")
+    ap.add_argument("--run-share", type=float, action="append", default=[],
+                    help="also run with moldable._RUN_SHARE at this value (0: the window off); repeatable")
+    args = ap.parse_args(argv)
+    shares: list[float | None] = [None, *args.run_share]
+    names = ["tangram"] + [f"share {s:g}" for s in args.run_share]
+    t0 = time.perf_counter()
+    print(f"{'p':>5} {'cap':>4} {'cores':>5} {'load':>5}  {'best':>5}  " + "  ".join(f"{n:>9}" for n in names))
+    ratios: list[list[float]] = [[] for _ in shares]
+    for shape in args.shapes.split(","):
+        ps, caps, cs = shape.split(":")
+        p, cap, cores = float(ps), int(caps), int(cs)
+        for load in (float(x) for x in args.loads.split(",")):
+            best, rs = cell(p, cap, cores, load, args.seeds, args.n, shares)
+            for i, r in enumerate(rs):
+                ratios[i].append(r)
+            marks = "  ".join(f"{r:>8.3f}{'*' if r > 1.02 else ' '}" for r in rs)
+            print(f"{p:>5} {cap:>4} {cores:>5} {load:>5}  fifo{best:<2} " + marks, flush=True)
+    print()
+    for name, rs in zip(names, ratios):
+        geo = math.exp(sum(map(math.log, rs)) / len(rs))
+        print(f"{name}: {len(rs)} cells, {sum(r > 1.02 for r in rs)} losing (> 1.02, marked *), "
+              f"worst {max(rs):.3f}, best {min(rs):.3f}, geomean {geo:.3f}")
+    print(f"({time.perf_counter() - t0:.0f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
