@@ -8,7 +8,7 @@ import pytest
 
 from tangram_sdk import ActionSpec, Amdahl, Elasticity, Pool, Scheduler
 from tangram_sdk.scheduler.decisions import Grant
-from tangram_sdk.scheduler.learn import KindStats
+from tangram_sdk.scheduler.learn import LONE, KindStats
 
 SPEC = ActionSpec(kind="t", cpus=1, elastic=Elasticity("cpu", max_units=16, efficiency=Amdahl(0.9)))
 
@@ -277,7 +277,9 @@ def test_an_idle_pool_explores_a_flat_declaration_and_grows_into_what_it_measure
     two runs have reported; work that then measures 0.9-parallel is granted (nearly) all 16 cores,
     a tool that measures one core's worth goes back to one (a few more every 16th arrival). Nearly:
     once its arrival rate is learned (one every ~5.5 s), a pool one grant wide keeps room for the
-    0.12 arrivals expected over its pricing window (moldable._RUN_SHARE) and grants 14."""
+    0.12 arrivals expected over its pricing window (moldable._RUN_SHARE) and grants 14, until
+    learn.LONE (32) arrivals in a row have found none of the kind in flight: one caller's loop,
+    which never arrives while its own action runs, gets all 16 again."""
     def run(truth):
         s = Scheduler(Pool(cpus=16))
         units = []
@@ -292,6 +294,7 @@ def test_an_idle_pool_explores_a_flat_declaration_and_grows_into_what_it_measure
 
     scaling, single = run(Amdahl(0.9)), run(Amdahl(0.0))
     assert scaling[:2] == [4, 4] and set(scaling[2:]) <= {14, 16} and scaling[2] == 16, scaling
+    assert set(scaling[LONE - 1:]) == {16}, scaling  # the LONE-th arrival on
     assert single[:2] == [4, 4] and single[2:].count(1) >= len(single) - 5, single
 
 

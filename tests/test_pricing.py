@@ -126,11 +126,13 @@ def test_expected_arrivals_raise_the_price():
         spec = ela(max_units=32, duration=1.0)
         aid = 0
         t = 0.0
-        for _ in range(40):  # a steady stream, each released at once (rates learned, pool idle)
-            aid += 1
+        for _ in range(40):  # a steady stream (rates learned), each released as the next arrives
+            aid += 1  # (one in flight at every arrival: many callers, not one caller's loop, learn.LONE)
             s.submit(aid, spec, t)
-            s.release(aid, t + 0.001)
+            if aid > 1:
+                s.release(aid - 1, t + 0.001)
             t += 0.01
+        s.release(aid, t - 0.005)  # the pool idle again
         aid += 1
         return grants(s.submit(aid, spec, t))[aid].units
 
@@ -151,9 +153,11 @@ def test_act_objective_runs_an_overload_at_the_minimum():
     def run(objective):
         s = Scheduler(Pool(cpus=8), objective=objective)
         spec = ela(max_units=16, duration=1.0)
-        for i in range(40):  # learn a 1000/s arrival rate (each released at once)
-            s.submit(i, spec, i * 0.001)
-            s.release(i, i * 0.001)
+        for i in range(40):  # learn a 1000/s arrival rate (each released as the next arrives: many
+            s.submit(i, spec, i * 0.001)  # callers, not one caller's loop, learn.LONE)
+            if i:
+                s.release(i - 1, i * 0.001)
+        s.release(39, 0.0395)
         return grants(s.handle_many([Submitted(100 + i, spec) for i in range(6)], 0.04))
 
     bal, act = run("balanced"), run("act")

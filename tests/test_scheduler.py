@@ -171,6 +171,32 @@ def test_on_a_narrow_pool_the_pricing_window_covers_the_widest_grants_run(monkey
     assert open_loop(Scheduler(Pool(cpus=16)), ela(max_units=16, p=0.9, duration=1.0), 0.3, 1500) > 1.05 * best
 
 
+def test_one_callers_loop_is_not_priced_for_its_own_arrivals(monkeypatch):
+    """A notebook or one rollout worker: acquire, run, release, acquire again. Its next action
+    never arrives while this one runs, but its arrival rate says one is due within the window, so
+    a pool one grant wide was priced for it: 5-6 of 8 cores for every action. Once learn.LONE
+    arrivals in a row have found none of the kind in flight, its own forecast is left out: all 8."""
+    import tangram_sdk.scheduler.learn as learn
+    import tangram_sdk.scheduler.moldable as moldable
+
+    def loop():
+        s = Scheduler(Pool(cpus=8))
+        units, t = [], 0.0
+        for aid in range(80):
+            (g,) = grants(s.handle(Submitted(aid, ela(max_units=8, p=0.9, duration=1.0)), t)).values()
+            units.append(g.units)
+            t += 0.2  # the run (its length does not matter here: nothing else arrives)
+            s.handle(Released(aid), t)
+            t += 0.05
+        s.check_invariants()
+        return units
+
+    units = loop()
+    assert set(units[learn.LONE:]) == {8}, units
+    monkeypatch.setattr(moldable, "LONE", 10**9)  # the forecast always counted
+    assert max(loop()[learn.LONE:]) < 8
+
+
 def _fixed_dops(p, cap, cores, gap, n):
     """Mean ACT of each fixed DoP in FIXED_DOPS up to ``cap`` (Amdahl ``p``), same open loop."""
     return list(fixed_dop_acts(p, cap, cores, gap, n, dops=FIXED_DOPS).values())

@@ -357,6 +357,7 @@ class Scheduler:
         """Raise AssertionError if the ledger disagrees with the running grants (for tests)."""
         invariants.check_invariants(self.pool, self.ledger, self._resident, self._running, self.granted,
                                     self.released)
+        invariants.check_inflight(self._live.values(), self._kinds.values())
         self._cpu.check_book()
 
     def __repr__(self) -> str:
@@ -625,6 +626,7 @@ class Scheduler:
             self._place.give_cell(a, g.gpus, now)
         self.released += 1
         del self._live[aid]
+        a.stats.inflight -= 1
         if failed:
             self.failed += 1
             return
@@ -644,6 +646,7 @@ class Scheduler:
             return False
         self._queue.remove(a)
         del self._live[aid]
+        a.stats.inflight -= 1
         return True
 
     def _cancel(self, aid: int, now: float) -> None:

@@ -53,6 +53,7 @@ class Deadlines:
                 continue
             self._queue.remove(a)
             del self._live[aid]
+            a.stats.inflight -= 1
             out.append(Reject(aid, f"{a.spec.kind}: not granted before its deadline "
                                    f"(queued {now - a.submitted:.3f} s)", "deadline"))
         return out
@@ -75,6 +76,7 @@ class Deadlines:
         if est > deadline:
             self._queue.remove(a)
             del self._live[a.id]
+            a.stats.inflight -= 1
             when = "never, as the pool stands" if math.isinf(est) else f"in about {est - now:.3f} s"
             return Reject(a.id, f"{a.spec.kind}: cannot start before its deadline in "
                                 f"{deadline - now:.3f} s (estimated start {when})", "deadline")

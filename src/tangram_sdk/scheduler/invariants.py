@@ -3,12 +3,16 @@ every kind of unit, and the residency's indexes agree with its copies."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from typing import Any
+
 from ..pool import Pool
 from .action import Action
+from .learn import KindStats
 from .ledger import Ledger
 from .residency import Residency
 
-__all__ = ["check_invariants"]
+__all__ = ["check_inflight", "check_invariants"]
 
 
 def check_invariants(pool: Pool, ledger: Ledger, resident: Residency, running: dict[int, Action], granted: int,
@@ -51,3 +55,14 @@ def check_invariants(pool: Pool, ledger: Ledger, resident: Residency, running: d
     for n, cap in pool.counted.items():
         assert 0 <= L.counted_free[n] and L.counted_free[n] + counted[n] == cap, f"{n} units lost"
     assert granted == released + len(running), "granted != released + running"
+
+
+def check_inflight(live: Iterable[Action], kinds: Iterable[KindStats]) -> None:
+    """Raise AssertionError if a kind's count of actions in flight is not its live actions'."""
+    held: dict[int, list[Any]] = {}
+    for a in live:
+        held.setdefault(id(a.stats), [a.stats, 0])[1] += 1
+    for st, n in held.values():
+        assert st.inflight == n, f"kind in flight {st.inflight} != live {n}"
+    for st in kinds:
+        assert id(st) in held or st.inflight == 0, f"kind in flight {st.inflight} with none live"

@@ -15,6 +15,10 @@ from .lengths import HORIZON, SandboxLengths, add_sample
 __all__ = ["KindStats", "UP_MIN", "amdahl_speedup"]
 
 RING = 32
+# a kind whose last LONE arrivals each found none of its own in flight is one caller's loop (a
+# notebook, a rollout worker stepping one trajectory): none of its arrivals comes while one of its
+# actions runs, so its own forecast is left out of that action's price (moldable.CpuSizing._market)
+LONE = RING
 _PRIOR_SD = 0.5  # how far from the declared efficiency (beta = 1) the prior lets beta move easily
 _MIN_PER_SIZE = 32  # completions at a size before it counts as evidence about the slope
 _BETA_MAX = 1.25
@@ -62,7 +66,7 @@ class KindStats:
 
     __slots__ = ("t1", "t1_samples", "gap", "last_arrival", "arrivals", "spec", "ring", "ring_i",
                  "log_var", "beta", "buckets", "_rel", "_rel_shape", "_pxx", "_pxy", "hints", "sandboxes",
-                 "up", "measured", "_avv", "_auv", "up_n")
+                 "up", "measured", "_avv", "_auv", "up_n", "inflight", "lone")
 
     def __init__(self, prior_t1: float) -> None:
         self.t1 = prior_t1  # seconds at one unit of the elastic resource (or plain duration)
@@ -86,6 +90,8 @@ class KindStats:
         self.up: float | None = None  # upgraded: the Amdahl fraction that replaces the declared shape
         self.measured = False  # completions report their parallelism (lease.run / lease.exec)
         self._avv = self._auv = self.up_n = 0.0  # the Amdahl fit's decaying sums, and its count
+        self.inflight = 0  # actions of the kind submitted and not yet released, cancelled or refused
+        self.lone = 0  # consecutive arrivals that found none of the kind in flight (see LONE)
 
     def observe_hint(self, seconds: float) -> float:
         """Record one caller's length hint; return its z-score among the hints seen before it
@@ -111,6 +117,11 @@ class KindStats:
             self.gap = g if self.gap == math.inf else (1 - alpha) * self.gap + alpha * g
         self.last_arrival = now
         self.arrivals += 1
+        if self.inflight:
+            self.lone = 0
+        else:
+            self.lone += 1
+        self.inflight += 1
         ring = self.ring
         if len(ring) < RING:
             ring.append(now)

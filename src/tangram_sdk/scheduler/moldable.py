@@ -40,7 +40,7 @@ from typing import Any
 
 from ..spec import ActionSpec
 from .action import Action, dur_min, spec_dur_min
-from .learn import UP_MIN, KindStats
+from .learn import LONE, UP_MIN, KindStats
 from .ledger import Ledger
 from .pricing import PRICE_GRID, dop_at_price, dops_over_grid
 from .releases import ReleaseBook
@@ -229,8 +229,8 @@ class CpuSizing:
         if self.lookahead:
             for st in self._kinds.values():
                 spec = st.spec
-                if spec is None or not spec.cpus:
-                    continue
+                if spec is None or not spec.cpus or (st.lone >= LONE and st is a.stats):
+                    continue  # one caller's loop does not arrive while its own action runs
                 n_in = st.window_rate(now) * tau * ahead
                 if n_in <= 0:
                     continue
