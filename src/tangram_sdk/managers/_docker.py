@@ -60,7 +60,10 @@ _REF_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 _IMAGE_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_./:@+-]{0,254}")
 _FULL_ID_RE = re.compile(r"[0-9a-f]{64}")
 KILLED = 137  # the exit code of a SIGKILLed command, as Docker reports it
-_STOP_SEEN_S = 0.3  # after an exec killed by SIGKILL: how long a stop/removal may take to show
+# after an exec killed by SIGKILL: how long a stop/removal may take to show (0.3 s until stop 54,
+# when a `docker stop` on a loaded CI machine was still "running" past it and the kill read as the
+# command's own; a command's own SIGKILL or OOM kill waits this long before its result returns)
+_STOP_SEEN_S = 1.0
 _RESTART_SEEN_S = 2.0  # ... and how long a stopped container may take to start again (a restart)
 _STAMP_RE = re.compile(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d+))?(Z|z|[+-]\d\d:\d\d)")
 _KILL_BOUND = 0.3  # seconds for the exec inspect that finds the command's pid after a timeout
@@ -585,12 +588,14 @@ class DockerClient:
             try:
                 info = await self.inspect(ref)
             except DockerError as exc:
-                if is_timeout(exc) and not waited:
+                if is_timeout(exc) and (not waited or loop.time() < end):
                     # the daemon holds a container's lock while it stops or restarts it, and an
-                    # inspect waits on it: one that timed out right after the kill is asked again
-                    # (a restart that took > api_timeout on a busy machine read as "nothing happened")
-                    waited = True
-                    end = max(end, loop.time() + _RESTART_SEEN_S)
+                    # inspect waits on it: one that timed out right after the kill is asked again,
+                    # until the restart's bound has passed (a restart that took > api_timeout on a
+                    # busy machine read as "nothing happened")
+                    if not waited:
+                        waited = True
+                        end = max(end, loop.time() + _RESTART_SEEN_S)
                     continue
                 if not is_not_found(exc):
                     return  # the result stands; the next call meets the daemon's trouble
