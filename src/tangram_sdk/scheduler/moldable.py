@@ -149,16 +149,17 @@ class CpuSizing:
         return self._demand_of(spec)[0]
 
     def _demand_of(self, spec: ActionSpec) -> tuple[tuple[int, ...], float, float]:
-        """``spec``'s sizes per grid price (:meth:`dops_of`), its pricing window as a share of its
-        run at its minimum (:meth:`_window`), and how much of each of its queued or
+        """``(sizes, weight, window)`` for ``spec``: its sizes per grid price (:meth:`dops_of`);
+        the weight, how much of each of its queued or
         expected actions counts in its own kind's price: the share of its core-seconds that
         shrinking it from its price-0 size to its minimum saves, relative to :data:`_FULL_SAVING`
         (at most 1). A price that shrinks near-linear work frees almost no capacity, only reorders
         who runs. The saving is the *declared* efficiency's: the learned exponent drifts above 1
         in contended cells of Amdahl 0.9 tests (sizes granted in a backlog complete with other
         lengths than sizes granted in a lull), and a weight following it moved the straggler
-        lottery of the matrix's contended steps (one two-step cell 166 -> 240 s). Memoised per
-        spec, learned exponent and upgraded shape: the market asks for all three per spec and round."""
+        lottery of the matrix's contended steps (one two-step cell 166 -> 240 s); and the pricing
+        window, as a share of its run at its minimum (:meth:`_window`). Memoised per spec, learned
+        exponent and upgraded shape: the market asks for all three per spec and round."""
         st = self._kinds.get(spec.kind)
         up = st.up if st is not None else None
         key = (spec, st.beta if st is not None else 1.0, up)
