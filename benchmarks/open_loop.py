@@ -5,12 +5,13 @@ capped at ``cap`` cores) on a pool of ``cores`` (one node), at loads of 15-90 % 
 single-core capacity. No trajectories: nothing adapts to the scheduler, so a fixed DoP picked for
 the load is the strongest simple alternative (``tangram_sdk.sim.openloop``). Each cell is the
 ratio of Tangram's summed mean ACT over the seeds to the best single fixed DoP's (1, 2, 4, ...
-up to the cap), all measured in this run on the same arrivals. ``--run-share 0`` adds a column
-with the narrow-pool window off (the pricing window 1/16 of a single-core run alone, as before
-stop 54; ``moldable._RUN_SHARE``).
+up to the cap), all measured in this run on the same arrivals. Columns for the mechanisms off,
+in the same run: ``--run-share 0``, the narrow-pool window (the pricing window 1/16 of a
+single-core run alone, as before stop 54; ``moldable._RUN_SHARE``); ``--fragment-grants 0``,
+sizing past the fragment on an idle narrow node (stop 55; ``moldable._FRAGMENT_GRANTS``).
 
-    python benchmarks/open_loop.py                 # 9 shapes x 6 loads x 3 seeds, ~3 min here
-    python benchmarks/open_loop.py --run-share 0   # and the window before stop 54, same run
+    python benchmarks/open_loop.py                       # 9 shapes x 6 loads x 3 seeds, ~30 s here
+    python benchmarks/open_loop.py --fragment-grants 0   # and without stop 55's rule, same run
     python benchmarks/open_loop.py --shapes 0.9:16:16 --loads 0.3 --seeds 5
 """
 
@@ -29,21 +30,24 @@ LOADS = "0.15,0.3,0.45,0.6,0.75,0.9"
 
 
 def cell(p: float, cap: int, cores: int, load: float, seeds: int, n: int,
-         shares: list[float | None]) -> tuple[int, list[float]]:
-    """(best fixed DoP, Tangram / best for each window share) on ``seeds`` streams."""
+         variants: list[dict[str, float]]) -> tuple[int, list[float]]:
+    """(best fixed DoP, Tangram / best for each variant) on ``seeds`` streams; a variant sets
+    ``moldable`` constants for its run (``{}``: the default)."""
     gap = 1.0 / (load * cores)
     fixed = [fixed_dop_acts(p, cap, cores, gap, n, seed=s) for s in range(seeds)]
     best = min(fixed[0], key=lambda d: sum(f[d] for f in fixed))
     best_sum = sum(f[best] for f in fixed)
     out = []
-    default = moldable._RUN_SHARE
-    for share in shares:
-        moldable._RUN_SHARE = default if share is None else share
+    for variant in variants:
+        saved = {name: getattr(moldable, name) for name in variant}
+        for name, value in variant.items():
+            setattr(moldable, name, type(saved[name])(value))
         try:
             t = sum(open_loop(Scheduler(Pool(cpus=cores)), elastic_spec(cap, p), gap, n, seed=s)
                     for s in range(seeds))
         finally:
-            moldable._RUN_SHARE = default
+            for name, value in saved.items():
+                setattr(moldable, name, value)
         out.append(t / best_sum)
     return best, out
 
@@ -56,17 +60,24 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--n", type=int, default=1500, help="arrivals per stream")
     ap.add_argument("--run-share", type=float, action="append", default=[],
                     help="also run with moldable._RUN_SHARE at this value (0: the window off); repeatable")
+    ap.add_argument("--fragment-grants", type=float, action="append", default=[],
+                    help="also run with moldable._FRAGMENT_GRANTS at this value (0: the rule off); repeatable")
     args = ap.parse_args(argv)
-    shares: list[float | None] = [None, *args.run_share]
-    names = ["tangram"] + [f"share {s:g}" for s in args.run_share]
+    variants: list[dict[str, float]] = [{}]
+    names = ["tangram"]
+    for flag, const, values in (("share", "_RUN_SHARE", args.run_share),
+                                ("fragment", "_FRAGMENT_GRANTS", args.fragment_grants)):
+        for v in values:
+            variants.append({const: v})
+            names.append(f"{flag} {v:g}")
     t0 = time.perf_counter()
     print(f"{'p':>5} {'cap':>4} {'cores':>5} {'load':>5}  {'best':>5}  " + "  ".join(f"{n:>9}" for n in names))
-    ratios: list[list[float]] = [[] for _ in shares]
+    ratios: list[list[float]] = [[] for _ in variants]
     for shape in args.shapes.split(","):
         ps, caps, cs = shape.split(":")
         p, cap, cores = float(ps), int(caps), int(cs)
         for load in (float(x) for x in args.loads.split(",")):
-            best, rs = cell(p, cap, cores, load, args.seeds, args.n, shares)
+            best, rs = cell(p, cap, cores, load, args.seeds, args.n, variants)
             for i, r in enumerate(rs):
                 ratios[i].append(r)
             marks = "  ".join(f"{r:>8.3f}{'*' if r > 1.02 else ' '}" for r in rs)

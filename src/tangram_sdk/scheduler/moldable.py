@@ -62,6 +62,12 @@ _FULL_SAVING = 0.4
 # it is under the 1/16 window for the workloads the matrix calibrates (Amdahl 0.9 at cap 64 on
 # 256 cores: 0.046), so pools many grants wide decide as before (docs/evaluation.md, "narrow pools")
 _RUN_SHARE = 1.6
+# an idle node less than this many of an action's priced grants wide is sized past the fragment
+# its grant would leave (CpuSizing._past_fragment; 0: never): open loop, 16 cores, Amdahl 0.97 at
+# cap 16, 30 % busy, 1.130x the best fixed DoP without it, 0.994x with it. The matrix's 256-core
+# nodes (caps up to 64) are never that narrow, so they decide as before; its tiny 16-core cells,
+# seeds 0-2, too (3 of 160 seed and cap pairs move, docs/evaluation.md, "fragments")
+_FRAGMENT_GRANTS = 2
 # a hinted action is a step risk when its hint is its kind's one-in-a-thousand (z of 0.999) among
 # the hints seen (KindStats.observe_hint)
 RISK_Z = 3.09
@@ -338,6 +344,47 @@ class CpuSizing:
         memo[key] = lo
         return lo
 
+    def _past_fragment(self, a: Action, want: int, free: int, gi: int, now: float) -> int:
+        """The size for ``a`` on an idle node less than two of its priced grants wide: from
+        ``want`` (its price's) up to the whole node, the one that minimises its own priced cost
+        plus what the leftover costs the next arrival of its kind. A grant of 12 of 16 idle cores
+        leaves 4, and the next arrival, likely within the run, either starts on them (slowly) or
+        waits for this one's release; the price, which counts that arrival as a fraction of one
+        (a mean over many grants), cannot see either. The next arrival is expected at the kind's
+        rate, uniformly over this one's run, and takes the better of the leftover at its price
+        or waiting (the reserved idle cores priced in, as start-or-wait prices them); its cost
+        with the cores free is its priced cost at ``want``. Nothing else runs on the node, so
+        this one's release is the only one in sight: the model holds exactly there (with other
+        actions running, their end estimates would stand in for their releases, and in the tiny
+        closed-loop cells that moved steps both ways: docs/evaluation.md, "fragments")."""
+        st = a.stats
+        lam = 0.0 if st.lone >= LONE else st.window_rate(now)
+        mu = PRICE_GRID[gi]
+        if lam <= 0.0 or math.isinf(mu):
+            return want
+        rel = self._rel_fn(a.spec)
+        d0 = dur_min(a)
+        lo = a.spec.min_units
+        base = d0 * rel(want) * (1.0 + mu * want)  # the next arrival's cost with the cores free
+        best, best_m = math.inf, want
+        for m in range(want, min(free, a.spec.max_units) + 1):
+            t = d0 * rel(m)
+            r = free - m
+            k = 1.0 + mu * r  # per second of waiting: the wait itself and the r idle cores
+            # the next arrival's expected cost over ``base``, arriving u ~ U(0, t) into this run:
+            # waiting costs (t - u) * k, starting on the leftover ``d`` whatever u is
+            if r >= lo:
+                rm = min(r, want)
+                d = d0 * rel(rm) * (1.0 + mu * rm) - base
+                x = d / k  # the wait beyond which starting on the leftover is cheaper
+                extra = k * t * t / 2 if x >= t else k * x * x / 2 + (t - x) * d
+            else:
+                extra = k * t * t / 2
+            c = t * (1.0 + mu * m) + (1.0 - math.exp(-lam * t)) * extra / t
+            if c < best * (1.0 - 1e-12):
+                best, best_m = c, m
+        return best_m
+
     def units(self, a: Action, node: int, node_free: list[int], span: bool, now: float,
               rnd: int) -> tuple[int, float | None]:
         """Cores for elastic CPU action ``a`` at its price, or 0 to wait for more, and when a
@@ -375,6 +422,9 @@ class CpuSizing:
             want = full = max(want, dop_at_price(self._rel_fn(a.spec),
                                                  range(a.spec.min_units, a.spec.max_units + 1), mu))
         free = sum(node_free) if span else node_free[node]
+        if (want < free < _FRAGMENT_GRANTS * want and not span and not risk and self.start_or_wait
+                and free == self.ledger.node_size[node]):
+            want = self._past_fragment(a, want, free, gi, now)
         start = min(want, free)
         if not self.start_or_wait or span or start >= full:
             return start, None
