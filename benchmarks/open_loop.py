@@ -12,6 +12,7 @@ sizing past the fragment on an idle narrow node (stop 55; ``moldable._FRAGMENT_G
 
     python benchmarks/open_loop.py                       # 9 shapes x 6 loads x 3 seeds, ~30 s here
     python benchmarks/open_loop.py --fragment-grants 0   # and without stop 55's rule, same run
+    python benchmarks/open_loop.py --option supply=expected   # a Scheduler option, same run
     python benchmarks/open_loop.py --shapes 0.9:16:16 --loads 0.3 --seeds 5
 """
 
@@ -20,6 +21,7 @@ from __future__ import annotations
 import argparse
 import math
 import time
+from typing import Any
 
 import tangram_sdk.scheduler.moldable as moldable
 from tangram_sdk import Pool, Scheduler
@@ -30,20 +32,23 @@ LOADS = "0.15,0.3,0.45,0.6,0.75,0.9"
 
 
 def cell(p: float, cap: int, cores: int, load: float, seeds: int, n: int,
-         variants: list[dict[str, float]]) -> tuple[int, list[float]]:
+         variants: list[dict[str, Any]]) -> tuple[int, list[float]]:
     """(best fixed DoP, Tangram / best for each variant) on ``seeds`` streams; a variant sets
-    ``moldable`` constants for its run (``{}``: the default)."""
+    ``moldable`` constants (names starting with ``_``) and Scheduler options for its run (``{}``:
+    the default)."""
     gap = 1.0 / (load * cores)
     fixed = [fixed_dop_acts(p, cap, cores, gap, n, seed=s) for s in range(seeds)]
     best = min(fixed[0], key=lambda d: sum(f[d] for f in fixed))
     best_sum = sum(f[best] for f in fixed)
     out = []
     for variant in variants:
-        saved = {name: getattr(moldable, name) for name in variant}
-        for name, value in variant.items():
+        consts = {k: v for k, v in variant.items() if k.startswith("_")}
+        options = {k: v for k, v in variant.items() if not k.startswith("_")}
+        saved = {name: getattr(moldable, name) for name in consts}
+        for name, value in consts.items():
             setattr(moldable, name, type(saved[name])(value))
         try:
-            t = sum(open_loop(Scheduler(Pool(cpus=cores)), elastic_spec(cap, p), gap, n, seed=s)
+            t = sum(open_loop(Scheduler(Pool(cpus=cores), **options), elastic_spec(cap, p), gap, n, seed=s)
                     for s in range(seeds))
         finally:
             for name, value in saved.items():
@@ -62,14 +67,24 @@ def main(argv: list[str] | None = None) -> int:
                     help="also run with moldable._RUN_SHARE at this value (0: the window off); repeatable")
     ap.add_argument("--fragment-grants", type=float, action="append", default=[],
                     help="also run with moldable._FRAGMENT_GRANTS at this value (0: the rule off); repeatable")
+    ap.add_argument("--option", action="append", default=[], metavar="NAME=VALUE",
+                    help="also run with this Scheduler option (supply=expected, load_target=1.0, ...); repeatable")
     args = ap.parse_args(argv)
-    variants: list[dict[str, float]] = [{}]
+    variants: list[dict[str, Any]] = [{}]
     names = ["tangram"]
     for flag, const, values in (("share", "_RUN_SHARE", args.run_share),
                                 ("fragment", "_FRAGMENT_GRANTS", args.fragment_grants)):
         for v in values:
             variants.append({const: v})
             names.append(f"{flag} {v:g}")
+    for opt in args.option:
+        name, _, text = opt.partition("=")
+        try:
+            value: Any = float(text)
+        except ValueError:
+            value = text
+        variants.append({name: value})
+        names.append(text if len(text) <= 9 else text[:9])
     t0 = time.perf_counter()
     print(f"{'p':>5} {'cap':>4} {'cores':>5} {'load':>5}  {'best':>5}  " + "  ".join(f"{n:>9}" for n in names))
     ratios: list[list[float]] = [[] for _ in variants]
