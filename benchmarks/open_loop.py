@@ -13,6 +13,7 @@ sizing past the fragment on an idle narrow node (stop 55; ``moldable._FRAGMENT_G
     python benchmarks/open_loop.py                       # 9 shapes x 6 loads x 3 seeds, ~30 s here
     python benchmarks/open_loop.py --fragment-grants 0   # and without stop 55's rule, same run
     python benchmarks/open_loop.py --option supply=expected   # a Scheduler option, same run
+    python benchmarks/open_loop.py --learned --sigma 1.5 --shapes 0.97:16:16   # heavy tails, learned
     python benchmarks/open_loop.py --shapes 0.9:16:16 --loads 0.3 --seeds 5
 """
 
@@ -32,12 +33,14 @@ LOADS = "0.15,0.3,0.45,0.6,0.75,0.9"
 
 
 def cell(p: float, cap: int, cores: int, load: float, seeds: int, n: int,
-         variants: list[dict[str, Any]]) -> tuple[int, list[float]]:
+         variants: list[dict[str, Any]], sigma: float | None = None,
+         learned: bool = False) -> tuple[int, list[float]]:
     """(best fixed DoP, Tangram / best for each variant) on ``seeds`` streams; a variant sets
     ``moldable`` constants (names starting with ``_``) and Scheduler options for its run (``{}``:
     the default)."""
     gap = 1.0 / (load * cores)
-    fixed = [fixed_dop_acts(p, cap, cores, gap, n, seed=s) for s in range(seeds)]
+    fixed = [fixed_dop_acts(p, cap, cores, gap, n, seed=s, sigma=sigma) for s in range(seeds)]
+    spec = elastic_spec(cap, p, None if learned else 1.0)
     best = min(fixed[0], key=lambda d: sum(f[d] for f in fixed))
     best_sum = sum(f[best] for f in fixed)
     out = []
@@ -48,7 +51,7 @@ def cell(p: float, cap: int, cores: int, load: float, seeds: int, n: int,
         for name, value in consts.items():
             setattr(moldable, name, type(saved[name])(value))
         try:
-            t = sum(open_loop(Scheduler(Pool(cpus=cores), **options), elastic_spec(cap, p), gap, n, seed=s)
+            t = sum(open_loop(Scheduler(Pool(cpus=cores), **options), spec, gap, n, seed=s, sigma=sigma)
                     for s in range(seeds))
         finally:
             for name, value in saved.items():
@@ -69,6 +72,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="also run with moldable._FRAGMENT_GRANTS at this value (0: the rule off); repeatable")
     ap.add_argument("--option", action="append", default=[], metavar="NAME=VALUE",
                     help="also run with this Scheduler option (supply=expected, load_target=1.0, ...); repeatable")
+    ap.add_argument("--sigma", type=float, default=None,
+                    help="log-normal work of this log-sigma (mean 1 s) instead of exponential")
+    ap.add_argument("--learned", action="store_true",
+                    help="Tangram's spec declares no duration: lengths (and their spread) are learned")
     args = ap.parse_args(argv)
     variants: list[dict[str, Any]] = [{}]
     names = ["tangram"]
@@ -92,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
         ps, caps, cs = shape.split(":")
         p, cap, cores = float(ps), int(caps), int(cs)
         for load in (float(x) for x in args.loads.split(",")):
-            best, rs = cell(p, cap, cores, load, args.seeds, args.n, variants)
+            best, rs = cell(p, cap, cores, load, args.seeds, args.n, variants, args.sigma, args.learned)
             for i, r in enumerate(rs):
                 ratios[i].append(r)
             marks = "  ".join(f"{r:>8.3f}{'*' if r > 1.02 else ' '}" for r in rs)
