@@ -71,7 +71,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--fragment-grants", type=float, action="append", default=[],
                     help="also run with moldable._FRAGMENT_GRANTS at this value (0: the rule off); repeatable")
     ap.add_argument("--option", action="append", default=[], metavar="NAME=VALUE",
-                    help="also run with this Scheduler option (supply=expected, load_target=1.0, ...); repeatable")
+                    help="also run with this Scheduler option (supply=expected, load_target=1.0, ...) or, "
+                         "named with a leading _, moldable constant (_FRAGMENT_SPREAD=inf); repeatable")
     ap.add_argument("--sigma", type=float, default=None,
                     help="log-normal work of this log-sigma (mean 1 s) instead of exponential")
     ap.add_argument("--learned", action="store_true",
