@@ -58,10 +58,13 @@ class KindLearning:
                    rerun: tuple[float, float] | None, parallelism: float | None) -> None:
         """``a`` completed after ``exec_s`` at ``units``; ``msp``: its time-weighted speedup when
         malleable and resized, ``rerun``: ``(seconds, units)`` of the completed run when restarted.
-        A declared duration learns nothing."""
+        A declared duration learns nothing but the spread of its lengths (``observe_declared``)."""
         if rerun is not None:  # restarted: the kind learns from the run that completed
             exec_s = rerun[0]
-        if a.spec.duration is None:
+        if a.spec.duration is not None:  # only how spread the lengths are (moldable, fragments)
+            if a.eres and msp is None:
+                a.stats.observe_declared(exec_s, a.spec.relative_duration(units))
+        else:
             sp = (a.spec.speedup(units) if msp is None else msp) if a.eres else 1.0
             a.stats.observe_exec(exec_s, sp, self.duration_alpha,
                                  learn_beta=self.learn_efficiency and a.eres is not None,

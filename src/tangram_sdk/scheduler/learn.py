@@ -66,7 +66,7 @@ class KindStats:
 
     __slots__ = ("t1", "t1_samples", "gap", "last_arrival", "arrivals", "spec", "ring", "ring_i",
                  "log_var", "beta", "buckets", "_rel", "_rel_shape", "_pxx", "_pxy", "hints", "sandboxes",
-                 "up", "measured", "_avv", "_auv", "up_n", "inflight", "lone")
+                 "up", "measured", "_avv", "_auv", "up_n", "inflight", "lone", "declared")
 
     def __init__(self, prior_t1: float) -> None:
         self.t1 = prior_t1  # seconds at one unit of the elastic resource (or plain duration)
@@ -92,6 +92,10 @@ class KindStats:
         self._avv = self._auv = self.up_n = 0.0  # the Amdahl fit's decaying sums, and its count
         self.inflight = 0  # actions of the kind submitted and not yet released, cancelled or refused
         self.lone = 0  # consecutive arrivals that found none of the kind in flight (see LONE)
+        # a kind with a declared duration learns no lengths (log_var stays 0): the spread of its
+        # runs' log lengths, scaled to its minimum under the declared shape, kept apart for what
+        # only asks how spread they are (spread())
+        self.declared: list[float] = [0.0, 0.0, 0.0]  # count, mean, M2 (lengths.add_sample)
 
     def observe_hint(self, seconds: float) -> float:
         """Record one caller's length hint; return its z-score among the hints seen before it
@@ -128,6 +132,18 @@ class KindStats:
         else:
             ring[self.ring_i] = now
             self.ring_i = (self.ring_i + 1) % RING
+
+    def observe_declared(self, exec_s: float, rel: float) -> None:
+        """One completion of a kind with a declared duration: ``exec_s`` at a size that runs
+        ``rel`` times its minimum's time (declared shape)."""
+        if exec_s > 0 and math.isfinite(exec_s) and rel > 0:
+            add_sample(self.declared, math.log(exec_s / rel), HORIZON)
+
+    def spread(self) -> float:
+        """Variance of the kind's log lengths: learned (``log_var``), or for a declared duration
+        that of its runs (0 before two)."""
+        n, _mean, m2 = self.declared
+        return max(self.log_var, m2 / (n - 1.0) if n > 1 else 0.0)
 
     def observe_exec(self, exec_s: float, speedup: float, alpha: float, *, learn_beta: bool,
                      parallelism: float | None = None, units: int = 0) -> None:

@@ -64,16 +64,18 @@ _FULL_SAVING = 0.4
 _RUN_SHARE = 1.6
 # an idle node less than this many of an action's priced grants wide is sized past the fragment
 # its grant would leave (CpuSizing._past_fragment; 0: never): open loop, 16 cores, Amdahl 0.97 at
-# cap 16, 30 % busy, 1.130x the best fixed DoP without it, 0.994x with it. The matrix's 256-core
+# cap 16, 30 % busy, 1.130x the best fixed DoP without it, 1.006x with it. The matrix's 256-core
 # nodes (caps up to 64) are never that narrow, so they decide as before; its tiny 16-core cells,
 # seeds 0-2, too (3 of 160 seed and cap pairs move, docs/evaluation.md, "fragments")
 _FRAGMENT_GRANTS = 2
-# ... while its kind's learned log-variance of lengths is at most this (log-normal sigma 1.32).
-# Open loop, Amdahl 0.97 at cap 16 on 16 cores, 30 % busy, lengths learned, ratio to the best
-# fixed DoP without the rule / with it ungated / with this bound: log-normal sigma 1.5 (learned
-# 2.24; the best fixed DoP is 8, short tests pass long ones) 1.173 / 1.416 / 1.190; sigma 1 (the
-# matrix's tests) 1.055 / 0.998 / 0.998; exponential work (learned 1.55, noisy) 1.129 / 1.009 / 1.042
-_FRAGMENT_SPREAD = 1.75
+# ... while the log-variance of its kind's lengths (KindStats.spread: learned, or for a declared
+# duration that of its runs) is at most this (log-normal sigma 1.38). Open loop, Amdahl 0.97 at
+# cap 16 on 16 cores, 30 % busy, ratio to the best fixed DoP without the rule / with it unbounded /
+# with this bound: log-normal sigma 1.5 learned 1.173 / 1.416 / 1.201, declared 1.185 / 1.363 /
+# 1.188 (the best fixed DoP is 8: short tests pass long ones); sigma 1 (the matrix's tests) 1.055 /
+# 0.998 / 0.998; exponential work (log-variance ~1.6) declared 1.130 / 0.994 / 1.006, learned
+# 1.129 / 1.009 / 1.012 (docs/evaluation.md, "fragments")
+_FRAGMENT_SPREAD = 1.9
 # a hinted action is a step risk when its hint is its kind's one-in-a-thousand (z of 0.999) among
 # the hints seen (KindStats.observe_hint)
 RISK_Z = 3.09
@@ -367,7 +369,7 @@ class CpuSizing:
         arrival's wait behind a long one dominates, and smaller grants that let short ones pass
         beat the whole node."""
         st = a.stats
-        lam = 0.0 if st.lone >= LONE or st.log_var > _FRAGMENT_SPREAD else st.window_rate(now)
+        lam = 0.0 if st.lone >= LONE or st.spread() > _FRAGMENT_SPREAD else st.window_rate(now)
         mu = PRICE_GRID[gi]
         if lam <= 0.0 or math.isinf(mu):
             return want
