@@ -85,6 +85,10 @@ Backend = Literal["auto", "api", "cgroup"]
 
 
 _MEM_UNKNOWN = MemoryLimits(-1, -1)  # _Box.mem_now after an update whose outcome is not known
+# a quarantined container's re-park is read back twice, this far apart, before its cores return:
+# updates a frozen daemon queued are carried out within milliseconds of its thaw, in any order with
+# the re-park's, so one read can come before the last of them lands
+_REPARK_SETTLE_S = 0.5
 
 
 class _Box:
@@ -517,6 +521,11 @@ class DockerCpuManager:
             async with box.lock:
                 try:
                     cpus, quota = await self._settle(box)
+                    await self._verify(box, cpus, quota)
+                    # and again a moment later: a late update the thawed daemon still had queued
+                    # can land after the first read (its kernel write after the re-park's, while
+                    # the record ends parked: one CI run at e8b8594)
+                    await asyncio.sleep(_REPARK_SETTLE_S)
                     await self._verify(box, cpus, quota)
                     await self._restore_memory_quietly(box)
                 except DockerError as exc:
