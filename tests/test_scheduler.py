@@ -220,9 +220,11 @@ def test_the_fragment_rule_stands_aside_for_widely_spread_lengths(monkeypatch):
     the price alone with lengths learned, 1.150x with the duration declared. Past
     moldable._FRAGMENT_SPREAD (learned log-variance, or the declared kind's runs' spread) the rule
     stands aside: 1.025x / 1.002x. With exponential work (log-variance ~1.6) it still acts:
-    0.896x / 0.890x."""
+    0.896x / 0.890x. (The sizing for heavy tails that takes over past it is off here: the next
+    test.)"""
     import tangram_sdk.scheduler.moldable as moldable
 
+    monkeypatch.setattr(moldable, "_HEAVY_SPREAD", math.inf)
     gap = 1 / (0.3 * 16)
 
     def run(sigma, duration):
@@ -240,6 +242,29 @@ def test_the_fragment_rule_stands_aside_for_widely_spread_lengths(monkeypatch):
     assert ratio[0] <= 1.05 and ratio[1] <= 1.02, ratio
     assert unbounded[0] > 1.15 * off[0] and unbounded[1] > 1.1 * off[1], (unbounded, off)
     assert ratio[2] <= 0.93 and ratio[3] <= 0.93, ratio
+
+
+@pytest.mark.parametrize("duration", [None, 1.0], ids=["learned", "declared"])
+def test_heavy_tailed_lengths_size_an_idle_narrow_node_as_the_best_fixed_dop(duration, monkeypatch):
+    """Log-normal work of sigma 1.5, near linear (Amdahl 0.97) on a 16-core node, 15 % busy: a
+    fixed DoP of 8 beats the whole node, because a short test arriving during a long one starts
+    on the other half instead of waiting. The price, near zero, grants all 16. Past
+    moldable._HEAVY_SPREAD the idle node is sized as the best fixed DoP of a G/G/c model at the
+    kind's rate: summed over three streams, within 5 % of that DoP (measured 1.011 learned,
+    1.024 declared); without it 1.342x / 1.346x."""
+    import tangram_sdk.scheduler.moldable as moldable
+
+    gap = 1 / (0.15 * 16)
+    spec = ela(max_units=16, p=0.97, duration=duration)
+
+    def run():
+        return sum(open_loop(Scheduler(Pool(cpus=16)), spec, gap, 1500, seed, 1.5) for seed in range(3))
+
+    fixed = [fixed_dop_acts(0.97, 16, 16, gap, 1500, seed, FIXED_DOPS, 1.5) for seed in range(3)]
+    best = min(sum(f[d] for f in fixed) for d in fixed[0])
+    assert run() <= 1.05 * best, run() / best
+    monkeypatch.setattr(moldable, "_HEAVY_SPREAD", math.inf)
+    assert run() > 1.25 * best, run() / best
 
 
 def _fixed_dops(p, cap, cores, gap, n):
