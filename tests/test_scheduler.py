@@ -244,17 +244,19 @@ def test_the_fragment_rule_stands_aside_for_widely_spread_lengths(monkeypatch):
     assert ratio[2] <= 0.93 and ratio[3] <= 0.93, ratio
 
 
+@pytest.mark.parametrize("load", [0.15, 0.3])
 @pytest.mark.parametrize("duration", [None, 1.0], ids=["learned", "declared"])
-def test_heavy_tailed_lengths_size_an_idle_narrow_node_as_the_best_fixed_dop(duration, monkeypatch):
-    """Log-normal work of sigma 1.5, near linear (Amdahl 0.97) on a 16-core node, 15 % busy: a
-    fixed DoP of 8 beats the whole node, because a short test arriving during a long one starts
+def test_heavy_tailed_lengths_size_a_narrow_node_as_the_best_fixed_dop(duration, load, monkeypatch):
+    """Log-normal work of sigma 1.5, near linear (Amdahl 0.97) on a 16-core node, 15 / 30 % busy:
+    a fixed DoP of 8 beats the whole node, because a short test arriving during a long one starts
     on the other half instead of waiting. The price, near zero, grants all 16. Past
-    moldable._HEAVY_SPREAD the idle node is sized as the best fixed DoP of a G/G/c model at the
-    kind's rate: summed over three streams, within 5 % of that DoP (measured 1.011 learned,
-    1.024 declared); without it 1.342x / 1.346x."""
+    moldable._HEAVY_SPREAD such a node is sized as the best fixed DoP of a G/G/c model at the
+    kind's rate (idle: that DoP; busy: no more): summed over three streams, within 5 % of the best
+    fixed DoP (measured 0.989 / 1.009 learned, 0.997 / 0.920 declared); without it above 1.15x
+    (1.342 / 1.201, 1.346 / 1.188)."""
     import tangram_sdk.scheduler.moldable as moldable
 
-    gap = 1 / (0.15 * 16)
+    gap = 1 / (load * 16)
     spec = ela(max_units=16, p=0.97, duration=duration)
 
     def run():
@@ -264,7 +266,7 @@ def test_heavy_tailed_lengths_size_an_idle_narrow_node_as_the_best_fixed_dop(dur
     best = min(sum(f[d] for f in fixed) for d in fixed[0])
     assert run() <= 1.05 * best, run() / best
     monkeypatch.setattr(moldable, "_HEAVY_SPREAD", math.inf)
-    assert run() > 1.25 * best, run() / best
+    assert run() > 1.15 * best, run() / best
 
 
 def _fixed_dops(p, cap, cores, gap, n):

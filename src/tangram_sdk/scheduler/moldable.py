@@ -77,14 +77,14 @@ _FRAGMENT_GRANTS = 2
 # 1.129 / 1.009 / 1.012 (docs/evaluation.md, "fragments")
 _FRAGMENT_SPREAD = 1.9
 # ... and past this log-variance (log-normal sigma 1.41), once _HEAVY_MIN runs have measured it,
-# such a node is sized as the fixed DoP a G/G/c queue at the kind's rate says is best
-# (CpuSizing._best_fixed): widely spread lengths make the wait behind a long run the cost, and a
-# grant that leaves room lets short ones pass. Open loop, Amdahl 0.97 at cap 16 on 16 cores,
-# log-normal sigma 1.5, 15 / 30 % busy, ratio to the best fixed DoP (8) without it / with it:
-# learned 1.342 / 1.011, 1.201 / 1.059; declared 1.346 / 1.024, 1.188 / 0.889. Above the
-# fragment rule's bound: exponential lengths (log-variance ~1.6) are not heavy, and their
-# estimate, noisy early, crossed 1.9 often enough to cost 1-2 points (docs/evaluation.md, "heavy
-# tails")
+# such a node is sized by the fixed DoP a G/G/c queue at the kind's rate says is best there
+# (CpuSizing._heavy_dop: that DoP when idle, no more when busy): widely spread lengths make the
+# wait behind a long run the cost, and a grant that leaves room lets short ones pass. Open loop,
+# Amdahl 0.97 at cap 16 on 16 cores, log-normal sigma 1.5, 15 / 30 % busy, ratio to the best fixed
+# DoP (8) without it / with it: learned 1.342 / 0.989, 1.201 / 1.009; declared 1.346 / 0.997,
+# 1.188 / 0.920. Above the fragment rule's bound: exponential lengths (log-variance ~1.6) are not
+# heavy, and their estimate, noisy early, crossed 1.9 often enough to cost 1-2 points
+# (docs/evaluation.md, "heavy tails")
 _HEAVY_SPREAD = 2.0
 _HEAVY_MIN = 64
 # a hinted action is a step risk when its hint is its kind's one-in-a-thousand (z of 0.999) among
@@ -378,19 +378,18 @@ class CpuSizing:
         closed-loop cells that moved steps both ways: docs/evaluation.md, "fragments"). Not for
         a kind whose lengths are spread wider than :data:`_FRAGMENT_SPREAD`: there the next
         arrival's wait behind a long one dominates, and smaller grants that let short ones pass
-        beat the whole node. Wider still (:data:`_HEAVY_SPREAD`), the node is sized by
-        :meth:`_best_fixed`, up or down from ``want``, the whole node (``want == free``)
-        included."""
+        beat the whole node. Wider still (:data:`_HEAVY_SPREAD`), the node is sized as the best
+        fixed DoP there (:meth:`_heavy_dop`), up or down from ``want``, the whole node (``want ==
+        free``) included."""
         st = a.stats
         lam = 0.0 if st.lone >= LONE else st.window_rate(now)
         mu = PRICE_GRID[gi]
         if lam <= 0.0 or math.isinf(mu):
             return want
-        spread = st.spread()
-        if spread > _HEAVY_SPREAD and (st.declared[0] if a.spec.duration is not None
-                                       else st.t1_samples) >= _HEAVY_MIN:
-            return self._best_fixed(a, want, free, lam, spread)
-        if want >= free or spread > _FRAGMENT_SPREAD:
+        heavy = self._heavy_dop(a, free, now)
+        if heavy is not None:
+            return heavy
+        if want >= free or st.spread() > _FRAGMENT_SPREAD:
             return want
         rel = self._rel_fn(a.spec)
         d0 = dur_min(a)
@@ -415,20 +414,29 @@ class CpuSizing:
                 best, best_m = c, m
         return best_m
 
-    def _best_fixed(self, a: Action, want: int, free: int, lam: float, spread: float) -> int:
-        """The size for ``a`` on an idle node when its kind's lengths are heavy tailed: the DoP a
-        fixed policy would best use there at arrival rate ``lam``. Each size ``d`` makes
-        ``free // d`` servers of a G/G/c queue whose mean ACT is the run plus the Allen-Cunneen
-        wait: the M/M/c wait times (1 + scv) / 2, scv the lengths' squared coefficient of
-        variation (log-normal of log-variance ``spread``: e^spread - 1). With heavy tails that
-        wait, behind a long run holding the node, is what a whole-node grant costs; the price,
-        which sizes for core-seconds, does not count it. ``want`` if every size overloads."""
+    def _heavy_dop(self, a: Action, cores: int, now: float) -> int | None:
+        """For a kind whose lengths are heavy tailed (log-variance above :data:`_HEAVY_SPREAD`,
+        measured by :data:`_HEAVY_MIN` runs) and arriving at a rate: the DoP a fixed policy would
+        best use on a node of ``cores`` at that rate. Each size ``d`` makes ``cores // d`` servers
+        of a G/G/c queue whose mean ACT is the run plus the Allen-Cunneen wait: the M/M/c wait
+        times (1 + scv) / 2, scv the lengths' squared coefficient of variation (log-normal:
+        e^spread - 1). With heavy tails that wait, behind a long run holding the node, is what a
+        wide grant costs, and the price, which sizes for core-seconds, does not count it. None
+        otherwise, or when every size would overload."""
+        st = a.stats
+        spread = st.spread()
+        if spread <= _HEAVY_SPREAD or (st.declared[0] if a.spec.duration is not None
+                                       else st.t1_samples) < _HEAVY_MIN:
+            return None
+        lam = st.window_rate(now)
+        if lam <= 0.0:
+            return None
         rel = self._rel_fn(a.spec)
         d0 = dur_min(a)
         var = math.exp(spread) / 2.0  # (1 + scv) / 2
-        best, best_d = math.inf, want
-        for d in range(min(free, a.spec.max_units), a.spec.min_units - 1, -1):
-            c = free // d
+        best, best_d = math.inf, None
+        for d in range(min(cores, a.spec.max_units), a.spec.min_units - 1, -1):
+            c = cores // d
             s = d0 * rel(d)
             off = lam * s  # offered load in servers
             if off >= c:
@@ -483,6 +491,13 @@ class CpuSizing:
         if (want <= free < _FRAGMENT_GRANTS * want and not span and not risk and self.start_or_wait
                 and free == self.ledger.node_size[node] and (want < free or st.lone < LONE)):
             want = self._past_fragment(a, want, free, gi, now)
+        elif (not span and not risk and self.start_or_wait and st.lone < LONE
+                and self.ledger.node_size[node] < _FRAGMENT_GRANTS * want):
+            # the same node with others running: no larger than the best fixed DoP there either
+            # (heavy tails only; the rest of a node the first grant left is sized by the price)
+            heavy = self._heavy_dop(a, self.ledger.node_size[node], now)
+            if heavy is not None and heavy < want:
+                want = full = min(full, heavy)  # and start-or-wait waits for no more
         start = min(want, free)
         if not self.start_or_wait or span or start >= full:
             return start, None
