@@ -87,10 +87,12 @@ def main(argv: list[str] | None = None) -> int:
             names.append(f"{flag} {v:g}")
     for opt in args.option:
         name, _, text = opt.partition("=")
-        try:
-            value: Any = float(text)
-        except ValueError:
-            value = text
+        value: Any = {"true": True, "false": False}.get(text.lower(), text)
+        if isinstance(value, str):
+            try:
+                value = float(text)
+            except ValueError:
+                pass
         variants.append({name: value})
         names.append(text if len(text) <= 9 else text[:9])
     t0 = time.perf_counter()
