@@ -382,14 +382,17 @@ class CpuSizing:
         fixed DoP there (:meth:`_heavy_dop`), up or down from ``want``, the whole node (``want ==
         free``) included."""
         st = a.stats
-        lam = 0.0 if st.lone >= LONE else st.window_rate(now)
         mu = PRICE_GRID[gi]
-        if lam <= 0.0 or math.isinf(mu):
+        if st.lone >= LONE or math.isinf(mu):
             return want
-        heavy = self._heavy_dop(a, free, now)
+        spread = st.spread()
+        heavy = self._heavy_dop(a, free, now, spread)
         if heavy is not None:
             return heavy
-        if want >= free or st.spread() > _FRAGMENT_SPREAD:
+        if want >= free or spread > _FRAGMENT_SPREAD:
+            return want
+        lam = st.window_rate(now)
+        if lam <= 0.0:
             return want
         rel = self._rel_fn(a.spec)
         d0 = dur_min(a)
@@ -414,17 +417,16 @@ class CpuSizing:
                 best, best_m = c, m
         return best_m
 
-    def _heavy_dop(self, a: Action, cores: int, now: float) -> int | None:
-        """For a kind whose lengths are heavy tailed (log-variance above :data:`_HEAVY_SPREAD`,
-        measured by :data:`_HEAVY_MIN` runs) and arriving at a rate: the DoP a fixed policy would
-        best use on a node of ``cores`` at that rate. Each size ``d`` makes ``cores // d`` servers
-        of a G/G/c queue whose mean ACT is the run plus the Allen-Cunneen wait: the M/M/c wait
-        times (1 + scv) / 2, scv the lengths' squared coefficient of variation (log-normal:
-        e^spread - 1). With heavy tails that wait, behind a long run holding the node, is what a
-        wide grant costs, and the price, which sizes for core-seconds, does not count it. None
-        otherwise, or when every size would overload."""
+    def _heavy_dop(self, a: Action, cores: int, now: float, spread: float) -> int | None:
+        """For a kind whose lengths are heavy tailed (``spread``, its :meth:`KindStats.spread`,
+        above :data:`_HEAVY_SPREAD`, measured by :data:`_HEAVY_MIN` runs) and arriving at a rate:
+        the DoP a fixed policy would best use on a node of ``cores`` at that rate. Each size ``d``
+        makes ``cores // d`` servers of a G/G/c queue whose mean ACT is the run plus the
+        Allen-Cunneen wait: the M/M/c wait times (1 + scv) / 2, scv the lengths' squared
+        coefficient of variation (log-normal: e^spread - 1). With heavy tails that wait, behind a
+        long run holding the node, is what a wide grant costs, and the price, which sizes for
+        core-seconds, does not count it. None otherwise, or when every size would overload."""
         st = a.stats
-        spread = st.spread()
         if spread <= _HEAVY_SPREAD or (st.declared[0] if a.spec.duration is not None
                                        else st.t1_samples) < _HEAVY_MIN:
             return None
@@ -495,7 +497,7 @@ class CpuSizing:
                 and self.ledger.node_size[node] < _FRAGMENT_GRANTS * want):
             # the same node with others running: no larger than the best fixed DoP there either
             # (heavy tails only; the rest of a node the first grant left is sized by the price)
-            heavy = self._heavy_dop(a, self.ledger.node_size[node], now)
+            heavy = self._heavy_dop(a, self.ledger.node_size[node], now, st.spread())
             if heavy is not None and heavy < want:
                 want = full = min(full, heavy)  # and start-or-wait waits for no more
         start = min(want, free)
