@@ -88,12 +88,15 @@ async def test_a_tool_declared_flat_that_uses_its_cores_is_learned_live() -> Non
     declaration alone grants one core forever. The command runs two spinning processes; on the
     idle pool the first runs are given both cores to measure, they report about two cores'
     worth, the kind is upgraded, and it keeps getting both. A one-process command declared the
-    same measures one core's worth and goes back to one core."""
+    same measures one core's worth and goes back to one core. Each kind on its own pool: on a
+    pool two cores wide the pricing window is 1.6 runs (moldable._POOL_GRANTS), and a kind that
+    has just looped there is still forecast to arrive, which prices the idle cores above zero."""
     flat = Elasticity("cpu", max_units=2, efficiency=Amdahl(0.0))
     runs = {"two": TWO, "one": SPIN.format(s=0.15)}
     units: dict[str, list[int]] = {}
-    async with Tangram(Pool(cpus=CORES)) as t:
-        for kind, code in runs.items():
+    up = {}
+    for kind, code in runs.items():
+        async with Tangram(Pool(cpus=CORES)) as t:
             spec = ActionSpec(kind=kind, cpus=1, elastic=flat)
             units[kind] = []
             for _ in range(6):
@@ -101,7 +104,7 @@ async def test_a_tool_declared_flat_that_uses_its_cores_is_learned_live() -> Non
                     units[kind].append(lease.units)
                     r = await lease.run([sys.executable, "-c", code])
                     assert r.ok
-        up = {k: t.scheduler._kinds[k].up for k in runs}
+            up[kind] = t.scheduler._kinds[kind].up
     assert up["two"] is not None and up["one"] is None, (up, units)
     assert units["two"][:2] == [2, 2] and units["two"][-3:] == [2, 2, 2], units
     assert units["one"][:2] == [2, 2] and units["one"][-3:] == [1, 1, 1], units

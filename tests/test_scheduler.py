@@ -8,6 +8,7 @@ from tangram_sdk import ActionSpec, Amdahl, Elasticity, Pool, Quota, Scheduler
 from tangram_sdk.scheduler.decisions import Grant, Reject
 from tangram_sdk.scheduler.events import Cancelled, Released, ServiceResidency, Submitted, Tick
 from tangram_sdk.sim.openloop import fixed_dop_acts, open_loop
+from tangram_sdk.sim.workloads import cpu_pool
 
 
 def grants(decisions):
@@ -160,17 +161,48 @@ def test_on_a_narrow_pool_the_pricing_window_covers_the_widest_grants_run(monkey
     window alone) the open loop at 30 % busy loses 1.109x to a fixed DoP of 8."""
     import tangram_sdk.scheduler.moldable as moldable
 
-    def window(cores, cap):
-        s = Scheduler(Pool(cpus=cores))
+    def window(cores, cap, nodes=1):
+        s = Scheduler(cpu_pool(nodes, cores))
         s.submit(1, ela(max_units=cap, p=0.9, duration=1.0), 0.0)
         return s._cpu._window(s._running[1])
 
     assert window(16, 16) == pytest.approx(1.6 * (0.1 + 0.9 / 16))
-    assert window(256, 64) == pytest.approx(1 / 16)
+    assert window(256, 64, nodes=15) == pytest.approx(1 / 16)  # a quarter of a node, 60 grants of pool
     best = min(_fixed_dops(0.9, 16, 16, 0.3, 1500))
     assert open_loop(Scheduler(Pool(cpus=16)), ela(max_units=16, p=0.9, duration=1.0), 0.3, 1500) <= 1.02 * best
     monkeypatch.setattr(moldable, "_RUN_SHARE", 0.0)
     assert open_loop(Scheduler(Pool(cpus=16)), ela(max_units=16, p=0.9, duration=1.0), 0.3, 1500) > 1.05 * best
+
+
+@pytest.mark.parametrize("p, cap, cores, load", [(0.9, 16, 64, 0.45), (0.9, 32, 128, 0.3)])
+def test_on_a_pool_a_few_grants_wide_the_window_covers_the_whole_run(p, cap, cores, load, monkeypatch):
+    """A pool four grants wide: one grant of 16 of 64 cores holds a quarter of the pool's supply
+    for its whole run, while 4-5 more arrive at 45 % busy. The window is 1.6 of that run (not 0.4,
+    the node's share), so the price sees them and sizes near the best fixed DoP (8) instead of
+    mixing grants of 16 with the 3-6 cores they leave. Open loop, three streams summed: measured
+    0.995 / 0.987 of the best fixed DoP, 1.072 / 1.051 with the node's share alone; a pool of 15
+    such nodes keeps the 1/16 window (moldable._POOL_GRANTS)."""
+    import tangram_sdk.scheduler.moldable as moldable
+
+    def window(nodes):
+        s = Scheduler(cpu_pool(nodes, cores))
+        s.submit(1, ela(max_units=cap, p=p, duration=1.0), 0.0)
+        return s._cpu._window(s._running[1])
+
+    run = p / cap + (1 - p)
+    assert window(1) == pytest.approx(1.6 * run)
+    assert window(15) == pytest.approx(max(1 / 16, 1.6 * run * cap / cores))
+    gap = 1.0 / (load * cores)
+    spec = ela(max_units=cap, p=p, duration=1.0)
+    fixed = [fixed_dop_acts(p, cap, cores, gap, 1500, seed=k) for k in range(3)]
+    best = min(sum(f[d] for f in fixed) for d in fixed[0])
+
+    def elastic():
+        return sum(open_loop(Scheduler(Pool(cpus=cores)), spec, gap, 1500, seed=k) for k in range(3))
+
+    assert elastic() <= 1.02 * best
+    monkeypatch.setattr(moldable, "_POOL_GRANTS", 0)
+    assert elastic() > 1.04 * best
 
 
 def test_one_callers_loop_is_not_priced_for_its_own_arrivals(monkeypatch):

@@ -62,6 +62,16 @@ _FULL_SAVING = 0.4
 # it is under the 1/16 window for the workloads the matrix calibrates (Amdahl 0.9 at cap 64 on
 # 256 cores: 0.046), so pools many grants wide decide as before (docs/evaluation.md, "narrow pools")
 _RUN_SHARE = 1.6
+# ... and the whole of those 1.6 runs on a pool fewer than this many of those grants wide, in
+# proportion below (0: off). The price is the pool's: on a pool a few grants wide, the cores one
+# grant takes are a large share of its supply for the whole run, and the arrivals that find them
+# taken are those of that run, however the pool is split into nodes. Open loop, Amdahl 0.9 at cap
+# 16 on 64 cores, 45 % busy: 1.072x the best fixed DoP (8) with the node's share alone (0.4 of a
+# run), 0.995x with this. The matrix's light and medium pools are many nodes of 256 cores (cap 64
+# on 15 nodes: 0.07 of a run, under the 1/16 window) and decide as before; a window of the whole
+# run there cost the light cap-64 step 7 % and contended mean ACT up to 4 points
+# (docs/evaluation.md, "a pool a few grants wide")
+_POOL_GRANTS = 4
 # an idle node less than this many of an action's priced grants wide is sized past the fragment
 # its grant would leave (CpuSizing._past_fragment; 0: never): open loop, 16 cores, Amdahl 0.97 at
 # cap 16, 30 % busy, 1.130x the best fixed DoP without it, 1.006x with it. The matrix's 256-core
@@ -158,7 +168,8 @@ class CpuSizing:
 
     def _window(self, a: Action) -> float:
         """Seconds of the pricing window for ``a``: ``price_horizon`` of its run at its minimum,
-        or longer on a node only a few of its widest grants wide (:data:`_RUN_SHARE`)."""
+        or longer on a node or a pool only a few of its widest grants wide (:data:`_RUN_SHARE`,
+        :data:`_POOL_GRANTS`)."""
         return self._demand_of(a.spec)[2] * dur_min(a)
 
     def _rel_fn(self, spec: ActionSpec) -> Callable[[int], float]:
@@ -202,7 +213,9 @@ class CpuSizing:
             win = self.price_horizon
             if win > 0:  # a window of zero is the caller's choice: no forecast, no releases
                 # the declared run, as for the weight (the learned exponent's drift would move it)
-                win = max(win, _RUN_SHARE * rel(full) * full / self._node_max)
+                run = _RUN_SHARE * rel(full)
+                win = max(win, run * full / self._node_max,
+                          run * min(1.0, _POOL_GRANTS * full / max(1, self._ncpus)))
             hit = self._dops[key] = (dops_over_grid(self._rel_fn(spec), units),
                                      min(1.0, max(0.0, saving) / _FULL_SAVING), win)
         return hit
