@@ -13,6 +13,7 @@ sizing past the fragment on an idle narrow node (stop 55; ``moldable._FRAGMENT_G
     python benchmarks/open_loop.py                       # 9 shapes x 6 loads x 3 seeds, ~30 s here
     python benchmarks/open_loop.py --fragment-grants 0   # and without stop 55's rule, same run
     python benchmarks/open_loop.py --option supply=expected   # a Scheduler option, same run
+    python benchmarks/open_loop.py --option _POOL_GRANTS=0    # a moldable constant: stop 57's window off
     python benchmarks/open_loop.py --learned --sigma 1.5 --shapes 0.97:16:16   # heavy tails, learned
     python benchmarks/open_loop.py --shapes 0.9:16:16 --loads 0.3 --seeds 5
 """

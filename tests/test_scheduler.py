@@ -157,7 +157,7 @@ def test_elastic_is_never_worse_than_a_fixed_degree_of_parallelism(gap):
 
 def test_on_a_narrow_pool_the_pricing_window_covers_the_widest_grants_run(monkeypatch):
     """A node one grant wide: the window is 1.6 runs of the widest grant (16 cores, 0.156 of the
-    single-core time), 0.25 s here; on 256 cores at cap 64 it stays 1/16. Without it (the 1/16
+    single-core time), 0.25 s here; on 15 nodes of 256 cores at cap 64 it stays 1/16. Without it (the 1/16
     window alone) the open loop at 30 % busy loses 1.109x to a fixed DoP of 8."""
     import tangram_sdk.scheduler.moldable as moldable
 
