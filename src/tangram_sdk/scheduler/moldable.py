@@ -43,6 +43,7 @@ from .action import Action, dur_min, spec_dur_min
 from .learn import LONE, UP_MIN, KindStats
 from .ledger import Ledger
 from .pricing import PRICE_GRID, dop_at_price, dops_over_grid
+from .queueing import mmc_wq
 from .releases import ReleaseBook
 
 __all__ = ["CpuSizing", "RISK_MIN_RATIO", "RISK_Z"]
@@ -456,12 +457,7 @@ class CpuSizing:
             off = lam * s  # offered load in servers
             if off >= c:
                 continue
-            b = 1.0  # Erlang B by its recursion, then Erlang C
-            for k in range(1, c + 1):
-                b = off * b / (k + off * b)
-            rho = off / c
-            pw = b / (1.0 - rho * (1.0 - b))
-            act = s + var * pw * s / (c - off)
+            act = s + var * mmc_wq(c, off, s)
             if act < best * (1.0 - 1e-12):
                 best, best_d = act, d
         return best_d
