@@ -16,6 +16,7 @@ sizing past the fragment on an idle narrow node (stop 55; ``moldable._FRAGMENT_G
     python benchmarks/open_loop.py --option _POOL_GRANTS=0    # a moldable constant: stop 57's window off
     python benchmarks/open_loop.py --learned --sigma 1.5 --shapes 0.97:16:16   # heavy tails, learned
     python benchmarks/open_loop.py --shapes 0.9:16:16 --loads 0.3 --seeds 5
+    python benchmarks/open_loop.py --mix 0.9 --shapes 0.97:16:16 --sigma 1.5   # two kinds, one node
 """
 
 from __future__ import annotations
@@ -26,8 +27,8 @@ import time
 from typing import Any
 
 import tangram_sdk.scheduler.moldable as moldable
-from tangram_sdk import Pool, Scheduler
-from tangram_sdk.sim.openloop import elastic_spec, fixed_dop_acts, open_loop
+from tangram_sdk import ActionSpec, Pool, Scheduler
+from tangram_sdk.sim.openloop import elastic_spec, fixed_dop_acts, fixed_pair_acts, open_loop
 
 SHAPES = "0.9:16:16,0.75:16:16,0.97:16:16,0.5:16:16,0.9:8:16,0.9:16:32,0.9:32:32,0.9:16:64,0.9:32:128"
 LOADS = "0.15,0.3,0.45,0.6,0.75,0.9"
@@ -35,15 +36,24 @@ LOADS = "0.15,0.3,0.45,0.6,0.75,0.9"
 
 def cell(p: float, cap: int, cores: int, load: float, seeds: int, n: int,
          variants: list[dict[str, Any]], sigma: float | None = None,
-         learned: bool = False) -> tuple[int, list[float]]:
+         learned: bool = False, mix: float | None = None) -> tuple[str, list[float]]:
     """(best fixed DoP, Tangram / best for each variant) on ``seeds`` streams; a variant sets
     ``moldable`` constants (names starting with ``_``) and Scheduler options for its run (``{}``:
-    the default)."""
+    the default). ``mix``: a second kind of Amdahl ``mix`` (same cap) takes half the arrivals,
+    and the yardstick is the best pair of fixed DoPs, one per kind."""
     gap = 1.0 / (load * cores)
-    fixed = [fixed_dop_acts(p, cap, cores, gap, n, seed=s, sigma=sigma) for s in range(seeds)]
-    spec = elastic_spec(cap, p, None if learned else 1.0)
+    dur = None if learned else 1.0
+    fixed: list[dict[Any, float]]
+    spec: ActionSpec | tuple[ActionSpec, ...]
+    if mix is None:
+        fixed = [fixed_dop_acts(p, cap, cores, gap, n, seed=s, sigma=sigma) for s in range(seeds)]
+        spec = elastic_spec(cap, p, dur)
+    else:
+        fixed = [fixed_pair_acts(p, mix, cap, cores, gap, n, seed=s, sigma=sigma) for s in range(seeds)]
+        spec = (elastic_spec(cap, p, dur, kind="t"), elastic_spec(cap, mix, dur, kind="u"))
     best = min(fixed[0], key=lambda d: sum(f[d] for f in fixed))
     best_sum = sum(f[best] for f in fixed)
+    label = f"fifo{best}" if mix is None else "fifo{}+{}".format(*best)
     out = []
     for variant in variants:
         consts = {k: v for k, v in variant.items() if k.startswith("_")}
@@ -58,7 +68,7 @@ def cell(p: float, cap: int, cores: int, load: float, seeds: int, n: int,
             for name, value in saved.items():
                 setattr(moldable, name, value)
         out.append(t / best_sum)
-    return best, out
+    return label, out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -78,6 +88,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="log-normal work of this log-sigma (mean 1 s) instead of exponential")
     ap.add_argument("--learned", action="store_true",
                     help="Tangram's spec declares no duration: lengths (and their spread) are learned")
+    ap.add_argument("--mix", type=float, default=None, metavar="P2",
+                    help="a second elastic kind (Amdahl P2, same cap) takes half the arrivals; the "
+                         "yardstick is the best pair of fixed DoPs, one per kind")
     args = ap.parse_args(argv)
     variants: list[dict[str, Any]] = [{}]
     names = ["tangram"]
@@ -97,17 +110,18 @@ def main(argv: list[str] | None = None) -> int:
         variants.append({name: value})
         names.append(text if len(text) <= 9 else text[:9])
     t0 = time.perf_counter()
-    print(f"{'p':>5} {'cap':>4} {'cores':>5} {'load':>5}  {'best':>5}  " + "  ".join(f"{n:>9}" for n in names))
+    print(f"{'p':>5} {'cap':>4} {'cores':>5} {'load':>5}  {'best':<9} " + "  ".join(f"{n:>9}" for n in names))
     ratios: list[list[float]] = [[] for _ in variants]
     for shape in args.shapes.split(","):
         ps, caps, cs = shape.split(":")
         p, cap, cores = float(ps), int(caps), int(cs)
         for load in (float(x) for x in args.loads.split(",")):
-            best, rs = cell(p, cap, cores, load, args.seeds, args.n, variants, args.sigma, args.learned)
+            best, rs = cell(p, cap, cores, load, args.seeds, args.n, variants, args.sigma, args.learned,
+                            args.mix)
             for i, r in enumerate(rs):
                 ratios[i].append(r)
             marks = "  ".join(f"{r:>8.3f}{'*' if r > 1.02 else ' '}" for r in rs)
-            print(f"{p:>5} {cap:>4} {cores:>5} {load:>5}  fifo{best:<2} " + marks, flush=True)
+            print(f"{p:>5} {cap:>4} {cores:>5} {load:>5}  {best:<9} " + marks, flush=True)
     print()
     for name, rs in zip(names, ratios):
         geo = math.exp(sum(map(math.log, rs)) / len(rs))
