@@ -97,6 +97,12 @@ class KindStats:
         # only asks how spread they are (spread())
         self.declared: list[float] = [0.0, 0.0, 0.0]  # count, mean, M2 (lengths.add_sample)
 
+    @property
+    def slope_measured(self) -> bool:
+        """Some run reported its parallelism at a size the declaration says is faster: beta has
+        paired evidence (a measured "no speedup" is an answer, not a reason to explore)."""
+        return self._pxx > 0.0
+
     def observe_hint(self, seconds: float) -> float:
         """Record one caller's length hint; return its z-score among the hints seen before it
         (``-inf`` until 32 were seen). Hints are counted at arrival, so, unlike completed

@@ -207,7 +207,8 @@ class CpuSizing:
             units = range(spec.min_units, spec.max_units + 1)
             # declared (see the docstring), unless measured parallelism upgraded the kind's shape:
             # that is a fit to paired evidence, not a drift of lengths across sizes
-            rel = spec.relative_duration if up is None else self._rel_fn(spec)
+            rel = (spec.relative_duration if up is None and not (st is not None and st.slope_measured)
+                   else self._rel_fn(spec))
             lo = spec.min_units
             full = dop_at_price(rel, units, 0.0)
             saving = 1.0 - lo / (full * rel(full)) if full > lo else 0.0
@@ -480,7 +481,7 @@ class CpuSizing:
             want = max(want, dop_at_price(a.spec.relative_duration,
                                           range(a.spec.min_units, a.spec.max_units + 1), 0.0))
         elif (gi == 0 and want == a.spec.min_units < a.spec.max_units and st.up is None
-              and (st.measured or not st.t1_samples)
+              and (st.measured or not st.t1_samples) and not st.slope_measured
               and (st.up_n < UP_MIN or st.arrivals % _EXPLORE_EVERY == 0)):
             # a kind whose declaration (or whose evidence so far) says more cores do not help,
             # but whose runs report their parallelism (or, before its first completion, may): on
