@@ -207,8 +207,7 @@ class CpuSizing:
             units = range(spec.min_units, spec.max_units + 1)
             # declared (see the docstring), unless measured parallelism upgraded the kind's shape:
             # that is a fit to paired evidence, not a drift of lengths across sizes
-            rel = (spec.relative_duration if up is None and not (st is not None and st.slope_measured)
-                   else self._rel_fn(spec))
+            rel = spec.relative_duration if up is None else self._rel_fn(spec)
             lo = spec.min_units
             full = dop_at_price(rel, units, 0.0)
             saving = 1.0 - lo / (full * rel(full)) if full > lo else 0.0
