@@ -487,7 +487,9 @@ class CpuSizing:
             # cores idle anyway, a few more, so a declaration too modest (Amdahl(0.0) for tests
             # that scale) is measured wrong (learn.KindStats._upgrade). Every time until UP_MIN
             # such runs have reported (a job's opening burst arrives before any completion), then
-            # every _EXPLORE_EVERY-th: a machine that got faster is noticed too
+            # every _EXPLORE_EVERY-th: a machine that got faster is noticed too. Not a kind whose
+            # runs measured a slope (slope_measured): there "no speedup" is an answer, and exploring
+            # it again put the loaded 2-core demo 6 % behind static sandboxes
             want = min(a.spec.max_units, _EXPLORE_UNITS * a.spec.min_units)
         risk = a.risk
         full = dops[0]
