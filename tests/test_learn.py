@@ -196,7 +196,9 @@ def test_two_arrivals_share_the_pool_once_two_cores_are_known_to_deliver_one():
         aid += 1
         t += 0.5
     assert units[0] == 2 and units[-1] == 1  # even an idle second core is not worth taking now
-    assert s._kinds["w"].beta <= 0.05  # the prior's remainder: no 1-core run measures a slope
+    # the prior's remainder after the first measured runs: 1-core runs measure no slope, and a
+    # kind gaining 1.1x at most no longer takes the whole pool (moldable.CpuSizing._whole_node)
+    assert s._kinds["w"].beta <= 0.15
     both = pair(s, aid, t)
     assert sorted(g.units for g in both) == [1, 1]
 

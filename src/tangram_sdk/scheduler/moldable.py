@@ -377,7 +377,7 @@ class CpuSizing:
         memo[key] = lo
         return lo
 
-    def _past_fragment(self, a: Action, want: int, free: int, gi: int, now: float) -> int:
+    def _past_fragment(self, a: Action, want: int, free: int, gi: int, now: float, explore: bool) -> int:
         """The size for ``a`` on an idle node less than two of its priced grants wide: from
         ``want`` (its price's) up to the whole node, the one that minimises its own priced cost
         plus what the leftover costs the next arrival of its kind. A grant of 12 of 16 idle cores
@@ -403,6 +403,8 @@ class CpuSizing:
         heavy = self._heavy_dop(a, free, now, spread)
         if heavy is not None:
             return heavy
+        if want >= free:  # an explored size is there to be measured; no lookahead, no forecast
+            return self._whole_node(a, want, free, mu, now) if self.lookahead and not explore else want
         if want >= free or spread > _FRAGMENT_SPREAD:
             return want
         lam = st.window_rate(now)
@@ -427,6 +429,54 @@ class CpuSizing:
             else:
                 extra = k * t * t / 2
             c = t * (1.0 + mu * m) + (1.0 - math.exp(-lam * t)) * extra / t
+            if c < best * (1.0 - 1e-12):
+                best, best_m = c, m
+        return best_m
+
+    def _whole_node(self, a: Action, want: int, free: int, mu: float, now: float) -> int:
+        """The size for ``a`` when its price's size is the whole idle node: from its minimum up
+        to ``want``, the one that minimises its own priced cost plus the waits of what arrives,
+        of any kind, during its run. At the whole node every arrival waits out the run, and the
+        price, which counts arrivals as core demand spread over many grants, does not see that
+        wait: two trajectories on 2 cores (``tangram demo``), tests declared Amdahl 0.95 that gain
+        1.33x at 2 cores on a busy machine, took both cores for every test while the other
+        trajectory's 0.4-s shells waited 0.6 s each (1.16x the mean ACT of one core per action,
+        simulated). Arrivals come at their kinds' windowed rates, ``lam * t`` of them during a
+        run of ``t``, each ``t / 2`` into it on average; with cores left over, another kind's
+        arrival (one core) starts at once and one of ``a``'s kind starts on them or waits,
+        whichever costs it less (as :meth:`_past_fragment` prices the leftover)."""
+        st = a.stats
+        lam_own = st.window_rate(now)
+        lam_oth = 0.0
+        for k in self._kinds.values():
+            if k is not st and k.spec is not None and k.spec.cpus:
+                if k.spec.elastic_resource == "cpu":
+                    lam_own += k.window_rate(now)
+                else:
+                    lam_oth += k.window_rate(now)
+        if lam_own + lam_oth <= 0.0:
+            return want
+        rel = self._rel_fn(a.spec)
+        d0 = dur_min(a)
+        lo = a.spec.min_units
+        base = d0 * rel(want) * (1.0 + mu * want)  # the next own arrival's cost with the cores free
+        best, best_m = math.inf, want
+        for m in range(want, lo - 1, -1):
+            t = d0 * rel(m)
+            r = free - m
+            k = 1.0 + mu * r  # per second of waiting: the wait itself and the r idle cores
+            blocked = k * t * t / 2  # waiting out the run, integrated over the arrival time
+            if r >= lo:
+                rm = min(r, want)
+                d = d0 * rel(rm) * (1.0 + mu * rm) - base
+                x = d / k  # the wait beyond which starting on the leftover is cheaper
+                own = blocked if x >= t else k * x * x / 2 + (t - x) * d
+                oth = 0.0
+            else:
+                own = blocked
+                oth = 0.0 if r >= 1 else blocked
+            # lam * t arrivals, each costing the mean of its kind's cost over the run (own / t)
+            c = t * (1.0 + mu * m) + lam_own * own + lam_oth * oth
             if c < best * (1.0 - 1e-12):
                 best, best_m = c, m
         return best_m
@@ -473,12 +523,14 @@ class CpuSizing:
         dops = self.dops_of(a.spec)
         want = dops[gi]
         st = a.stats
+        explore = False
         if gi == 0 and st.beta < 1.0 and st.arrivals % _EXPLORE_EVERY == 0:
             # a kind learned to gain less than declared still gets, now and then while cores are
             # idle anyway, the size its declaration asks for: how a machine that has become fast
             # again is noticed
             want = max(want, dop_at_price(a.spec.relative_duration,
                                           range(a.spec.min_units, a.spec.max_units + 1), 0.0))
+            explore = True
         elif (gi == 0 and want == a.spec.min_units < a.spec.max_units and st.up is None
               and (st.measured or not st.t1_samples) and not st.slope_measured
               and (st.up_n < UP_MIN or st.arrivals % _EXPLORE_EVERY == 0)):
@@ -491,6 +543,7 @@ class CpuSizing:
             # runs measured a slope (slope_measured): there "no speedup" is an answer, and exploring
             # it again put the loaded 2-core demo 6 % behind static sandboxes
             want = min(a.spec.max_units, _EXPLORE_UNITS * a.spec.min_units)
+            explore = True
         risk = a.risk
         full = dops[0]
         if risk and a.hint is not None:
@@ -503,7 +556,7 @@ class CpuSizing:
         free = sum(node_free) if span else node_free[node]
         if (want <= free < _FRAGMENT_GRANTS * want and not span and not risk and self.start_or_wait
                 and free == self.ledger.node_size[node] and (want < free or st.lone < LONE)):
-            want = self._past_fragment(a, want, free, gi, now)
+            want = self._past_fragment(a, want, free, gi, now, explore)
         elif (not span and not risk and self.start_or_wait and st.lone < LONE
                 and self.ledger.node_size[node] < _FRAGMENT_GRANTS * want):
             # the same node with others running: no larger than the best fixed DoP there either
