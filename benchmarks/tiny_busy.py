@@ -1,0 +1,78 @@
+"""Tiny pools on a busy machine: Tangram vs every fixed DoP, a few coding trajectories per node.
+
+``tangram demo``'s shape in the simulator: ``batch`` coding trajectories (tests and shells) on one
+node of ``cores``, DoP cap = the node, tests declared Amdahl 0.95 and truly ``--truths`` (0.0: a
+machine too busy to give a second core anything; 0.5: 1.33x at 2 cores; 0.95: the declaration
+holds). Runs report their parallelism (``--durations``: they do not, the harder case). Each cell
+is the geometric mean over the seeds of Tangram's mean ACT over the best fixed policy's of the
+same seed (fifo1 ... fifo<cores>), all in this run on the same trajectories, with how many seeds
+lose by more than 2 % and the worst. ``--off`` adds a column with ``CpuSizing._whole_node`` (stop
+58: a whole-node grant prices the waits of what arrives during it) replaced by the price's size.
+
+    python benchmarks/tiny_busy.py                  # 5 shapes x 3 truths x 40 seeds, ~10 s here
+    python benchmarks/tiny_busy.py --off            # and without stop 58's rule, same run
+    python benchmarks/tiny_busy.py --durations      # efficiency learned from durations alone
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+
+from tangram_sdk.scheduler import moldable
+from tangram_sdk.sim.metrics import summarise
+from tangram_sdk.sim.workloads import ai_coding, run_policy
+
+SHAPES = "2:2,2:4,4:4,4:8,8:8"
+
+
+def cell(batch: int, cores: int, truth: float, seeds: int, measured: bool) -> tuple[float, int, float]:
+    fixed = [f"fifo{d}" for d in (1, 2, 4, 8, 16, 32, 64) if d <= cores]
+    ratios = []
+    for seed in range(seeds):
+        wl = ai_coding(batch, nodes=1, cores=cores, seed=seed, test_max_cpus=cores, test_parallel=0.95,
+                       true_parallel=truth)
+        act = {p: summarise(run_policy(wl, p, measured=measured))["act_mean_s"] for p in ("tangram", *fixed)}
+        ratios.append(act["tangram"] / min(act[p] for p in fixed))
+    gm = math.exp(sum(map(math.log, ratios)) / len(ratios))
+    return gm, sum(r > 1.02 for r in ratios), max(ratios)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shapes", default=SHAPES, help="trajectories:cores,...")
+    ap.add_argument("--truths", default="0.0,0.5,0.95", help="true Amdahl fractions of the tests")
+    ap.add_argument("--seeds", type=int, default=40)
+    ap.add_argument("--durations", action="store_true", help="runs report no parallelism")
+    ap.add_argument("--off", action="store_true", help="also run without CpuSizing._whole_node")
+    args = ap.parse_args(argv)
+    t0 = time.perf_counter()
+    measured = not args.durations
+    head = f"{'trajs':>5} {'cores':>5} {'truth':>5}  {'tangram / best fixed (losing, worst)':<38}"
+    print(head + ("  without the whole-node rule" if args.off else ""))
+    all_gm = []
+    for shape in args.shapes.split(","):
+        b, c = (int(x) for x in shape.split(":"))
+        for truth in (float(x) for x in args.truths.split(",")):
+            gm, lose, worst = cell(b, c, truth, args.seeds, measured)
+            all_gm.append(gm)
+            line = f"{b:>5} {c:>5} {truth:>5}  {gm:.3f}{'*' if gm > 1.02 else ' '} ({lose:>2} of {args.seeds}, {worst:.3f})"
+            if args.off:
+                keep = moldable.CpuSizing._whole_node
+                moldable.CpuSizing._whole_node = lambda self, a, want, free, mu, now: want  # type: ignore[method-assign]
+                try:
+                    gm0, lose0, worst0 = cell(b, c, truth, args.seeds, measured)
+                finally:
+                    moldable.CpuSizing._whole_node = keep  # type: ignore[method-assign]
+                line = f"{line:<60}  {gm0:.3f}{'*' if gm0 > 1.02 else ' '} ({lose0:>2} of {args.seeds}, {worst0:.3f})"
+            print(line)
+    losing = sum(g > 1.02 for g in all_gm)
+    print(f"\ntangram: {len(all_gm)} cells, {losing} losing (geomean > 1.02, marked *), worst {max(all_gm):.3f} "
+          f"({'measured' if measured else 'durations only'}; {time.perf_counter() - t0:.0f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
