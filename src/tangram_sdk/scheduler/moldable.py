@@ -442,18 +442,21 @@ class CpuSizing:
         1.33x at 2 cores on a busy machine, took both cores for every test while the other
         trajectory's 0.4-s shells waited 0.6 s each (1.16x the mean ACT of one core per action,
         simulated). Arrivals come at their kinds' windowed rates, ``lam * t`` of them during a
-        run of ``t``, each ``t / 2`` into it on average; with cores left over, another kind's
-        arrival (one core) starts at once and one of ``a``'s kind starts on them or waits,
-        whichever costs it less (as :meth:`_past_fragment` prices the leftover)."""
+        run of ``t``, each ``t / 2`` into it on average; with cores left over, a fixed-size
+        arrival (one core) starts at once and an elastic one, of ``a``'s kind or another's (priced
+        as ``a``'s own: counted as blocked outright they cost the two-kind open loop 1-2 % at
+        light load), starts on them or waits, whichever costs it less (as
+        :meth:`_past_fragment` prices the leftover). Not for an explored size, nor without
+        lookahead (the caller's choice: no forecast)."""
         st = a.stats
         lam_own = st.window_rate(now)
         lam_oth = 0.0
-        for k in self._kinds.values():
-            if k is not st and k.spec is not None and k.spec.cpus:
-                if k.spec.elastic_resource == "cpu":
-                    lam_own += k.window_rate(now)
+        for other in self._kinds.values():
+            if other is not st and other.spec is not None and other.spec.cpus:
+                if other.spec.elastic_resource == "cpu":
+                    lam_own += other.window_rate(now)
                 else:
-                    lam_oth += k.window_rate(now)
+                    lam_oth += other.window_rate(now)
         if lam_own + lam_oth <= 0.0:
             return want
         rel = self._rel_fn(a.spec)
