@@ -106,6 +106,15 @@ RISK_Z = 3.09
 RISK_MIN_RATIO = 4.0
 
 
+def _next_arrival(t: float, k: float, d: float) -> float:
+    """An arrival's cost over its cost with the cores free, integrated over its arrival ``u ~
+    U(0, t)`` into a run of ``t`` that holds them: waiting costs ``(t - u) * k`` (``k``: the
+    wait itself and the cores left idle meanwhile, at their price), starting at once on the
+    leftover costs ``d`` (``math.inf``: too few to start on), whichever is less."""
+    x = d / k  # the wait beyond which starting on the leftover is cheaper
+    return k * t * t / 2 if x >= t else k * x * x / 2 + (t - x) * d
+
+
 class CpuSizing:
     """The price of cores, and the size it gives each elastic CPU action at admission.
 
@@ -419,15 +428,8 @@ class CpuSizing:
             t = d0 * rel(m)
             r = free - m
             k = 1.0 + mu * r  # per second of waiting: the wait itself and the r idle cores
-            # the next arrival's expected cost over ``base``, arriving u ~ U(0, t) into this run:
-            # waiting costs (t - u) * k, starting on the leftover ``d`` whatever u is
-            if r >= lo:
-                rm = min(r, want)
-                d = d0 * rel(rm) * (1.0 + mu * rm) - base
-                x = d / k  # the wait beyond which starting on the leftover is cheaper
-                extra = k * t * t / 2 if x >= t else k * x * x / 2 + (t - x) * d
-            else:
-                extra = k * t * t / 2
+            rm = min(r, want)
+            extra = _next_arrival(t, k, d0 * rel(rm) * (1.0 + mu * rm) - base if r >= lo else math.inf)
             c = t * (1.0 + mu * m) + (1.0 - math.exp(-lam * t)) * extra / t
             if c < best * (1.0 - 1e-12):
                 best, best_m = c, m
@@ -468,16 +470,9 @@ class CpuSizing:
             t = d0 * rel(m)
             r = free - m
             k = 1.0 + mu * r  # per second of waiting: the wait itself and the r idle cores
-            blocked = k * t * t / 2  # waiting out the run, integrated over the arrival time
-            if r >= lo:
-                rm = min(r, want)
-                d = d0 * rel(rm) * (1.0 + mu * rm) - base
-                x = d / k  # the wait beyond which starting on the leftover is cheaper
-                own = blocked if x >= t else k * x * x / 2 + (t - x) * d
-                oth = 0.0
-            else:
-                own = blocked
-                oth = 0.0 if r >= 1 else blocked
+            rm = min(r, want)
+            own = _next_arrival(t, k, d0 * rel(rm) * (1.0 + mu * rm) - base if r >= lo else math.inf)
+            oth = 0.0 if r >= 1 else own  # a fixed-size arrival (one core) starts on any leftover
             # lam * t arrivals, each costing the mean of its kind's cost over the run (own / t)
             c = t * (1.0 + mu * m) + lam_own * own + lam_oth * oth
             if c < best * (1.0 - 1e-12):
