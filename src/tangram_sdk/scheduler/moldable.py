@@ -403,7 +403,7 @@ class CpuSizing:
         arrival's wait behind a long one dominates, and smaller grants that let short ones pass
         beat the whole node. Wider still (:data:`_HEAVY_SPREAD`), the node is sized as the best
         fixed DoP there (:meth:`_heavy_dop`), up or down from ``want``, the whole node (``want ==
-        free``) included."""
+        free``) included. Otherwise a whole-node ``want`` is sized by :meth:`_whole_node`."""
         st = a.stats
         mu = PRICE_GRID[gi]
         if st.lone >= LONE or math.isinf(mu):
@@ -414,7 +414,7 @@ class CpuSizing:
             return heavy
         if want >= free:  # an explored size is there to be measured; no lookahead, no forecast
             return self._whole_node(a, want, free, mu, now) if self.lookahead and not explore else want
-        if want >= free or spread > _FRAGMENT_SPREAD:
+        if spread > _FRAGMENT_SPREAD:
             return want
         lam = st.window_rate(now)
         if lam <= 0.0:
