@@ -57,7 +57,7 @@ def _same_logs(sim_log: list[Any], rt_log: list[Any]) -> None:
 
 @pytest.mark.looptime
 @pytest.mark.parametrize("seed,n_traj,p", [(7, 6, 0.9), (11, 16, 0.9), (11, 16, 0.97), (11, 16, "mixed"),
-                                           (11, 16, "flat"), (11, 16, "expected")])
+                                           (11, 16, "flat"), (11, 16, "expected"), (14, 16, 0.97)])
 async def test_runtime_and_simulator_make_identical_decisions(seed: int, n_traj: int, p: float | str) -> None:
     # the second trace is busy enough that elastic actions wait for imminent releases (start
     # or wait): timer ticks at the scheduler's next_wakeup must land alike in both; the third
@@ -66,7 +66,10 @@ async def test_runtime_and_simulator_make_identical_decisions(seed: int, n_traj:
     # other's demand in full and its own weighted; the fifth tests declared flat (Amdahl(0.0))
     # that really scale at 0.9 and report the parallelism they got: explored on idle cores, then
     # upgraded to the fitted shape (learn.KindStats._upgrade); the sixth prices with the running
-    # actions' releases counted by probability (supply="expected", supply.py)
+    # actions' releases counted by probability (supply="expected", supply.py); the seventh waits
+    # for a release estimated one float step after a round's time, which hung both clocks on
+    # their microsecond grid until a wake-up came at least a microsecond later
+    # (Scheduler._wake_not_before)
     pool = Pool(cpus=12, numa=[list(range(6)), list(range(6, 12))])
     opts = {"supply": "expected"} if p == "expected" else {}
     build = None

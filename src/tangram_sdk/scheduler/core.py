@@ -85,6 +85,8 @@ _new_grant = tuple.__new__  # see _grant
 __all__ = ["Scheduler", "SchedulerStats"]
 
 _DEFAULT_MU_GRID = (0.0, 0.05, 0.15, 0.5, 1.5, 5.0, math.inf)
+# the soonest a round's wake-up may be after its own time (Scheduler._wake_not_before)
+MIN_WAKE = 1e-6
 # objective -> default max_price (seconds of ACT one core-second may cost at most)
 
 
@@ -374,12 +376,24 @@ class Scheduler:
                 self._need_round = True
             pre.extend(self._round_plain(now))
             self._arm(self._resizing.lend_idle(pre, now))  # look again when a young one outruns its estimate
+            self._wake_not_before(now)
             return pre
         out = self._round_plain(now) if self._deadlines.heap else self._round_fcfs(now)
         if out and (self._mall.running or self._rst.running):  # it started the first malleable/restartable one
             # its first look: the round that granted it did not take the branch that arms it
             self._arm(self._resizing.due(now))
+        self._wake_not_before(now)
         return out
+
+    def _wake_not_before(self, now: float) -> None:
+        """Keep ``next_wakeup`` at least :data:`MIN_WAKE` after ``now``. A wait for a release
+        estimated one float step after ``now`` armed a timer there; a clock on a grid (looptime's
+        microseconds, the simulator's ``time_resolution``) fires it at ``now`` itself, the round
+        decides the same wait again, and virtual time never advances (a 16-trajectory trace on
+        12 cores hung the simulator). A microsecond later the estimate is overdue and re-read."""
+        nw = self.next_wakeup
+        if nw is not None and nw < now + MIN_WAKE:
+            self.next_wakeup = now + MIN_WAKE
 
     def _arm(self, t: float | None) -> None:
         """Keep ``next_wakeup`` no later than ``t`` (None: nothing asks)."""
