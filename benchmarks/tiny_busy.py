@@ -7,10 +7,13 @@ holds). Runs report their parallelism (``--durations``: they do not, the harder 
 is the geometric mean over the seeds of Tangram's mean ACT over the best fixed policy's of the
 same seed (fifo1 ... fifo<cores>), all in this run on the same trajectories, with how many seeds
 lose by more than 2 % and the worst. ``--off`` adds a column with ``CpuSizing._whole_node`` (stop
-58: a whole-node grant prices the waits of what arrives during it) replaced by the price's size.
+58: a whole-node grant prices the waits of what arrives during it) replaced by the price's size;
+``--closed-off`` one without stop 59's cap on a busy node (``moldable._CLOSED_MAX = 0``: no job is
+taken for a closed pool of a few callers, ``CpuSizing._closed_dop``).
 
     python benchmarks/tiny_busy.py                  # 5 shapes x 3 truths x 40 seeds, ~10 s here
     python benchmarks/tiny_busy.py --off            # and without stop 58's rule, same run
+    python benchmarks/tiny_busy.py --closed-off     # and without stop 59's closed-pool cap
     python benchmarks/tiny_busy.py --durations      # efficiency learned from durations alone
 """
 
@@ -47,11 +50,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seeds", type=int, default=40)
     ap.add_argument("--durations", action="store_true", help="runs report no parallelism")
     ap.add_argument("--off", action="store_true", help="also run without CpuSizing._whole_node")
+    ap.add_argument("--closed-off", action="store_true", help="also run without CpuSizing._closed_dop")
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
     measured = not args.durations
     head = f"{'trajs':>5} {'cores':>5} {'truth':>5}  {'tangram / best fixed (losing, worst)':<38}"
-    print(head + ("  without the whole-node rule" if args.off else ""))
+    print(head + ("  without the whole-node rule" if args.off else "")
+          + ("  without the closed-pool cap" if args.closed_off else ""))
     all_gm = []
     for shape in args.shapes.split(","):
         b, c = (int(x) for x in shape.split(":"))
@@ -67,6 +72,14 @@ def main(argv: list[str] | None = None) -> int:
                 finally:
                     moldable.CpuSizing._whole_node = keep  # type: ignore[method-assign]
                 line = f"{line:<60}  {gm0:.3f}{'*' if gm0 > 1.02 else ' '} ({lose0:>2} of {args.seeds}, {worst0:.3f})"
+            if args.closed_off:
+                keep_max = moldable._CLOSED_MAX
+                moldable._CLOSED_MAX = 0
+                try:
+                    gm1, lose1, worst1 = cell(b, c, truth, args.seeds, measured)
+                finally:
+                    moldable._CLOSED_MAX = keep_max
+                line = f"{line:<60}  {gm1:.3f}{'*' if gm1 > 1.02 else ' '} ({lose1:>2} of {args.seeds}, {worst1:.3f})"
             print(line)
     losing = sum(g > 1.02 for g in all_gm)
     print(f"\ntangram: {len(all_gm)} cells, {losing} losing (geomean > 1.02, marked *), worst {max(all_gm):.3f} "

@@ -57,7 +57,8 @@ def _same_logs(sim_log: list[Any], rt_log: list[Any]) -> None:
 
 @pytest.mark.looptime
 @pytest.mark.parametrize("seed,n_traj,p", [(7, 6, 0.9), (11, 16, 0.9), (11, 16, 0.97), (11, 16, "mixed"),
-                                           (11, 16, "flat"), (11, 16, "expected"), (14, 16, 0.97)])
+                                           (11, 16, "flat"), (11, 16, "expected"), (11, 4, "closed"),
+                                           (14, 16, 0.97)])
 async def test_runtime_and_simulator_make_identical_decisions(seed: int, n_traj: int, p: float | str) -> None:
     # the second trace is busy enough that elastic actions wait for imminent releases (start
     # or wait): timer ticks at the scheduler's next_wakeup must land alike in both; the third
@@ -66,23 +67,28 @@ async def test_runtime_and_simulator_make_identical_decisions(seed: int, n_traj:
     # other's demand in full and its own weighted; the fifth tests declared flat (Amdahl(0.0))
     # that really scale at 0.9 and report the parallelism they got: explored on idle cores, then
     # upgraded to the fitted shape (learn.KindStats._upgrade); the sixth prices with the running
-    # actions' releases counted by probability (supply="expected", supply.py); the seventh waits
-    # for a release estimated one float step after a round's time, which hung both clocks on
-    # their microsecond grid until a wake-up came at least a microsecond later
+    # actions' releases counted by probability (supply="expected", supply.py); the seventh four
+    # trajectories on one 8-core node, tests declared Amdahl 0.95 that gain 1.33x at 2 cores and
+    # report it: a busy node capped at the closed pool's best fixed DoP (moldable._closed_dop); the
+    # eighth waits for a release estimated one float step after a round's time, which hung both
+    # clocks on their microsecond grid until a wake-up came at least a microsecond later
     # (Scheduler._wake_not_before)
-    pool = Pool(cpus=12, numa=[list(range(6)), list(range(6, 12))])
+    pool = Pool(cpus=8) if p == "closed" else Pool(cpus=12, numa=[list(range(6)), list(range(6, 12))])
     opts = {"supply": "expected"} if p == "expected" else {}
     build = None
-    measured = p == "flat"
+    measured = p in ("flat", "closed")
     if p == "mixed":
         test, build = TEST, ActionSpec(kind="build", cpus=1, elastic=Elasticity("cpu", 8, Amdahl(0.99)))
     elif p == "flat":
         test = attrs.evolve(TEST, elastic=Elasticity("cpu", 8, Amdahl(0.0)))
+    elif p == "closed":
+        test = attrs.evolve(TEST, elastic=Elasticity("cpu", 8, Amdahl(0.95)))
     else:
         test = TEST if p in (0.9, "expected") else attrs.evolve(TEST, elastic=Elasticity("cpu", 8, Amdahl(p)))
-    trajs = _trace(seed=seed, n_traj=n_traj, test=test, build=build)
+    trajs = _trace(seed=seed, n_traj=n_traj, test=test, build=build, n_act=20 if p == "closed" else 5)
     if measured:
-        trajs = [attrs.evolve(t, acts=tuple(attrs.evolve(a, truth=Amdahl(0.9)) if a.spec.elastic else a
+        truth = Amdahl(0.5 if p == "closed" else 0.9)
+        trajs = [attrs.evolve(t, acts=tuple(attrs.evolve(a, truth=truth) if a.spec.elastic else a
                                             for a in t.acts)) for t in trajs]
     sim_log: list[tuple[object, ...]] = []
     pol = make_policy("tangram", pool, **opts)
@@ -120,7 +126,21 @@ async def test_runtime_and_simulator_make_identical_decisions(seed: int, n_traj:
     if build is not None:
         kinds = {a.spec.kind for t in trajs for a in t.acts}
         assert {"test", "build"} <= kinds
-    if measured:
+    if p == "closed":  # the cap is exercised: without it the same trace decides otherwise, and worse
+        from tangram_sdk.scheduler import moldable
+
+        keep = moldable._CLOSED_MAX
+        moldable._CLOSED_MAX = 0
+        try:
+            open_log: list[tuple[object, ...]] = []
+            wide = simulate(trajs, make_policy("tangram", pool), observers=[_recorder(open_log)],
+                            time_resolution=1e-6, measured=True)
+        finally:
+            moldable._CLOSED_MAX = keep
+        assert open_log != sim_log
+        capped = simulate(trajs, make_policy("tangram", pool), time_resolution=1e-6, measured=True)
+        assert summarise(capped)["act_mean_s"] < 0.95 * summarise(wide)["act_mean_s"]
+    if p == "flat":
         # the fit from the sizes this trace grants: 0.87 since stop 54's narrow-pool window (0.90 before)
         assert pol.lanes[0]._kinds["test"].up == pytest.approx(0.9, abs=0.04)
         # the upgraded kind is sized by the fitted shape: without the upgrade (declared flat, no

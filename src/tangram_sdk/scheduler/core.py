@@ -645,6 +645,7 @@ class Scheduler:
             self.failed += 1
             return
         exec_s = now - a.started
+        a.stats.observe_act(now - a.submitted)
         self.completed += 1
         self._sum_exec += exec_s
         self._sum_act += now - a.submitted

@@ -19,6 +19,8 @@ RING = 32
 # notebook, a rollout worker stepping one trajectory): none of its arrivals comes while one of its
 # actions runs, so its own forecast is left out of that action's price (moldable.CpuSizing._market)
 LONE = RING
+# the weight of one completion in KindStats.act (the last ~16 completions)
+ACT_ALPHA = 1.0 / 16.0
 _PRIOR_SD = 0.5  # how far from the declared efficiency (beta = 1) the prior lets beta move easily
 _MIN_PER_SIZE = 32  # completions at a size before it counts as evidence about the slope
 _BETA_MAX = 1.25
@@ -66,7 +68,7 @@ class KindStats:
 
     __slots__ = ("t1", "t1_samples", "gap", "last_arrival", "arrivals", "spec", "ring", "ring_i",
                  "log_var", "beta", "buckets", "_rel", "_rel_shape", "_pxx", "_pxy", "hints", "sandboxes",
-                 "up", "measured", "_avv", "_auv", "up_n", "inflight", "lone", "declared")
+                 "up", "measured", "_avv", "_auv", "up_n", "inflight", "lone", "declared", "act")
 
     def __init__(self, prior_t1: float) -> None:
         self.t1 = prior_t1  # seconds at one unit of the elastic resource (or plain duration)
@@ -96,12 +98,19 @@ class KindStats:
         # runs' log lengths, scaled to its minimum under the declared shape, kept apart for what
         # only asks how spread they are (spread())
         self.declared: list[float] = [0.0, 0.0, 0.0]  # count, mean, M2 (lengths.add_sample)
+        self.act = 0.0  # completions' seconds from submission to release, a moving mean (0: none yet)
 
     @property
     def slope_measured(self) -> bool:
         """Some run reported its parallelism at a size the declaration says is faster: beta has
         paired evidence (a measured "no speedup" is an answer, not a reason to explore)."""
         return self._pxx > 0.0
+
+    def observe_act(self, seconds: float) -> None:
+        """One completion's action completion time, its wait included: with the arrival rate,
+        how many of the kind are in the system on average (Little), which is how a closed pool
+        of a few callers is told apart from an open stream (moldable.CpuSizing._closed_dop)."""
+        self.act = seconds if self.act == 0.0 else (1.0 - ACT_ALPHA) * self.act + ACT_ALPHA * seconds
 
     def observe_hint(self, seconds: float) -> float:
         """Record one caller's length hint; return its z-score among the hints seen before it
