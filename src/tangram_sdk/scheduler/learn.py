@@ -12,7 +12,7 @@ from typing import Any
 
 from .lengths import HORIZON, SandboxLengths, add_sample
 
-__all__ = ["KindStats", "UP_MIN", "amdahl_speedup"]
+__all__ = ["ACT_ALPHA", "KindStats", "UP_MIN", "amdahl_speedup"]
 
 RING = 32
 # a kind whose last LONE arrivals each found none of its own in flight is one caller's loop (a
@@ -98,19 +98,17 @@ class KindStats:
         # runs' log lengths, scaled to its minimum under the declared shape, kept apart for what
         # only asks how spread they are (spread())
         self.declared: list[float] = [0.0, 0.0, 0.0]  # count, mean, M2 (lengths.add_sample)
-        self.act = 0.0  # completions' seconds from submission to release, a moving mean (0: none yet)
+        # completions' seconds from submission to release, a moving mean (0: none yet; the core
+        # updates it at each release, weight ACT_ALPHA): with the arrival rate, how many of the
+        # kind are in the system on average (Little), which is how a closed pool of a few callers
+        # is told apart from an open stream (moldable.CpuSizing._closed_dop)
+        self.act = 0.0
 
     @property
     def slope_measured(self) -> bool:
         """Some run reported its parallelism at a size the declaration says is faster: beta has
         paired evidence (a measured "no speedup" is an answer, not a reason to explore)."""
         return self._pxx > 0.0
-
-    def observe_act(self, seconds: float) -> None:
-        """One completion's action completion time, its wait included: with the arrival rate,
-        how many of the kind are in the system on average (Little), which is how a closed pool
-        of a few callers is told apart from an open stream (moldable.CpuSizing._closed_dop)."""
-        self.act = seconds if self.act == 0.0 else (1.0 - ACT_ALPHA) * self.act + ACT_ALPHA * seconds
 
     def observe_hint(self, seconds: float) -> float:
         """Record one caller's length hint; return its z-score among the hints seen before it
