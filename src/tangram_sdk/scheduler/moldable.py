@@ -104,7 +104,7 @@ _HEAVY_MIN = 64
 # a few coding trajectories on one node, where a wide grant made while others run leaves the next
 # arrivals (the other trajectories' shells and tests) waiting for its whole run. Four trajectories
 # on 8 cores, tests that gain 1.33x at 2 cores: 1.121x the mean ACT of two cores per test without
-# it, 0.993x with it (benchmarks/tiny_busy.py). More callers than this are an open stream, which
+# it, 0.997x with it (benchmarks/tiny_busy.py --closed-off). More callers than this are an open stream, which
 # the price serves (the model, O(n) a decision, converges to the open one), and the matrix's jobs
 # pass it within their first arrivals, before any completion: they decide as before
 _CLOSED_MAX = 64
@@ -499,15 +499,16 @@ class CpuSizing:
         return best_m
 
     def _closed_dop(self, a: Action, cores: int, want: int, now: float) -> int | None:
-        """The DoP a fixed policy would best use on a node of ``cores`` for ``a``'s kind, when
-        the job is a closed pool of a few callers (at most :data:`_CLOSED_MAX` actions ever in
-        the system at once, ``n``): each caller alternates an action with thinking ``z`` seconds
-        (a trajectory's generation), so ``n / (R + z)`` is the arrival rate of every CPU kind
-        together at their mean ACTs ``R`` (Little), which gives ``z``. Each size ``d`` makes the
-        node ``c`` servers of the load-weighted mean action (``a``'s kind at ``d``, the others at
-        their minimum) and the mean ACT is that action's run plus the wait of the closed queue
-        (queueing.closed_wq). None without rates or ACTs yet, or when ``n`` does not cover what
-        the rates and ACTs say is in the system (not a closed pool then)."""
+        """The DoP (at most ``cores``, the node) a fixed policy would best use for ``a``'s kind
+        when the job is a closed pool of a few callers (at most :data:`_CLOSED_MAX` actions ever
+        in the system at once, ``n``): each caller alternates an action with thinking ``z``
+        seconds (a trajectory's generation), so ``n / (R + z)`` is the arrival rate of every CPU
+        kind together at their mean ACTs ``R`` (Little), which gives ``z``. Each size ``d`` makes
+        the pool's cores (the rates are the pool's) ``c`` servers of the load-weighted mean action
+        (``a``'s kind at ``d``, the others at their minimum), and the mean ACT is that action's
+        run plus the wait of the closed queue (queueing.closed_wq). None without rates or ACTs
+        yet, when ``n`` does not cover what the rates and ACTs say is in the system (not a closed
+        pool then), or when the best size is not :data:`_CLOSED_GAIN` better than ``want``."""
         st = a.stats
         n = self._pop
         lam = st.window_rate(now)
@@ -623,9 +624,10 @@ class CpuSizing:
             want = full = max(want, dop_at_price(self._rel_fn(a.spec),
                                                  range(a.spec.min_units, a.spec.max_units + 1), mu))
         free = sum(node_free) if span else node_free[node]
-        pop = len(self._running) + sum(self._spec_queued.values())
-        if pop > self._pop:
-            self._pop = pop
+        if self._pop <= _CLOSED_MAX:  # past it the job is an open stream for good: no need to count
+            pop = len(self._running) + sum(self._spec_queued.values())
+            if pop > self._pop:
+                self._pop = pop
         if (want <= free < _FRAGMENT_GRANTS * want and not span and not risk and self.start_or_wait
                 and free == self.ledger.node_size[node] and (want < free or st.lone < LONE)):
             want = self._past_fragment(a, want, free, gi, now, explore)
