@@ -23,6 +23,7 @@ import argparse
 import math
 import sys
 import time
+from typing import Any
 
 from tangram_sdk.scheduler import moldable
 from tangram_sdk.sim.metrics import summarise
@@ -41,6 +42,18 @@ def cell(batch: int, cores: int, truth: float, seeds: int, measured: bool) -> tu
         ratios.append(act["tangram"] / min(act[p] for p in fixed))
     gm = math.exp(sum(map(math.log, ratios)) / len(ratios))
     return gm, sum(r > 1.02 for r in ratios), max(ratios)
+
+
+def _without(owner: Any, name: str, value: Any, batch: int, cores: int, truth: float, seeds: int,
+             measured: bool) -> str:
+    """The cell's column with ``owner.name`` set to ``value`` for its run (a rule turned off)."""
+    keep = getattr(owner, name)
+    setattr(owner, name, value)
+    try:
+        gm, lose, worst = cell(batch, cores, truth, seeds, measured)
+    finally:
+        setattr(owner, name, keep)
+    return f"{gm:.3f}{'*' if gm > 1.02 else ' '} ({lose:>2} of {seeds}, {worst:.3f})"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -64,22 +77,12 @@ def main(argv: list[str] | None = None) -> int:
             gm, lose, worst = cell(b, c, truth, args.seeds, measured)
             all_gm.append(gm)
             line = f"{b:>5} {c:>5} {truth:>5}  {gm:.3f}{'*' if gm > 1.02 else ' '} ({lose:>2} of {args.seeds}, {worst:.3f})"
-            if args.off:
-                keep = moldable.CpuSizing._whole_node
-                moldable.CpuSizing._whole_node = lambda self, a, want, free, mu, now: want  # type: ignore[method-assign]
-                try:
-                    gm0, lose0, worst0 = cell(b, c, truth, args.seeds, measured)
-                finally:
-                    moldable.CpuSizing._whole_node = keep  # type: ignore[method-assign]
-                line = f"{line:<60}  {gm0:.3f}{'*' if gm0 > 1.02 else ' '} ({lose0:>2} of {args.seeds}, {worst0:.3f})"
-            if args.closed_off:
-                keep_max = moldable._CLOSED_MAX
-                moldable._CLOSED_MAX = 0
-                try:
-                    gm1, lose1, worst1 = cell(b, c, truth, args.seeds, measured)
-                finally:
-                    moldable._CLOSED_MAX = keep_max
-                line = f"{line:<60}  {gm1:.3f}{'*' if gm1 > 1.02 else ' '} ({lose1:>2} of {args.seeds}, {worst1:.3f})"
+            if args.off:  # stop 58's rule off: a whole-node grant keeps the price's size
+                line = f"{line:<60}  " + _without(moldable.CpuSizing, "_whole_node",
+                                                  lambda self, a, want, free, mu, now: want,
+                                                  b, c, truth, args.seeds, measured)
+            if args.closed_off:  # stop 59's cap off: no job is taken for a closed pool
+                line = f"{line:<60}  " + _without(moldable, "_CLOSED_MAX", 0, b, c, truth, args.seeds, measured)
             print(line)
     losing = sum(g > 1.02 for g in all_gm)
     print(f"\ntangram: {len(all_gm)} cells, {losing} losing (geomean > 1.02, marked *), worst {max(all_gm):.3f} "
