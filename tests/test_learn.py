@@ -85,6 +85,23 @@ def test_close_sizes_do_not_move_the_model_even_with_many_completions():
     assert slow.beta < 0.7
 
 
+def test_a_kind_with_few_in_flight_learns_a_gross_mis_declaration_from_few_durations():
+    # A job of four callers (``tiny_busy.py``) never has more than four tests in flight, so at
+    # most four long ones are missing from a size's sample when the rest have completed: 8
+    # completions per size count (twice the peak), where a burst of hundreds needs 32. Only a
+    # slope that is gross (beta off by 0.5) and significant (2 sd) moves beta on so few.
+    for seed in range(10):
+        flat, true, stream = KindStats(1.0), KindStats(1.0), KindStats(1.0)
+        flat.peak = true.peak = 4
+        stream.peak = 100  # an open stream: the same few completions are not evidence
+        feed(flat, draws(48, 0.0, [1, 4], seed=seed))
+        feed(true, draws(48, 0.9, [1, 4], seed=seed))
+        feed(stream, draws(48, 0.0, [1, 4], seed=seed))
+        assert flat.beta <= 0.5, (seed, flat.beta)
+        assert true.beta == 1.0, (seed, true.beta)
+        assert stream.beta == 1.0, (seed, stream.beta)
+
+
 def test_learning_off_keeps_the_declared_model():
     st = KindStats(1.0)
     feed(st, draws(2000, 0.0, [1, 8]), learn_beta=False)

@@ -532,9 +532,10 @@ def test_residency_lru_victims_respect_capacity_and_tensor_parallel_shares():
     assert r.evicted_by((0,), 2.0) == set()
 
 
-def _tiny_busy(truth, seeds=range(10), trajs=2, cores=2):
+def _tiny_busy(truth, seeds=range(10), trajs=2, cores=2, measured=True):
     """``trajs`` coding trajectories on one node of ``cores`` (2 on 2: ``tangram demo``'s shape,
-    with shells), tests declared Amdahl 0.95, truly ``truth`` (a busy machine), runs measured:
+    with shells), tests declared Amdahl 0.95, truly ``truth`` (a busy machine), runs measured
+    (``measured=False``: efficiency learned from durations alone):
     Tangram's mean ACT over the best fixed DoP's (fifo1, fifo2, ... up to the node) per seed,
     geometric mean and worst."""
     from tangram_sdk.sim.metrics import summarise
@@ -545,9 +546,28 @@ def _tiny_busy(truth, seeds=range(10), trajs=2, cores=2):
     for seed in seeds:
         wl = ai_coding(trajs, nodes=1, cores=cores, seed=seed, test_max_cpus=cores, test_parallel=0.95,
                        true_parallel=truth)
-        act = {p: summarise(run_policy(wl, p, measured=True))["act_mean_s"] for p in ("tangram", *fixed)}
+        act = {p: summarise(run_policy(wl, p, measured=measured))["act_mean_s"] for p in ("tangram", *fixed)}
         rs.append(act["tangram"] / min(act[p] for p in fixed))
     return math.exp(sum(map(math.log, rs)) / len(rs)), max(rs)
+
+
+def test_a_job_of_eight_callers_learns_from_durations_that_its_tests_do_not_scale(monkeypatch):
+    """Eight trajectories on one 8-core node, tests declared Amdahl 0.95 and truly flat, runs not
+    measured: durations are the only evidence, and a job this small never makes the 32
+    completions at two sizes that an open stream needs (1.37x the best fixed DoP's mean ACT over
+    ten seeds). Counting twice the kind's peak in flight per size (``learn._CENSOR``), the slope
+    is learned within the job: 1.26x. Still a loss (docs/evaluation.md, durations only), bounded
+    by what 50-odd tests of log-normal length can tell; a true declaration is not hurt."""
+    from tangram_sdk.scheduler import learn
+
+    with_rule = _tiny_busy(0.0, trajs=8, cores=8, measured=False)
+    declared = _tiny_busy(None, trajs=8, cores=8, measured=False)
+    monkeypatch.setattr(learn, "_CENSOR", 0)
+    without = _tiny_busy(0.0, trajs=8, cores=8, measured=False)
+    declared_without = _tiny_busy(None, trajs=8, cores=8, measured=False)
+    assert with_rule[0] <= 1.30, with_rule
+    assert without[0] >= 1.34, without
+    assert declared[0] <= declared_without[0] + 0.01, (declared, declared_without)
 
 
 def test_the_closed_pool_wait_is_the_machine_repairman_model():

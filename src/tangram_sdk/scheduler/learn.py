@@ -23,6 +23,20 @@ LONE = RING
 ACT_ALPHA = 1.0 / 16.0
 _PRIOR_SD = 0.5  # how far from the declared efficiency (beta = 1) the prior lets beta move easily
 _MIN_PER_SIZE = 32  # completions at a size before it counts as evidence about the slope
+# ... or this many times the most of the kind ever in flight at once, if fewer: what biases the
+# per-size means is the long runs still in flight when the short ones have completed, and a kind
+# that never has more than a few in flight (a closed pool of a few callers: tiny_busy.py) has at
+# most those few missing from a size's sample, where a burst of hundreds misses most of its long
+# ones. A job of a few callers makes too few completions to ever reach 32 per size at two sizes
+# (8 trajectories on 8 cores, tests declared Amdahl 0.95 and truly flat, durations only: 1.37x ->
+# 1.26x the best fixed DoP's mean ACT; benchmarks/tiny_busy.py --durations --without censor)
+_CENSOR = 2
+# ... and on so few only a slope both significant (this many posterior sds from the declared one)
+# and gross (beta off by this much) moves beta: in the open loop, where a peak of a handful in
+# flight is common at light load, slopes of 0.9-1.1 fitted on 10-20 completions a size moved its
+# cells by up to 0.05 either way (heavy tails: 2 cells more losing, 1.05x)
+_SIG_Z = 2.0
+_GROSS = 0.5
 _BETA_MAX = 1.25
 _PAIRED_VAR = 0.02  # variance of log(measured parallelism) around beta * log(declared speedup)
 # least range of log declared speedup, over sizes with _MIN_PER_SIZE completions each, before
@@ -46,10 +60,23 @@ def amdahl_speedup(p: float, m: int) -> float:
     return 1.0 / ((1.0 - p) + p / m)
 
 
-def _spread(bs: dict[tuple[float, int], list[float]]) -> float:
-    """Range of log declared speedup over the sizes with ``_MIN_PER_SIZE`` completions each."""
-    xs = [x for (x, _u), (w, _m, _v) in bs.items() if w >= _MIN_PER_SIZE]
-    return max(xs) - min(xs) if len(xs) > 1 else 0.0
+def _spreads(bs: dict[tuple[float, int], list[float]], few: float) -> tuple[float, float]:
+    """Range of log declared speedup over the sizes with ``_MIN_PER_SIZE`` completions each, and
+    over those with ``few`` each (one pass, no builtins: it runs at every completion)."""
+    lo = flo = math.inf
+    hi = fhi = -math.inf
+    for (x, _u), (w, _m, _v) in bs.items():
+        if w >= _MIN_PER_SIZE:
+            if x < lo:
+                lo = x
+            if x > hi:
+                hi = x
+        if w >= few:
+            if x < flo:
+                flo = x
+            if x > fhi:
+                fhi = x
+    return (hi - lo if hi > lo else 0.0), (fhi - flo if fhi > flo else 0.0)
 
 
 class KindStats:
@@ -68,7 +95,7 @@ class KindStats:
 
     __slots__ = ("t1", "t1_samples", "gap", "last_arrival", "arrivals", "spec", "ring", "ring_i",
                  "log_var", "beta", "buckets", "_rel", "_rel_shape", "_pxx", "_pxy", "hints", "sandboxes",
-                 "up", "measured", "_avv", "_auv", "up_n", "inflight", "lone", "declared", "act")
+                 "up", "measured", "_avv", "_auv", "up_n", "inflight", "lone", "declared", "act", "peak")
 
     def __init__(self, prior_t1: float) -> None:
         self.t1 = prior_t1  # seconds at one unit of the elastic resource (or plain duration)
@@ -93,6 +120,7 @@ class KindStats:
         self.measured = False  # completions report their parallelism (lease.run / lease.exec)
         self._avv = self._auv = self.up_n = 0.0  # the Amdahl fit's decaying sums, and its count
         self.inflight = 0  # actions of the kind submitted and not yet released, cancelled or refused
+        self.peak = 0  # the most of them ever in flight at once (see _CENSOR)
         self.lone = 0  # consecutive arrivals that found none of the kind in flight (see LONE)
         # a kind with a declared duration learns no lengths (log_var stays 0): the spread of its
         # runs' log lengths, scaled to its minimum under the declared shape, kept apart for what
@@ -139,6 +167,8 @@ class KindStats:
         else:
             self.lone += 1
         self.inflight += 1
+        if self.inflight > self.peak:
+            self.peak = self.inflight
         ring = self.ring
         if len(ring) < RING:
             ring.append(now)
@@ -250,7 +280,7 @@ class KindStats:
             beta = min(_BETA_MAX, max(0.0, round(beta * 20.0) / 20.0))
         elif learn_beta and self.up_n > 0:  # measured only where the declaration is flat
             self.up = self._upgrade(math.inf)
-        elif learn_beta and _spread(bs) >= _MIN_SPREAD:
+        elif learn_beta and (evidence := self._evidence(bs)):
             cxx = cxy = 0.0
             for (x, _u), (w, my, _v) in bs.items():
                 cxx += w * (x - mx) ** 2
@@ -259,6 +289,8 @@ class KindStats:
                 v = max(var, 0.05)  # a few samples must not look exact
                 prior = 1.0 / (_PRIOR_SD * _PRIOR_SD)
                 beta = (-cxy / v + prior) / (cxx / v + prior)
+                if evidence == "few" and abs(beta - 1.0) < max(_GROSS, _SIG_Z / math.sqrt(cxx / v + prior)):
+                    beta = 1.0
                 beta = min(_BETA_MAX, max(0.0, round(beta * 20.0) / 20.0))
         self.log_var = var
         up = self.up
@@ -272,6 +304,15 @@ class KindStats:
             a = my_all + beta * mx  # E[log exec] at one unit (x = 0)
         self.beta = beta
         self.t1 = math.exp(a + 0.5 * min(var, 4.0))
+
+    def _evidence(self, bs: dict[tuple[float, int], list[float]]) -> str:
+        """Whether durations alone may move beta: "many" (two sizes ``_MIN_SPREAD`` apart with
+        ``_MIN_PER_SIZE`` completions each), "few" (the same with ``_CENSOR`` times the kind's peak
+        in flight each, where that is fewer: then only a gross and significant slope counts),
+        or "" (not yet)."""
+        few = _CENSOR * self.peak
+        many_spread, few_spread = _spreads(bs, few if 0 < few < _MIN_PER_SIZE else math.inf)
+        return "many" if many_spread >= _MIN_SPREAD else "few" if few_spread >= _MIN_SPREAD else ""
 
     def _upgrade(self, beta_raw: float) -> float | None:
         """The Amdahl fraction that replaces the declared shape, or None (keep it): only when the
