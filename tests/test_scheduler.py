@@ -605,6 +605,40 @@ def test_a_busy_tiny_node_grants_no_more_than_a_closed_pool_of_its_callers_says(
     assert declared[0] <= 1.04, declared
 
 
+def test_the_exact_closed_chain_sees_a_wide_request_block_the_line():
+    """``queueing.closed_fcfs_act``: one class of one core is the machine-repairman model; one
+    class of ``d`` cores is it with ``cores // d`` servers; four callers on four cores, tests that
+    gain 3.5x at four cores among 1-core shells, are best served at 2 cores per test (where
+    identical servers of the mean request rate 3 and 4 as good as 2, or better); past
+    ``FCFS_STATES`` or wider than the node there is no answer (inf)."""
+    from tangram_sdk.scheduler.queueing import FCFS_STATES, closed_fcfs_act, closed_wq, fcfs_states
+
+    assert closed_fcfs_act(5, 2, 2.0, ((1.0, 1, 1.0),)) == pytest.approx(1.0 + closed_wq(5, 2, 1.0, 2.0), rel=0.01)
+    assert closed_fcfs_act(6, 8, 1.5, ((1.0, 3, 2.0),)) == pytest.approx(2.0 + closed_wq(6, 2, 2.0, 1.5), rel=0.01)
+    act = {d: closed_fcfs_act(4, 4, 1.0, ((0.4, d, 4 * (0.05 + 0.95 / d)), (0.6, 1, 0.45))) for d in (1, 2, 3, 4)}
+    assert min(act, key=act.get) == 2
+    assert act[4] > 1.15 * act[2] and act[1] > 1.2 * act[2]
+    assert fcfs_states(8, 2) > FCFS_STATES
+    assert closed_fcfs_act(8, 8, 1.0, ((0.5, 2, 1.0), (0.5, 1, 1.0))) == math.inf
+    assert closed_fcfs_act(2, 4, 1.0, ((1.0, 5, 1.0),)) == math.inf
+
+
+def test_a_tiny_node_caps_wide_grants_at_the_fixed_dop_its_exact_chain_says_is_best(monkeypatch):
+    """Four trajectories on one 4-core node, tests declared (and truly) Amdahl 0.95: the best
+    fixed DoP is 2 in every seed, and Tangram granted 3-4 cores while another trajectory ran
+    (1.049x its mean ACT over ten seeds): the identical-server model of a closed pool rates 3 and
+    4 cores as good as 2, or better, so its cap never bound. The exact chain of a fixed DoP on the node
+    (``moldable._EXACT_CORES``) sees a 4-core test at the head of the line hold every shell
+    behind it, and the cap binds: within 2.5 %."""
+    from tangram_sdk.scheduler import moldable
+
+    exact = _tiny_busy(None, trajs=4, cores=4)
+    monkeypatch.setattr(moldable, "_EXACT_CORES", 0)
+    without = _tiny_busy(None, trajs=4, cores=4)
+    assert exact[0] <= 1.025, exact
+    assert without[0] >= 1.04, without
+
+
 def test_a_grant_of_the_whole_node_prices_the_waits_of_what_arrives_during_it(monkeypatch):
     """At the whole node every arrival waits out the run, which the price (core demand spread
     over many grants) does not see. Tests that gain 1.33x at 2 cores took both for every run
