@@ -238,6 +238,31 @@ def test_one_measured_run_without_speedup_ends_the_wide_grants_at_once(got: floa
     assert g3.units == 1  # no wait: the second core was left free
 
 
+def test_a_measured_kind_rechecks_its_speedup_at_twice_its_size_and_notices_a_fast_machine():
+    """A kind whose runs measured "no speedup" (a busy machine) re-checks now and then on an idle
+    pool; measured, a probe at twice its size is enough (its parallelism is paired with its size,
+    ``KindStats.observe_exec``), and on a node of a few cores the declared size would take the
+    whole node for one flat run while the others' arrivals wait (4 coding trajectories on 8
+    cores, tests truly flat: 1.035x the best fixed DoP's mean ACT with whole-node re-checks, 1.019x
+    with probes; ``benchmarks/tiny_busy.py``). Once the machine is fast again the first probe
+    shows it and the next action gets the declared 8 cores."""
+    spec = ActionSpec(kind="w", cpus=1, elastic=Elasticity("cpu", max_units=8, efficiency=Amdahl(0.95)))
+    s = Scheduler(Pool(cpus=8))
+    t, units = 0.0, []
+    for i in range(1, 101):
+        (g,) = [d for d in s.submit(i, spec, t) if isinstance(d, Grant)]
+        units.append(g.units)
+        par = spec.speedup(g.units) if i > 50 else 1.0  # busy for 50 actions, then fast again
+        t += 4.0 / par
+        s.release(i, t, parallelism=par if g.units > 1 else None)
+        t += 0.5
+    assert units[0] == 8  # the declaration, before anything is measured
+    assert set(units[1:50]) == {1, 2} and units[1:50].count(2) >= 2  # probes, at twice the size
+    first_fast_probe = 50 + units[50:].index(2)
+    assert first_fast_probe < 50 + 17  # a probe every 16th arrival
+    assert units[first_fast_probe + 1:] == [8] * (99 - first_fast_probe)
+
+
 def test_simulated_measurement_teaches_from_one_size():
     """The simulator's ``measured`` mode (what lease.run/exec report live): on a roomy pool every
     test is granted the same 16 cores, so durations alone can never show that they really gain

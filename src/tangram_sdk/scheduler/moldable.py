@@ -50,6 +50,13 @@ __all__ = ["CpuSizing", "RISK_MIN_RATIO", "RISK_Z"]
 
 _EXPLORE_EVERY = 16  # every n-th arrival of a kind at price 0 re-checks its declared size
 _EXPLORE_UNITS = 4  # ... or, declared flat, runs on this many times its minimum
+# a re-check (_EXPLORE_EVERY) is at no more than this many times the kind's size now when its
+# runs report their parallelism (0: the declared size): paired with its size, one probe at twice
+# the size measures the slope, and on a node of a few cores the declared size took the whole node
+# for one flat run while the other trajectories' arrivals waited (4 trajectories on 8 cores,
+# tests truly flat: 1.035x -> 1.019x the best fixed DoP's mean ACT; a machine fast again is
+# noticed at the same arrival, tests/test_learn.py)
+_PROBE_X = 2
 # a kind's own demand counts in full in its price when shrinking it from its declared price-0
 # size to its minimum saves at least this share of its core-seconds, in proportion below (Amdahl
 # 0.9 at cap 8 saves 41 %, the calibrated workload's narrowest cap: its decisions do not move;
@@ -614,10 +621,12 @@ class CpuSizing:
         explore = False
         if gi == 0 and st.beta < 1.0 and st.arrivals % _EXPLORE_EVERY == 0:
             # a kind learned to gain less than declared still gets, now and then while cores are
-            # idle anyway, the size its declaration asks for: how a machine that has become fast
-            # again is noticed
-            want = max(want, dop_at_price(a.spec.relative_duration,
-                                          range(a.spec.min_units, a.spec.max_units + 1), 0.0))
+            # idle anyway, the size its declaration asks for (measured: at most _PROBE_X times its
+            # size now): how a machine that has become fast again is noticed
+            probe = dop_at_price(a.spec.relative_duration, range(a.spec.min_units, a.spec.max_units + 1), 0.0)
+            if st.measured and _PROBE_X:  # its parallelism is paired with its size: no need to go wide
+                probe = min(probe, _PROBE_X * want)
+            want = max(want, probe)
             explore = True
         elif (gi == 0 and want == a.spec.min_units < a.spec.max_units and st.up is None
               and (st.measured or not st.t1_samples) and not st.slope_measured
