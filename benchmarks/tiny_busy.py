@@ -9,12 +9,17 @@ same seed (fifo1 ... fifo<cores>), all in this run on the same trajectories, wit
 lose by more than 2 % and the worst. ``--off`` adds a column with ``CpuSizing._whole_node`` (stop
 58: a whole-node grant prices the waits of what arrives during it) replaced by the price's size;
 ``--closed-off`` one without stop 59's cap on a busy node (``moldable._CLOSED_MAX = 0``: no job is
-taken for a closed pool of a few callers, ``CpuSizing._closed_dop``).
+taken for a closed pool of a few callers, ``CpuSizing._closed_dop``). ``--without RULE`` (repeatable)
+adds one per stop 60 rule: ``exact`` (the closed pool's identical-server model on every node,
+``moldable._EXACT_CORES = 0``), ``probe`` (measured kinds re-check their speedup at the declared
+size, ``moldable._PROBE_X = 0``), ``censor`` (durations move beta only with 32 completions a size,
+``learn._CENSOR = 0``).
 
     python benchmarks/tiny_busy.py                  # 5 shapes x 3 truths x 40 seeds, ~10 s here
     python benchmarks/tiny_busy.py --off            # and without stop 58's rule, same run
     python benchmarks/tiny_busy.py --closed-off     # and without stop 59's closed-pool cap
     python benchmarks/tiny_busy.py --durations      # efficiency learned from durations alone
+    python benchmarks/tiny_busy.py --without exact --without probe   # stop 60's rules, each off
 """
 
 from __future__ import annotations
@@ -25,11 +30,17 @@ import sys
 import time
 from typing import Any
 
-from tangram_sdk.scheduler import moldable
+from tangram_sdk.scheduler import learn, moldable
 from tangram_sdk.sim.metrics import summarise
 from tangram_sdk.sim.workloads import ai_coding, run_policy
 
 SHAPES = "2:2,2:4,4:4,4:8,8:8"
+# --without RULE: (owner, attribute, the value that turns the rule off)
+RULES: dict[str, tuple[Any, str, Any]] = {
+    "exact": (moldable, "_EXACT_CORES", 0),
+    "probe": (moldable, "_PROBE_X", 0),
+    "censor": (learn, "_CENSOR", 0),
+}
 
 
 def cell(batch: int, cores: int, truth: float, seeds: int, measured: bool) -> tuple[float, int, float]:
@@ -64,12 +75,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--durations", action="store_true", help="runs report no parallelism")
     ap.add_argument("--off", action="store_true", help="also run without CpuSizing._whole_node")
     ap.add_argument("--closed-off", action="store_true", help="also run without CpuSizing._closed_dop")
+    ap.add_argument("--without", action="append", default=[], choices=sorted(RULES),
+                    help="also run with this stop 60 rule off (repeatable)")
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
     measured = not args.durations
     head = f"{'trajs':>5} {'cores':>5} {'truth':>5}  {'tangram / best fixed (losing, worst)':<38}"
-    print(head + ("  without the whole-node rule" if args.off else "")
-          + ("  without the closed-pool cap" if args.closed_off else ""))
+    titles = ((["no whole-node rule"] if args.off else [])
+              + (["no closed-pool cap"] if args.closed_off else [])
+              + [f"no {r}" for r in args.without])
+    print(f"{head:<60}" + "".join(f"  {t:<24}" for t in titles) if titles else head)
     all_gm = []
     for shape in args.shapes.split(","):
         b, c = (int(x) for x in shape.split(":"))
@@ -83,6 +98,8 @@ def main(argv: list[str] | None = None) -> int:
                                                   b, c, truth, args.seeds, measured)
             if args.closed_off:  # stop 59's cap off: no job is taken for a closed pool
                 line = f"{line:<60}  " + _without(moldable, "_CLOSED_MAX", 0, b, c, truth, args.seeds, measured)
+            for rule in args.without:
+                line = f"{line:<60}  " + _without(*RULES[rule], b, c, truth, args.seeds, measured)
             print(line)
     losing = sum(g > 1.02 for g in all_gm)
     print(f"\ntangram: {len(all_gm)} cells, {losing} losing (geomean > 1.02, marked *), worst {max(all_gm):.3f} "
