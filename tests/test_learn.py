@@ -85,11 +85,11 @@ def test_close_sizes_do_not_move_the_model_even_with_many_completions():
     assert slow.beta < 0.7
 
 
-def test_a_kind_with_few_in_flight_learns_a_gross_mis_declaration_from_few_durations():
+def test_a_kind_with_few_in_flight_learns_a_mis_declaration_from_few_durations():
     # A job of four callers (``tiny_busy.py``) never has more than four tests in flight, so at
     # most four long ones are missing from a size's sample when the rest have completed: 8
     # completions per size count (twice the peak), where a burst of hundreds needs 32. Only a
-    # slope that is gross (beta off by 0.5) and significant (2 sd) moves beta on so few.
+    # slope 2 posterior sd from the declared one moves beta on so few.
     for seed in range(10):
         flat, true, stream = KindStats(1.0), KindStats(1.0), KindStats(1.0)
         flat.peak = true.peak = 4

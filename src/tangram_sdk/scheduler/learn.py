@@ -31,12 +31,12 @@ _MIN_PER_SIZE = 32  # completions at a size before it counts as evidence about t
 # (8 trajectories on 8 cores, tests declared Amdahl 0.95 and truly flat, durations only: 1.37x ->
 # 1.26x the best fixed DoP's mean ACT; benchmarks/tiny_busy.py --durations --without censor)
 _CENSOR = 2
-# ... and on so few only a slope both significant (this many posterior sds from the declared one)
-# and gross (beta off by this much) moves beta: in the open loop, where a peak of a handful in
-# flight is common at light load, slopes of 0.9-1.1 fitted on 10-20 completions a size moved its
-# cells by up to 0.05 either way (heavy tails: 2 cells more losing, 1.05x)
+# ... and on so few only a slope this many posterior sds from the declared one moves beta: in the
+# open loop, where a peak of a handful in flight is common at light load, slopes fitted on 10-20
+# completions a size moved its cells by up to 0.02 either way (lengths learned: 10 -> 13 of 54
+# losing; heavy tails up to 0.06), and four trajectories on 4 cores with a true declaration went
+# 1.006 -> 1.018x
 _SIG_Z = 2.0
-_GROSS = 0.5
 _BETA_MAX = 1.25
 _PAIRED_VAR = 0.02  # variance of log(measured parallelism) around beta * log(declared speedup)
 # least range of log declared speedup, over sizes with _MIN_PER_SIZE completions each, before
@@ -289,7 +289,7 @@ class KindStats:
                 v = max(var, 0.05)  # a few samples must not look exact
                 prior = 1.0 / (_PRIOR_SD * _PRIOR_SD)
                 beta = (-cxy / v + prior) / (cxx / v + prior)
-                if evidence == "few" and abs(beta - 1.0) < max(_GROSS, _SIG_Z / math.sqrt(cxx / v + prior)):
+                if evidence == "few" and abs(beta - 1.0) < _SIG_Z / math.sqrt(cxx / v + prior):
                     beta = 1.0
                 beta = min(_BETA_MAX, max(0.0, round(beta * 20.0) / 20.0))
         self.log_var = var
@@ -308,9 +308,13 @@ class KindStats:
     def _evidence(self, bs: dict[tuple[float, int], list[float]]) -> str:
         """Whether durations alone may move beta: "many" (two sizes ``_MIN_SPREAD`` apart with
         ``_MIN_PER_SIZE`` completions each), "few" (the same with ``_CENSOR`` times the kind's peak
-        in flight each, where that is fewer: then only a gross and significant slope counts),
-        or "" (not yet)."""
-        few = _CENSOR * self.peak
+        in flight each, where that is fewer: then only a significant slope counts),
+        or "" (not yet). CPU kinds only: a GPU kind's width follows the load regime, its few calls
+        in flight per teacher are not a closed pool of callers, and there the rule learned TP
+        slopes of 0.45 from a handful of calls (tests/test_gpu_sizing.py's width switches moved)."""
+        spec = self.spec
+        gpu = spec is not None and spec.elastic is not None and spec.elastic.resource != "cpu"
+        few = 0 if gpu else _CENSOR * self.peak
         many_spread, few_spread = _spreads(bs, few if 0 < few < _MIN_PER_SIZE else math.inf)
         return "many" if many_spread >= _MIN_SPREAD else "few" if few_spread >= _MIN_SPREAD else ""
 
