@@ -9,11 +9,11 @@ same seed (fifo1 ... fifo<cores>), all in this run on the same trajectories, wit
 lose by more than 2 % and the worst. ``--off`` adds a column with ``CpuSizing._whole_node`` (stop
 58: a whole-node grant prices the waits of what arrives during it) replaced by the price's size;
 ``--closed-off`` one without stop 59's cap on a busy node (``moldable._CLOSED_MAX = 0``: no job is
-taken for a closed pool of a few callers, ``CpuSizing._closed_dop``). ``--without RULE`` (repeatable)
-adds one per stop 60 rule: ``exact`` (the closed pool's identical-server model on every node,
-``moldable._EXACT_CORES = 0``), ``probe`` (measured kinds re-check their speedup at the declared
-size, ``moldable._PROBE_X = 0``), ``censor`` (durations move beta only with 32 completions a size,
-``learn._CENSOR = 0``).
+taken for a closed pool of a few callers, ``CpuSizing._closed_dop``). ``--without RULE``
+(repeatable) adds one per rule turned off: ``whole-node`` and ``closed`` (the two above), and stop
+60's ``exact`` (the closed pool's identical-server model on every node, ``moldable._EXACT_CORES =
+0``), ``probe`` (measured kinds re-check their speedup at the declared size, ``moldable._PROBE_X =
+0``), ``censor`` (durations move beta only with 32 completions a size, ``learn._CENSOR = 0``).
 
     python benchmarks/tiny_busy.py                  # 5 shapes x 3 truths x 40 seeds, ~10 s here
     python benchmarks/tiny_busy.py --off            # and without stop 58's rule, same run
@@ -35,8 +35,13 @@ from tangram_sdk.sim.metrics import summarise
 from tangram_sdk.sim.workloads import ai_coding, run_policy
 
 SHAPES = "2:2,2:4,4:4,4:8,8:8"
-# --without RULE: (owner, attribute, the value that turns the rule off)
+# --without RULE: (owner, attribute, the value that turns the rule off); --off and --closed-off
+# are the first two
 RULES: dict[str, tuple[Any, str, Any]] = {
+    # stop 58: a whole-node grant keeps the price's size
+    "whole-node": (moldable.CpuSizing, "_whole_node", lambda self, a, want, free, mu, now: want),
+    # stop 59: no job is taken for a closed pool
+    "closed": (moldable, "_CLOSED_MAX", 0),
     "exact": (moldable, "_EXACT_CORES", 0),
     "probe": (moldable, "_PROBE_X", 0),
     "censor": (learn, "_CENSOR", 0),
@@ -76,15 +81,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--off", action="store_true", help="also run without CpuSizing._whole_node")
     ap.add_argument("--closed-off", action="store_true", help="also run without CpuSizing._closed_dop")
     ap.add_argument("--without", action="append", default=[], choices=sorted(RULES),
-                    help="also run with this stop 60 rule off (repeatable)")
+                    help="also run with this rule off (repeatable)")
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
     measured = not args.durations
+    rules = (["whole-node"] if args.off else []) + (["closed"] if args.closed_off else []) + args.without
     head = f"{'trajs':>5} {'cores':>5} {'truth':>5}  {'tangram / best fixed (losing, worst)':<38}"
-    titles = ((["no whole-node rule"] if args.off else [])
-              + (["no closed-pool cap"] if args.closed_off else [])
-              + [f"no {r}" for r in args.without])
-    print(f"{head:<60}" + "".join(f"  {t:<24}" for t in titles) if titles else head)
+    print(f"{head:<60}" + "".join(f"  {'no ' + r:<24}" for r in rules) if rules else head)
     all_gm = []
     for shape in args.shapes.split(","):
         b, c = (int(x) for x in shape.split(":"))
@@ -92,13 +95,7 @@ def main(argv: list[str] | None = None) -> int:
             gm, lose, worst = cell(b, c, truth, args.seeds, measured)
             all_gm.append(gm)
             line = f"{b:>5} {c:>5} {truth:>5}  {gm:.3f}{'*' if gm > 1.02 else ' '} ({lose:>2} of {args.seeds}, {worst:.3f})"
-            if args.off:  # stop 58's rule off: a whole-node grant keeps the price's size
-                line = f"{line:<60}  " + _without(moldable.CpuSizing, "_whole_node",
-                                                  lambda self, a, want, free, mu, now: want,
-                                                  b, c, truth, args.seeds, measured)
-            if args.closed_off:  # stop 59's cap off: no job is taken for a closed pool
-                line = f"{line:<60}  " + _without(moldable, "_CLOSED_MAX", 0, b, c, truth, args.seeds, measured)
-            for rule in args.without:
+            for rule in rules:
                 line = f"{line:<60}  " + _without(*RULES[rule], b, c, truth, args.seeds, measured)
             print(line)
     losing = sum(g > 1.02 for g in all_gm)
