@@ -231,11 +231,39 @@ async def test_exec_timeout_kills_the_command(started_manager: DockerCpuManager,
         await m.release(grant, lease)
 
 
-async def _docker_cli(*args: str) -> None:
+async def _docker_cli(*args: str, bound: float = 60.0) -> None:
+    """``docker ARGS``, bounded: a CLI the daemon never answers fails the test within ``bound``
+    seconds (it once held CI for pytest-timeout's 300 s), its process killed."""
     proc = await asyncio.create_subprocess_exec("docker", *args, stdout=asyncio.subprocess.DEVNULL,
                                                 stderr=asyncio.subprocess.PIPE)
-    _, err = await proc.communicate()
-    assert proc.returncode == 0, (args, err)
+    done = asyncio.ensure_future(proc.communicate())
+    await asyncio.wait([done], timeout=bound)
+    if not done.done():
+        proc.kill()
+        await asyncio.wait([done], timeout=5)
+        pytest.fail(f"docker {' '.join(args)}: no answer within {bound:g} s")
+    assert proc.returncode == 0, (args, done.result()[1])
+
+
+def _running_in(cid: str, argv: list[str]) -> bool:
+    """Whether a process with exactly ``argv`` runs in container ``cid`` (this host's /proc)."""
+    want = "\0".join(argv).encode() + b"\0"
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            if (d / "cmdline").read_bytes() == want and cid in (d / "cgroup").read_text():
+                return True
+        except OSError:
+            continue
+    return False
+
+
+async def _until_running(cid: str, argv: list[str], bound: float = 20.0) -> None:
+    end = time.monotonic() + bound
+    while not _running_in(cid, argv):
+        assert time.monotonic() < end, f"{argv} did not start in {cid[:12]} within {bound:g} s"
+        await asyncio.sleep(0.05)
 
 
 @pytest.mark.parametrize("what", ["stop", "rm", "pause", "restart"])
@@ -256,7 +284,10 @@ async def test_a_container_stopped_removed_or_paused_under_a_running_exec_is_a_d
         await m.apply(grant, lease)
         try:
             task = asyncio.ensure_future(lease.exec(["sh", "-c", "echo up; exec sleep 57"]))
-            await asyncio.sleep(0.5)
+            # until the command runs: a pause while `runc exec` still sets it up freezes its init
+            # half-way, and the daemon then never answers for that container again (CI, stop 60:
+            # the slept 0.5 s was not enough on a busy machine, and the test hung for 300 s)
+            await _until_running(cid, ["sleep", "57"])
             assert not task.done()
             t0 = time.monotonic()
             await _docker_cli(*{"stop": ("stop", "-t", "0"), "rm": ("rm", "-f"), "pause": ("pause",),
