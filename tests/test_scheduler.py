@@ -300,9 +300,8 @@ def test_heavy_tailed_lengths_size_a_narrow_node_as_the_best_fixed_dop(duration,
     on the other half instead of waiting. The price, near zero, grants all 16. Past
     moldable._HEAVY_SPREAD such a node is sized as the best fixed DoP of a G/G/c model at the
     kind's rate (idle: that DoP; busy: no more): summed over three streams, within 5 % of the best
-    fixed DoP (measured 1.011 / 0.980 learned, 0.997 / 0.920 declared); without it above 1.12x
-    (1.343 / 1.146, 1.346 / 1.188; learned at 30 % busy 1.201 before stop 61's soft threshold
-    on durations slopes learned the efficiency closer to the truth)."""
+    fixed DoP (measured 0.989 / 1.009 learned, 0.997 / 0.920 declared); without it above 1.15x
+    (1.342 / 1.201, 1.346 / 1.188)."""
     import tangram_sdk.scheduler.moldable as moldable
 
     gap = 1 / (load * 16)
@@ -315,7 +314,7 @@ def test_heavy_tailed_lengths_size_a_narrow_node_as_the_best_fixed_dop(duration,
     best = min(sum(f[d] for f in fixed) for d in fixed[0])
     assert run() <= 1.05 * best, run() / best
     monkeypatch.setattr(moldable, "_HEAVY_SPREAD", math.inf)
-    assert run() > 1.12 * best, run() / best
+    assert run() > 1.15 * best, run() / best
 
 
 def _fixed_dops(p, cap, cores, gap, n):

@@ -35,16 +35,7 @@ _CENSOR = 2
 # open loop, where a peak of a handful in flight is common at light load, slopes fitted on 10-20
 # completions a size moved its cells by up to 0.02 either way (lengths learned: 10 -> 13 of 54
 # losing; heavy tails up to 0.06), and four trajectories on 4 cores with a true declaration went
-# 1.006 -> 1.018x. On many (_MIN_PER_SIZE a size) the same bar is a soft threshold: beta moves
-# by as much of the slope's distance from the declared one as lies past _SIG_Z posterior sds.
-# Exponential lengths (log sd 1.28) leave a slope fitted on 32 completions a size a posterior sd
-# near 0.45 between close sizes: the plain posterior learned 0.65 from per-size means each within
-# their noise of the truth (open loop, Amdahl 0.9 on 128 cores at 90 % busy, lengths learned),
-# and granting narrower on it made the wider sizes' evidence rarer still. A hard gate there jumped
-# between 1.0 and 1.25 as the slope crossed the bar (heavy tails, 16 cores at 15 % busy: 0.989 ->
-# 1.077x the best fixed DoP); soft, the learned open loop went 10 -> 8 of 54 cells losing
-# (geomean 0.978 -> 0.969), the quick matrix's runs' steps 0.995 / 0.950 / 0.917 / 0.921 / 0.969
-# -> 0.953 / 0.932 / 0.928 / 0.919 / 0.983 (stop 61, docs/evaluation.md)
+# 1.006 -> 1.018x
 _SIG_Z = 2.0
 _BETA_MAX = 1.25
 _PAIRED_VAR = 0.02  # variance of log(measured parallelism) around beta * log(declared speedup)
@@ -298,13 +289,8 @@ class KindStats:
                 v = max(var, 0.05)  # a few samples must not look exact
                 prior = 1.0 / (_PRIOR_SD * _PRIOR_SD)
                 beta = (-cxy / v + prior) / (cxx / v + prior)
-                d = beta - 1.0
-                bar = _SIG_Z / math.sqrt(cxx / v + prior)
-                if evidence == "few":
-                    if -bar < d < bar:
-                        beta = 1.0
-                elif evidence == "many":  # the same bar, as a soft threshold: beta moves by what clears it
-                    beta = 1.0 + (d - bar if d > bar else d + bar if d < -bar else 0.0)
+                if evidence == "few" and abs(beta - 1.0) < _SIG_Z / math.sqrt(cxx / v + prior):
+                    beta = 1.0
                 beta = min(_BETA_MAX, max(0.0, round(beta * 20.0) / 20.0))
         self.log_var = var
         up = self.up
@@ -321,20 +307,16 @@ class KindStats:
 
     def _evidence(self, bs: dict[tuple[float, int], list[float]]) -> str:
         """Whether durations alone may move beta: "many" (two sizes ``_MIN_SPREAD`` apart with
-        ``_MIN_PER_SIZE`` completions each: beta moves by what of the slope clears ``_SIG_Z``),
-        "few" (the same with ``_CENSOR`` times the kind's peak in flight each, where that is
-        fewer: then only a significant slope counts), "plain" (a GPU kind's "many": the plain
-        posterior) or "" (not yet). The bars are for CPU kinds only: a GPU kind's width follows
-        the load regime, its few calls in flight per teacher are not a closed pool of callers,
-        and there the "few" rule learned TP slopes of 0.45 from a handful of calls and the soft
-        threshold moved tests/test_gpu_sizing.py's width switches."""
+        ``_MIN_PER_SIZE`` completions each), "few" (the same with ``_CENSOR`` times the kind's peak
+        in flight each, where that is fewer: then only a significant slope counts),
+        or "" (not yet). CPU kinds only: a GPU kind's width follows the load regime, its few calls
+        in flight per teacher are not a closed pool of callers, and there the rule learned TP
+        slopes of 0.45 from a handful of calls (tests/test_gpu_sizing.py's width switches moved)."""
         spec = self.spec
         gpu = spec is not None and spec.elastic is not None and spec.elastic.resource != "cpu"
         few = 0 if gpu else _CENSOR * self.peak
         many_spread, few_spread = _spreads(bs, few if 0 < few < _MIN_PER_SIZE else math.inf)
-        if many_spread >= _MIN_SPREAD:
-            return "plain" if gpu else "many"
-        return "few" if few_spread >= _MIN_SPREAD else ""
+        return "many" if many_spread >= _MIN_SPREAD else "few" if few_spread >= _MIN_SPREAD else ""
 
     def _upgrade(self, beta_raw: float) -> float | None:
         """The Amdahl fraction that replaces the declared shape, or None (keep it): only when the
