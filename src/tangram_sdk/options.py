@@ -94,6 +94,7 @@ class SchedulerOptions:
     gpu_instances: str | None = _opt("str")
     gpu_regime_window: float | None = _opt("float")
     supply: str | None = _opt("str")
+    fallback: bool | None = _opt("bool")
 
     def as_kwargs(self) -> dict[str, Any]:
         """The options that are set, as the Scheduler's keyword arguments."""
@@ -145,6 +146,7 @@ class SchedulerKeywords(TypedDict, total=False):
     gpu_instances: str
     gpu_regime_window: float
     supply: str
+    fallback: bool
 
 
 def merge_options(options: SchedulerOptions | None, keywords: Mapping[str, Any]) -> dict[str, Any]:

@@ -139,6 +139,7 @@ class Scheduler:
         gpu_instances: str = "tp",
         gpu_regime_window: float = 60.0,
         supply: str = "estimate",
+        fallback: bool = True,
     ) -> None:
         # every option by name (the parameters above, SchedulerOptions' fields), checked
         values = {k: v for k, v in locals().items() if k not in ("self", "pool")}
@@ -171,6 +172,7 @@ class Scheduler:
         self.max_price = max_price
         self.start_or_wait = start_or_wait
         self.supply = supply
+        self.fallback = fallback
         self.ledger = Ledger(pool)
         self._queue = WaitQueue()
         self._mall = Malleables(self.ledger)  # running malleable actions and the cores they borrowed
@@ -184,7 +186,9 @@ class Scheduler:
         self._cpu = CpuSizing(self.ledger, self._running, self._kinds, self._queue.spec_queued,
                               default_duration=default_duration, lookahead=lookahead, load_target=load_target,
                               price_horizon=price_horizon, price_smoothing=price_smoothing, max_price=max_price,
-                              objective=objective, start_or_wait=start_or_wait, supply=supply)
+                              objective=objective, start_or_wait=start_or_wait, supply=supply,
+                              fallback=fallback and elastic and planner == "priced")
+        self._fallback = self._cpu.fallback  # the fixed DoPs replayed on the stream (fallback.py)
         self._book = self._cpu.book  # running actions' expected releases: added and removed here
         self._seq = 0
         self._deadlines = Deadlines(self._live, self._queue, self._running, self.ledger, self._cpu)
@@ -353,6 +357,7 @@ class Scheduler:
             mean_queue_s=(self._sum_queue / self.granted) if self.granted else None,
             mean_exec_s=(self._sum_exec / self.completed) if self.completed else None,
             resident_services=len(self._resident),
+            fallback_dop=self._fallback.mode,
         )
 
     def check_invariants(self) -> None:
@@ -603,6 +608,12 @@ class Scheduler:
         a = self._live[aid] = Action(aid, spec, self._seq, now, st, shape)
         if a.eres == "cpu":
             self._learn.hint(a, box, expected)
+        fb = self._fallback
+        # no call where it would record nothing: a fixed-size action before it records, or its one
+        # elastic kind while that learns from durations alone (fallback.py; the hot path's budget)
+        if fb.on and a.cpu_min and (fb.recording or (a.eres == "cpu" and (
+                st is not fb.watch or st.measured or spec.duration is not None))):
+            fb.arrived(aid, spec, st, a.eres, a.cpu_min, now)
         keys = a.keys
         wq = self._queue
         if direct and not wq.n and a.eres is None:
@@ -643,6 +654,8 @@ class Scheduler:
         a.stats.inflight -= 1
         if failed:
             self.failed += 1
+            if aid in self._fallback.ids:
+                self._fallback.dropped(aid)
             return
         exec_s = now - a.started
         act_s = now - a.submitted
@@ -656,6 +669,8 @@ class Scheduler:
             exec_s = max(0.1 * exec_s, exec_s - self._gpu.restore_lat(self._place.restore_cost(a.spec.service),
                                                                       len(g.gpus)))
         self._learn.completion(a, g.units, exec_s, msp, rerun, parallelism)
+        if aid in self._fallback.ids:  # recorded by the fallback (an inline check: the hot path)
+            self._fallback.ended(aid, exec_s, g.units, act_s)
 
     def _drop_queued(self, aid: int) -> bool:
         a = self._live.get(aid)
@@ -664,6 +679,8 @@ class Scheduler:
         self._queue.remove(a)
         del self._live[aid]
         a.stats.inflight -= 1
+        if aid in self._fallback.ids:
+            self._fallback.dropped(aid)
         return True
 
     def _cancel(self, aid: int, now: float) -> None:

@@ -54,6 +54,8 @@ class Deadlines:
             self._queue.remove(a)
             del self._live[aid]
             a.stats.inflight -= 1
+            if aid in self._cpu.fallback.ids:
+                self._cpu.fallback.dropped(aid)
             out.append(Reject(aid, f"{a.spec.kind}: not granted before its deadline "
                                    f"(queued {now - a.submitted:.3f} s)", "deadline"))
         return out
@@ -77,6 +79,8 @@ class Deadlines:
             self._queue.remove(a)
             del self._live[a.id]
             a.stats.inflight -= 1
+            if a.id in self._cpu.fallback.ids:
+                self._cpu.fallback.dropped(a.id)
             when = "never, as the pool stands" if math.isinf(est) else f"in about {est - now:.3f} s"
             return Reject(a.id, f"{a.spec.kind}: cannot start before its deadline in "
                                 f"{deadline - now:.3f} s (estimated start {when})", "deadline")

@@ -45,6 +45,7 @@ from .ledger import Ledger
 from .pricing import PRICE_GRID, dop_at_price, dops_over_grid
 from .queueing import FCFS_STATES, closed_fcfs_act, closed_wq, fcfs_states, mmc_wq
 from .releases import ReleaseBook
+from .fallback import Fallback
 
 __all__ = ["CpuSizing", "RISK_MIN_RATIO", "RISK_Z"]
 
@@ -159,12 +160,13 @@ class CpuSizing:
     __slots__ = ("ledger", "_running", "_kinds", "_spec_queued", "default_duration", "lookahead",
                  "load_target", "price_horizon", "price_smoothing", "objective", "start_or_wait",
                  "_price_cap", "_cap_overload", "_price_ewma", "_dops", "book", "_price_memo", "_market_memo", "_probe", "_ncpus",
-                 "_expected", "_node_max", "_pop")
+                 "_expected", "_node_max", "_pop", "fallback")
 
     def __init__(self, ledger: Ledger, running: dict[int, Action], kinds: dict[str, KindStats],
                  spec_queued: dict[ActionSpec, int], *, default_duration: float, lookahead: bool,
                  load_target: float, price_horizon: float, price_smoothing: float, max_price: float,
-                 objective: str, start_or_wait: bool, supply: str = "estimate") -> None:
+                 objective: str, start_or_wait: bool, supply: str = "estimate",
+                 fallback: bool = False) -> None:
         self.ledger = ledger
         self._running = running
         self._kinds = kinds
@@ -196,6 +198,9 @@ class CpuSizing:
         self._expected = supply == "expected"
         self._node_max = max(ledger.node_size) if ledger.node_size else 1
         self._pop = 0  # the most actions in the system (running and queued) seen at a decision
+        # the fixed DoPs a user could pick, replayed on the stream: the one to fall back to while
+        # sizing is measurably behind it (fallback.py)
+        self.fallback = Fallback(tuple(ledger.node_size), enabled=fallback)
 
     def forget_releases(self) -> None:
         """Running actions' cores changed within the round (a malleable resize): rebuild the
@@ -614,6 +619,11 @@ class CpuSizing:
         the next releases on its node is chosen when that finishes sooner, counting the wait of
         everyone queued behind it and the idle reserved cores at the price then, than starting
         now on what is free at the price now."""
+        fb = self.fallback
+        if fb.mode is not None and fb.kind == a.spec.kind:  # fb.fixed(kind), inline
+            # behind the best fixed DoP on this stream: run as it would, in FIFO order
+            d = min(max(fb.mode, a.spec.min_units), a.spec.max_units)
+            return (d, None) if node_free[node] >= d else (0, None)
         gi = self._cpu_price(a, now, rnd)
         dops = self.dops_of(a.spec)
         want = dops[gi]

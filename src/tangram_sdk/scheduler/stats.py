@@ -29,7 +29,9 @@ class SchedulerStats(Snapshot):
     ``resizes``: Resize decisions so far (malleable actions grown or shrunk, restartable ones
     restarted); ``grown``: running malleable ones holding more than they were admitted with now;
     ``restarts``: restartable actions restarted on more cores. Means are None until there is
-    something to average."""
+    something to average. ``fallback_dop``: the fixed DoP the pool's elastic CPU kind runs at
+    while the fallback holds it there (``scheduler/fallback.py``), None while it is sized
+    elastically."""
 
     cpus_total: int
     cpus_free: int
@@ -57,6 +59,7 @@ class SchedulerStats(Snapshot):
     mean_queue_s: float | None
     mean_exec_s: float | None
     resident_services: int
+    fallback_dop: int | None = None
 
 
 def ledger_fields(pool: Pool, L: Ledger) -> dict[str, Any]:

@@ -1,0 +1,327 @@
+"""The fallback: replay the stream under the fixed DoPs a user could have picked, and fall back
+to the best of them while elastic sizing is measurably behind it.
+
+Why: the bar Tangram is held to is "never worse than the fixed policy a user would otherwise
+pick". Pricing and start-or-wait get close to it from a model of the pool; the fallback checks it
+on the stream itself. Every CPU action's arrival and, once it ends, its run are replayed, in
+arrival order, through one strict-FIFO node per candidate DoP ``d``: the elastic kind at ``d``
+cores (a run of ``t`` on ``m`` cores takes ``t * S(m) / S(d)``), every fixed-size action as it ran,
+exactly what ``Scheduler(elastic=False)`` with that DoP would do. On an open stream (arrivals that
+do not depend on the scheduler) the replay is that policy's counterfactual on the same arrivals
+and lengths: a paired comparison, with none of the noise of two separate runs. In a closed loop
+(trajectories whose next action waits on this one) it is an approximation: the replay sees the
+arrivals the realised run produced, not those the fixed policy would have (a job running faster
+submits sooner, which makes the replay of the slower policy busier than it would be).
+
+The comparison is on blocks of ``_BLOCK`` samples (a queue's samples correlate; its block means
+much less): a candidate is ahead when its mean ACT is ``_MARGIN`` below the other's and the
+block differences put that ``_T`` standard errors from zero, over at least ``_MIN_BLOCKS``
+blocks (the stream's first ``_WARMUP`` blocks left out: what the core learns is still settling).
+
+- elastic sizing, and the best fixed DoP is ahead of it on the blocks elastic sizing ran: use
+  that DoP (FIFO, exactly ``d`` cores, as the replay does);
+- fixed at ``d``, and another candidate is ahead of ``d`` since the switch: use that one;
+- fixed, and the load moved (the DoP's share of the node by ``_SHIFT``): try elastic sizing
+  again on a fresh record; or fixed for ``_EXPLORE`` blocks (doubling after each trial that
+  loses): try it again, its old record kept, so a trial that changes nothing costs a block.
+
+Only a candidate whose replay keeps the node under ``_MAX_UTIL`` busy is picked, and only for a
+kind whose speedups are declared (a declared duration: the core trusts the declaration
+everywhere) or measured (its runs report their parallelism): the replay divides by them, and a
+slope learned from durations alone is too far off for hundreds of completions.
+
+Measured (docs/evaluation.md, "The fallback to a fixed DoP"): it needs ~1,300 samples before it can act, so it
+serves long streams; shorter jobs' decisions are exactly as without it.
+
+Scope: a one-node pool with a single elastic CPU kind, not malleable or restartable (those resize
+or rerun, which the replay does not model), its cap within the node. Anything else leaves the
+fallback off and decisions exactly as without it.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+from typing import Any
+
+__all__ = ["Fallback"]
+
+_BLOCK = 32  # samples per block: the comparison is on block means (a queue's samples correlate)
+_MIN_BLOCKS = 32  # blocks of a record before a comparison on it counts (1,024 samples)
+_MAX_BLOCKS = 64  # the comparison's window: the latest blocks since the last switch
+_T = 2.0  # how many standard errors of the block differences an advantage must clear
+_MARGIN = 0.01  # ... and how large it must be, as a share of the mean ACT it is compared with
+_WARMUP = 8  # blocks at the stream's start left out of every comparison (what is learned settles)
+_EXPLORE = 32  # blocks at a fixed DoP before elastic sizing is tried again (doubles on a loss)
+_TRIAL = 16  # blocks a trial of elastic sizing lasts, unless it falls clearly behind sooner
+_SHIFT = 0.1  # a change in the fixed DoP's share of the node, since the fallback, that is a new load
+_MAX_PENDING = 1 << 16  # records waiting on an earlier one's end: past it, the fallback gives up
+# a candidate whose replay asks more of the node than this share of its cores is never picked:
+# over a short window an overloaded DoP can look best (its queue has not built up yet) and then
+# leaves a backlog that no later switch undoes
+_MAX_UTIL = 0.9
+_KEEP = 1.0 - 1.0 / 1024  # the fading of the long record (which fixed DoP is best, and its load)
+
+
+class _Fifo:
+    """One node of ``cores`` under strict FIFO: an action starts when every earlier one has and
+    its cores are free."""
+
+    __slots__ = ("free", "ends", "last")
+
+    def __init__(self, cores: int) -> None:
+        self.free = cores
+        self.ends: list[tuple[float, int]] = []  # (end, cores) of the replayed actions running
+        self.last = 0.0  # the latest start: FIFO never starts one earlier
+
+    def run(self, arrival: float, k: int, dur: float) -> float:
+        """Start the next arrival (``k`` cores for ``dur`` s); returns its end."""
+        t = arrival if arrival > self.last else self.last
+        ends = self.ends
+        while ends and ends[0][0] <= t:
+            self.free += heapq.heappop(ends)[1]
+        while self.free < k:
+            e, c = heapq.heappop(ends)
+            self.free += c
+            if e > t:
+                t = e
+        self.free -= k
+        self.last = t
+        end = t + dur
+        heapq.heappush(ends, (end, k))
+        return end
+
+
+class Fallback:
+    """Per pool: the replay and the switch (see the module docstring). The core tells it of
+    arrivals, ends and drops; admission asks :meth:`fixed` for the DoP to use, or None."""
+
+    __slots__ = ("on", "_cores", "kind", "_spec", "watch", "_pending", "ids", "_fifos", "_dops",
+                 "_blk", "_blocks", "_all", "_busy", "_span", "_last", "_n", "mode", "_explore",
+                 "_since", "_trial", "switches", "_elastic", "_util_at", "_shape", "_sp", "recording")
+
+    def __init__(self, node_sizes: tuple[int, ...], enabled: bool = True) -> None:
+        self.on = enabled and len(node_sizes) == 1
+        self._cores = node_sizes[0] if node_sizes else 0
+        self.kind: str | None = None  # the one elastic CPU kind
+        self.recording = False  # its speedups are declared or measured: the replay runs
+        self._spec: Any = None  # its latest spec: the candidate DoPs
+        self.watch: Any = None  # its KindStats: the speedups it has learned (speedup_at)
+        self._pending: deque[list[Any]] = deque()  # [arrival, size or 0 (elastic), work or None, act]
+        self.ids: dict[int, list[Any]] = {}
+        self._fifos: dict[int, _Fifo] = {}
+        self._dops: tuple[int, ...] = ()
+        # the block being filled: realised ACT summed, then each DoP's replayed ACT (candidate order)
+        self._blk: list[float] = []
+        self._blocks: deque[list[float]] = deque(maxlen=_MAX_BLOCKS)  # full blocks since the last switch
+        # the blocks elastic sizing ran, across switches (a trial adds to what the fallback saw)
+        self._elastic: deque[list[float]] = deque(maxlen=_MAX_BLOCKS)
+        self._util_at = 0.0  # the fixed DoP's share of the node when it was switched to
+        # the kind's learned speedup per size, memoised while its shape (beta, upgrade) holds: the
+        # replay asks for every candidate at every completion (the hot path's call budget)
+        self._shape: tuple[Any, ...] = ()
+        self._sp: dict[int, float] = {}
+        # every sample's replayed ACT per DoP, fading: which fixed DoP is best does not depend on
+        # what was running, so it is judged on the longest record
+        self._all: list[float] = []
+        self._busy: list[float] = []  # core-seconds each DoP's replay asked for (faded alike)
+        self._span = 0.0  # seconds of arrivals they came in (faded alike)
+        self._last: float | None = None  # the latest replayed arrival
+        self._n = 0  # samples replayed
+        self.mode: int | None = None  # the fixed DoP in use, None: elastic sizing
+        self._explore = _EXPLORE
+        self._since = 0  # blocks at the current fixed DoP
+        self._trial = False  # elastic sizing on trial after a fallback
+        self.switches = 0
+
+    # ------------------------------------------------------------------ what admission asks
+    def fixed(self, kind: str) -> int | None:
+        """The fixed DoP ``kind`` runs at now, or None (size it elastically). Admission reads
+        ``mode`` and ``kind`` inline (the hot path's call budget)."""
+        return self.mode if kind == self.kind else None
+
+    # ------------------------------------------------------------------ what the core tells
+    def arrived(self, aid: int, spec: Any, stats: Any, eres: str | None, cpus: int, now: float) -> None:
+        """A CPU action arrived (``cpus``: its fixed size; ignored for the elastic kind). Fixed-size
+        ones count from the elastic kind's first arrival on: a pool without one costs nothing."""
+        if eres == "cpu":
+            if self.kind is None:
+                el = spec.elastic
+                if el.malleable or el.restartable or spec.min_units > self._cores:
+                    self._off()
+                    return
+                self.kind = spec.kind
+                self.watch = stats
+            elif spec.kind != self.kind:
+                self._off()  # a second elastic kind: the candidates would be pairs of DoPs
+                return
+            if spec.duration is None and not stats.measured:
+                # the replay is only as right as the speedups it divides by, and a slope learned
+                # from durations alone is off by 0.1-0.15 for hundreds of completions (32
+                # exponential lengths a size: a posterior sd near 0.45). Replayed under it, the
+                # open loop's fixed DoPs looked better than they ran and the fallback fired where
+                # elastic sizing was ahead (5000 arrivals, lengths learned: a seed 0.968 -> 1.015
+                # of fifo4); an allowance for the error large enough to stop that stopped it
+                # firing at all. Nothing is recorded until the runs report their parallelism.
+                return
+            if spec is not self._spec:
+                self._adopt(spec)
+            self.recording = True
+            size = 0
+        elif cpus and self.recording:
+            size = cpus
+        else:
+            return
+        rec = [now, size, None, 0.0, 0]
+        self._pending.append(rec)
+        self.ids[aid] = rec
+        if len(self._pending) > _MAX_PENDING:
+            self._off()
+
+    def ended(self, aid: int, exec_s: float, units: int, act: float) -> None:
+        """``aid`` completed: it ran ``exec_s`` on ``units``, ``act`` after it arrived."""
+        rec = self.ids.pop(aid, None)
+        if rec is None:
+            return
+        rec[2] = exec_s
+        rec[3] = act
+        rec[4] = units
+        self._advance()
+
+    def dropped(self, aid: int) -> None:
+        """``aid`` was cancelled or failed: it leaves the replay."""
+        rec = self.ids.pop(aid, None)
+        if rec is None:
+            return
+        rec[2] = -1.0
+        self._advance()
+
+    # ------------------------------------------------------------------ internals
+    def _off(self) -> None:
+        self.on = False
+        self.mode = None
+        self._pending.clear()
+        self.ids.clear()
+        self._fifos.clear()
+
+    def _adopt(self, spec: Any) -> None:
+        """The candidates for ``spec``: powers of two from its minimum, and its cap (within the
+        node), as the fixed policies a user would try. A new set mid-stream starts over."""
+        self._spec = spec
+        lo, hi = spec.min_units, min(spec.max_units, self._cores)
+        dops = []
+        d = lo
+        while d < hi:
+            dops.append(d)
+            d *= 2
+        dops.append(hi)
+        new = tuple(dops)
+        if new != self._dops:
+            self._dops = new
+            self._fifos = {d: _Fifo(self._cores) for d in new}
+            self._all = [0.0] * len(new)
+            self._busy = [0.0] * len(new)
+            self.mode = None
+            self._new_window()
+
+    def _new_window(self) -> None:
+        self._blk = [0.0] * (1 + len(self._dops))
+        self._blocks.clear()
+        if self._n <= _WARMUP * _BLOCK:
+            self._elastic.clear()
+
+    def _advance(self) -> None:
+        pend = self._pending
+        spec, st = self._spec, self.watch
+        while pend and pend[0][2] is not None:
+            arrival, size, exec_s, act, m = pend.popleft()
+            if exec_s < 0:
+                continue
+            if (st.beta, st.up, spec) != self._shape:
+                self._shape = (st.beta, st.up, spec)
+                self._sp = {d: st.speedup_at(spec, d) for d in self._dops}
+            sp = self._sp
+            sm = 1.0
+            if not size:  # an elastic run of exec_s at m takes exec_s * S(m) / S(d) at d
+                sm = sp.get(m) or sp.setdefault(m, st.speedup_at(spec, m))
+            blk, whole, busy = self._blk, self._all, self._busy
+            if self._last is not None:
+                self._span = self._span * _KEEP + (arrival - self._last)
+            self._last = arrival
+            blk[0] += act
+            for i, (d, fifo) in enumerate(self._fifos.items()):
+                if size:
+                    k, dur = size, exec_s
+                else:
+                    k, dur = d, exec_s * sm / sp[d]
+                r = fifo.run(arrival, k, dur) - arrival
+                blk[i + 1] += r
+                whole[i] = whole[i] * _KEEP + r
+                busy[i] = busy[i] * _KEEP + k * dur
+            self._n += 1
+            if self._n % _BLOCK == 0:
+                if self._n <= _WARMUP * _BLOCK:
+                    self._new_window()
+                    continue
+                self._blocks.append(blk)
+                if self.mode is None:
+                    self._elastic.append(blk)
+                else:
+                    self._since += 1
+                self._blk = [0.0] * len(blk)
+                self._decide()
+
+    @staticmethod
+    def _ahead(blocks: deque[list[float]], a: int, b: int) -> bool:
+        """Whether column ``a`` of ``blocks`` is ahead of column ``b`` (lower mean ACT) by
+        ``_MARGIN`` of ``b``'s and ``_T`` standard errors of the block differences."""
+        n = len(blocks)
+        if n < _MIN_BLOCKS:
+            return False
+        diffs = [blk[b] - blk[a] for blk in blocks]
+        mean = sum(diffs) / n
+        if mean <= _MARGIN * sum(blk[b] for blk in blocks) / n:
+            return False
+        var = sum((x - mean) ** 2 for x in diffs) / (n - 1)
+        return mean * mean * n > _T * _T * var
+
+    def _util(self, i: int) -> float:
+        """The share of the node candidate ``i``'s replay asked for (faded record)."""
+        return self._busy[i] / (self._cores * self._span) if self._span > 0 else 0.0
+
+    def _decide(self) -> None:
+        stable = [i for i in range(len(self._dops)) if self._util(i) < _MAX_UTIL]
+        if not stable:
+            if self.mode is not None:
+                self._switch(None)
+            return
+        best = min(stable, key=self._all.__getitem__)
+        if self.mode is None:
+            if self._ahead(self._elastic, best + 1, 0):
+                if self._trial:
+                    self._explore *= 2
+                self._trial = False
+                self._switch(best)
+            elif self._trial and len(self._blocks) >= _TRIAL:
+                self._trial = False  # elastic sizing held its own: keep it, trials at the base rate
+                self._explore = _EXPLORE
+            return
+        cur = self._dops.index(self.mode)
+        if best != cur and self._ahead(self._blocks, best + 1, cur + 1):
+            self._switch(best)
+        elif abs(self._util(cur) - self._util_at) > _SHIFT:
+            # the load moved since the fallback: elastic sizing's record is of another load
+            self._elastic.clear()
+            self._trial = True
+            self._switch(None)
+        elif self._since >= self._explore:
+            self._trial = True
+            self._switch(None)
+
+    def _switch(self, i: int | None) -> None:
+        self.mode = None if i is None else self._dops[i]
+        if i is not None:
+            self._util_at = self._util(i)
+        self._since = 0
+        self.switches += 1
+        self._new_window()

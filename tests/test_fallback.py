@@ -1,0 +1,131 @@
+"""The fallback (scheduler/fallback.py): the fixed DoPs a user could pick, replayed on the
+stream, and the fallback to the best of them while elastic sizing is measurably behind it."""
+
+from __future__ import annotations
+
+import random
+
+from tangram_sdk import ActionSpec, Amdahl, Elasticity, Pool, Scheduler
+from tangram_sdk.scheduler.decisions import Grant
+from tangram_sdk.scheduler.events import Cancelled, Released, Submitted
+from tangram_sdk.scheduler.fallback import _Fifo
+from tangram_sdk.sim.openloop import elastic_spec, fixed_dop_acts, open_loop
+
+
+def _stream(gap: float, n: int, seed: int) -> list[tuple[float, float]]:
+    """(arrival, work) as ``open_loop`` draws them for one spec."""
+    rng = random.Random(seed)
+    t = 0.0
+    out = []
+    for _ in range(n):
+        t += rng.expovariate(1 / gap)
+        out.append((t, rng.expovariate(1.0)))
+    return out
+
+
+def test_the_replay_of_a_fixed_dop_is_that_policy_run_on_the_same_stream() -> None:
+    # the counterfactual is exact on an open stream: the replay's mean ACT at each DoP is what
+    # Scheduler(elastic=False) with that DoP measures on the same arrivals and lengths
+    p, cores, gap, n = 0.9, 16, 1 / (0.6 * 16), 600
+    fixed = fixed_dop_acts(p, 16, cores, gap, n, seed=3)
+    a = Amdahl(p)
+    for d in (1, 2, 4, 8, 16):
+        fifo = _Fifo(cores)
+        total = sum(fifo.run(t, d, w / a.speedup(d)) - t for t, w in _stream(gap, n, 3))
+        assert abs(total / n - fixed[d]) < 1e-9 * fixed[d], d
+
+
+def _run(p: float, cap: int, cores: int, load: float, n: int, seed: int, **opts: object) -> tuple[float, Scheduler]:
+    sched = Scheduler(Pool(cpus=cores), **opts)  # type: ignore[arg-type]
+    return open_loop(sched, elastic_spec(cap, p, 1.0), 1 / (load * cores), n, seed=seed), sched
+
+
+def test_a_stream_where_elastic_sizing_loses_falls_back_to_the_best_fixed_dop() -> None:
+    # near-linear work on one 16-core node at 45 % busy: two 8-core servers beat every size the
+    # price picks (M/M/2 vs grants that leave fragments); the fallback finds fifo8 and keeps it.
+    # Measured: 1.009-1.013 of fifo8 with it, 1.029-1.032 without (seeds 0-2)
+    n = 8000
+    best = fixed_dop_acts(0.97, 16, 16, 1 / (0.45 * 16), n, seed=0, dops=(8,))[8]
+    with_it, sched = _run(0.97, 16, 16, 0.45, n, 0)
+    without, _ = _run(0.97, 16, 16, 0.45, n, 0, fallback=False)
+    assert sched._fallback.fixed("t") == 8 == sched.statistics().fallback_dop
+    assert without > 1.02 * best  # what it fixes: elastic sizing alone loses here
+    assert with_it < 1.02 * best
+
+
+def test_lengths_learned_it_acts_on_measured_parallelism_and_never_on_durations_alone() -> None:
+    # the replay divides by the kind's speedups: measured (runs report their parallelism, as
+    # lease.run does) they are right and the fallback fires (1.010-1.013 of fifo8, 1.046-1.058
+    # without it, seeds 0-2); learned from durations alone they are not, and nothing moves
+    n, gap = 8000, 1 / (0.45 * 16)
+    best = fixed_dop_acts(0.97, 16, 16, gap, n, seed=0, dops=(8,))[8]
+    spec = elastic_spec(16, 0.97, None)
+    runs = {}
+    for measured in (True, False):
+        for on in (True, False):
+            sched = Scheduler(Pool(cpus=16), fallback=on)
+            runs[measured, on] = open_loop(sched, spec, gap, n, seed=0, measured=measured), sched
+    assert runs[True, True][1]._fallback.fixed("t") == 8
+    assert runs[True, True][0] < 1.02 * best < runs[True, False][0]
+    assert runs[False, True][1]._fallback.switches == 0
+    assert runs[False, True][0] == runs[False, False][0]
+
+
+def test_where_elastic_sizing_wins_the_fallback_never_fires() -> None:
+    # 90 % busy: the price's narrow grants beat every fixed DoP by over 7 %; nothing moves
+    with_it, sched = _run(0.9, 8, 16, 0.9, 3000, 0)
+    without, _ = _run(0.9, 8, 16, 0.9, 3000, 0, fallback=False)
+    assert sched._fallback.switches == 0 and sched._fallback.on
+    assert with_it == without
+    fixed = fixed_dop_acts(0.9, 8, 16, 1 / (0.9 * 16), 3000, seed=0)
+    assert with_it < 0.95 * min(fixed.values())
+
+
+def _grants(sched: Scheduler, specs: list[ActionSpec], n: int, seed: int) -> list[tuple[int, int]]:
+    """Grant decisions (id, units) for a stream of the given specs, each released 0.3 s after."""
+    rng = random.Random(seed)
+    out: list[tuple[int, int]] = []
+    t = 0.0
+    ends: list[tuple[float, int]] = []
+    for i in range(n):
+        t += rng.expovariate(20.0)
+        while ends and ends[0][0] <= t:
+            e, aid = ends.pop(0)
+            out += [(g.action_id, g.units) for g in sched.handle(Released(aid), e) if isinstance(g, Grant)]
+        for g in sched.handle(Submitted(i, specs[i % len(specs)]), t):
+            if isinstance(g, Grant):
+                out.append((g.action_id, g.units))
+                ends.append((t + 0.3, g.action_id))
+                ends.sort()
+    return out
+
+
+def test_outside_its_scope_it_is_off_and_decisions_are_exactly_as_without_it() -> None:
+    el = Elasticity("cpu", max_units=8, efficiency=Amdahl(0.9))
+    t = ActionSpec(kind="t", cpus=1, elastic=el)
+    u = ActionSpec(kind="u", cpus=1, elastic=el)
+    mall = ActionSpec(kind="m", cpus=1, elastic=Elasticity("cpu", max_units=8, efficiency=Amdahl(0.9), malleable=True))
+    cases = [
+        (Pool(cpus=16), [t, u]),  # two elastic kinds: the candidates would be pairs of DoPs
+        (Pool(cpus=16), [mall]),  # a malleable kind is resized, which the replay does not model
+        (Pool(cpus=32, numa=["0-15", "16-31"]), [t]),  # two nodes
+    ]
+    for pool, specs in cases:
+        on = Scheduler(pool)
+        got = _grants(on, specs, 400, 5)
+        assert not on._fallback.on, specs
+        assert got == _grants(Scheduler(pool, fallback=False), specs, 400, 5)
+
+
+def test_a_cancelled_or_failed_action_leaves_the_replay_without_stalling_it() -> None:
+    sched = Scheduler(Pool(cpus=4))
+    spec = elastic_spec(4, 0.9, 1.0)
+    shell = ActionSpec(kind="sh", cpus=1, duration=0.1)
+    sched.handle(Submitted(0, spec), 0.0)  # granted the node
+    sched.handle(Submitted(1, spec), 0.1)  # queued
+    sched.handle(Submitted(2, shell), 0.2)
+    sched.handle(Cancelled(1), 0.3)  # cancelled while queued
+    sched.handle(Released(0, failed=True), 0.4)  # failed
+    sched.handle(Released(2), 0.5)
+    fb = sched._fallback
+    assert fb.on and not fb._pending and not fb.ids
