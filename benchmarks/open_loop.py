@@ -36,13 +36,13 @@ LOADS = "0.15,0.3,0.45,0.6,0.75,0.9"
 
 def cell(p: float, cap: int, cores: int, load: float, seeds: int, n: int,
          variants: list[dict[str, Any]], sigma: float | None = None,
-         learned: bool = False, mix: float | None = None) -> tuple[str, list[float]]:
+         learned: bool = False, mix: float | None = None, measured: bool = False) -> tuple[str, list[float]]:
     """(best fixed DoP, Tangram / best for each variant) on ``seeds`` streams; a variant sets
     ``moldable`` constants (names starting with ``_``) and Scheduler options for its run (``{}``:
     the default). ``mix``: a second kind of Amdahl ``mix`` (same cap) takes half the arrivals,
     and the yardstick is the best pair of fixed DoPs, one per kind."""
     gap = 1.0 / (load * cores)
-    dur = None if learned else 1.0
+    dur = None if learned or measured else 1.0
     fixed: list[dict[Any, float]]
     spec: ActionSpec | tuple[ActionSpec, ...]
     if mix is None:
@@ -62,7 +62,8 @@ def cell(p: float, cap: int, cores: int, load: float, seeds: int, n: int,
         for name, value in consts.items():
             setattr(moldable, name, type(saved[name])(value))
         try:
-            t = sum(open_loop(Scheduler(Pool(cpus=cores), **options), spec, gap, n, seed=s, sigma=sigma)
+            t = sum(open_loop(Scheduler(Pool(cpus=cores), **options), spec, gap, n, seed=s, sigma=sigma,
+                              measured=measured)
                     for s in range(seeds))
         finally:
             for name, value in saved.items():
@@ -88,6 +89,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="log-normal work of this log-sigma (mean 1 s) instead of exponential")
     ap.add_argument("--learned", action="store_true",
                     help="Tangram's spec declares no duration: lengths (and their spread) are learned")
+    ap.add_argument("--measured", action="store_true",
+                    help="as --learned, and each release reports the parallelism its work got (lease.run)")
     ap.add_argument("--mix", type=float, default=None, metavar="P2",
                     help="a second elastic kind (Amdahl P2, same cap) takes half the arrivals; the "
                          "yardstick is the best pair of fixed DoPs, one per kind")
@@ -117,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
         p, cap, cores = float(ps), int(caps), int(cs)
         for load in (float(x) for x in args.loads.split(",")):
             best, rs = cell(p, cap, cores, load, args.seeds, args.n, variants, args.sigma, args.learned,
-                            args.mix)
+                            args.mix, args.measured)
             for i, r in enumerate(rs):
                 ratios[i].append(r)
             marks = "  ".join(f"{r:>8.3f}{'*' if r > 1.02 else ' '}" for r in rs)

@@ -31,12 +31,13 @@ def elastic_spec(max_units: int, p: float, duration: float | None = 1.0, kind: s
 
 
 def open_loop(sched: Scheduler, spec: ActionSpec | Sequence[ActionSpec], gap: float, n: int,
-              seed: int = 0, sigma: float | None = None) -> float:
+              seed: int = 0, sigma: float | None = None, measured: bool = False) -> float:
     """Mean ACT of ``n`` Poisson arrivals every ``gap`` s on average, each with exponential work
     (``sigma``: log-normal of that log-sigma instead) of mean the spec's duration at its minimum
     (1 s when the spec declares none: the scheduler learns it) scaled by T(units). Several specs:
     each arrival is one of them, picked uniformly (kinds sharing the pool; one spec draws the
-    same stream as before)."""
+    same stream as before). ``measured``: each release reports the parallelism its work got (its
+    speedup at its units, as ``lease.run`` measures work that conserves its CPU time)."""
     specs = (spec,) if isinstance(spec, ActionSpec) else tuple(spec)
     rng = random.Random(seed)
     ev: list[tuple[float, int, int, float]] = []
@@ -50,6 +51,7 @@ def open_loop(sched: Scheduler, spec: ActionSpec | Sequence[ActionSpec], gap: fl
     heapq.heapify(ev)
     sub: dict[int, float] = {}
     work: dict[int, float] = {}
+    par: dict[int, float] = {}
     total = 0.0
     scale = [s.duration if s.duration is not None else 1.0 for s in specs]
     while ev:
@@ -59,11 +61,13 @@ def open_loop(sched: Scheduler, spec: ActionSpec | Sequence[ActionSpec], gap: fl
             d = sched.handle(Submitted(aid, specs[which[aid]]), t)
         else:
             total += t - sub[aid]
-            d = sched.handle(Released(aid), t)
+            d = sched.handle(Released(aid, parallelism=par.pop(aid)) if measured else Released(aid), t)
         for g in d:
             if isinstance(g, Grant):
                 k = which[g.action_id]
                 dur = work[g.action_id] * scale[k] * specs[k].relative_duration(g.units)
+                if measured:
+                    par[g.action_id] = specs[k].speedup(g.units)
                 heapq.heappush(ev, (t + dur, 0, g.action_id, 0.0))
     sched.check_invariants()
     return total / n
