@@ -71,6 +71,19 @@ def test_lengths_learned_it_acts_on_measured_parallelism_and_never_on_durations_
     assert runs[False, True][0] == runs[False, False][0]
 
 
+def test_the_narrowest_dop_is_a_candidate_however_busy_it_keeps_the_node() -> None:
+    # work that gains little (Amdahl 0.5) at 90 % busy: fifo1 is best and its replay keeps the node
+    # over 90 % busy, the cut for wider DoPs; it spends the fewest core-seconds of any policy, so
+    # it stays a candidate (seed 0: 1.006 of fifo1 with the fallback, 1.021 without)
+    n, gap = 5000, 1 / (0.9 * 16)
+    best = fixed_dop_acts(0.5, 16, 16, gap, n, seed=0, dops=(1,))[1]
+    sched = Scheduler(Pool(cpus=16))
+    with_it = open_loop(sched, elastic_spec(16, 0.5, 1.0), gap, n, seed=0)
+    without = open_loop(Scheduler(Pool(cpus=16), fallback=False), elastic_spec(16, 0.5, 1.0), gap, n, seed=0)
+    assert sched._fallback.mode == 1 and sched._fallback._util(0) > 0.9
+    assert with_it < 1.01 * best < 1.02 * best < without
+
+
 def test_where_elastic_sizing_wins_the_fallback_never_fires() -> None:
     # 90 % busy: the price's narrow grants beat every fixed DoP by over 7 %; nothing moves
     with_it, sched = _run(0.9, 8, 16, 0.9, 3000, 0)

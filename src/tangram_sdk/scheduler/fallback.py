@@ -25,13 +25,13 @@ blocks (the stream's first ``_WARMUP`` blocks left out: what the core learns is 
   again on a fresh record; or fixed for ``_EXPLORE`` blocks (doubling after each trial that
   loses): try it again, its old record kept, so a trial that changes nothing costs a block.
 
-Only a candidate whose replay keeps the node under ``_MAX_UTIL`` busy is picked, and only for a
-kind whose speedups are declared (a declared duration: the core trusts the declaration
-everywhere) or measured (its runs report their parallelism): the replay divides by them, and a
-slope learned from durations alone is too far off for hundreds of completions.
+Only a candidate whose replay keeps the node under ``_MAX_UTIL`` busy is picked (the narrowest
+always), and only for a kind whose speedups are declared (a declared duration: the core trusts
+the declaration everywhere) or measured (its runs report their parallelism): the replay divides
+by them, and a slope learned from durations alone is too far off for hundreds of completions.
 
-Measured (docs/evaluation.md, "The fallback to a fixed DoP"): it needs ~1,300 samples before it can act, so it
-serves long streams; shorter jobs' decisions are exactly as without it.
+Measured (docs/evaluation.md, "The fallback to a fixed DoP"): it needs ~1,300 samples before it
+can act, so it serves long streams; shorter jobs' decisions are exactly as without it.
 
 Scope: a one-node pool with a single elastic CPU kind, not malleable or restartable (those resize
 or rerun, which the replay does not model), its cap within the node. Anything else leaves the
@@ -290,7 +290,9 @@ class Fallback:
         return self._busy[i] / (self._cores * self._span) if self._span > 0 else 0.0
 
     def _decide(self) -> None:
-        stable = [i for i in range(len(self._dops)) if self._util(i) < _MAX_UTIL]
+        # the narrowest candidate is always one: it spends the fewest core-seconds of any
+        # policy, so a backlog it leaves every other would leave too
+        stable = [i for i in range(len(self._dops)) if i == 0 or self._util(i) < _MAX_UTIL]
         if not stable:
             if self.mode is not None:
                 self._switch(None)
