@@ -3,9 +3,16 @@ stream, and the fallback to the best of them while elastic sizing is measurably 
 
 from __future__ import annotations
 
+import asyncio
 import random
+from typing import Any
+
+import pytest
 
 from tangram_sdk import ActionSpec, Amdahl, Elasticity, Pool, Scheduler
+from tangram_sdk.runtime import Tangram
+from tangram_sdk.sim.baselines import CPU_UPDATE_S, make_policy
+from tangram_sdk.sim.engine import Act, Trajectory, simulate
 from tangram_sdk.scheduler.decisions import Grant
 from tangram_sdk.scheduler.events import Cancelled, Released, Submitted
 from tangram_sdk.scheduler.fallback import _Fifo
@@ -142,3 +149,52 @@ def test_a_cancelled_or_failed_action_leaves_the_replay_without_stalling_it() ->
     sched.handle(Released(2), 0.5)
     fb = sched._fallback
     assert fb.on and not fb._pending and not fb.ids
+
+
+@pytest.mark.looptime
+async def test_the_live_runtime_and_the_simulator_fall_back_alike() -> None:
+    # the same-core equivalence (tests/test_sim_engine.py) for the fallback: 3000 open-loop
+    # arrivals (a trajectory of one action each) of near-linear work on one 16-core node at 45 %
+    # busy, where the fallback fires (fifo8), a trial of elastic sizing and back: the simulator and
+    # the live runtime on looptime log the same decisions, entry by entry. Start-or-wait is off:
+    # over 3000 actions its wake-ups land on half a microsecond somewhere in every trace tried,
+    # which looptime fires a microsecond later than the simulator's grid (the harness's clock
+    # artefact, tests/test_sim_engine.py); its ticks are covered there.
+    spec = ActionSpec(kind="t", cpus=1, duration=1.0, elastic=Elasticity("cpu", 16, Amdahl(0.97)))
+    pool = Pool(cpus=16)
+    rng = random.Random(0)
+    t = 0.0
+    trajs = []
+    for _ in range(3000):
+        t += rng.expovariate(0.45 * 16)
+        trajs.append(Trajectory((Act(spec, round(rng.expovariate(1.0), 6), round(t, 6)),)))
+
+    def recorder(log: list[Any]) -> Any:
+        return lambda events, now, decisions: log.append((tuple(events), round(now, 6), tuple(decisions)))
+
+    sim_log: list[Any] = []
+    pol = make_policy("tangram", pool, start_or_wait=False)
+    simulate(trajs, pol, observers=[recorder(sim_log)], time_resolution=1e-6)
+    fb = pol.lanes[0]._fallback
+    assert fb.switches >= 3 and fb.mode == 8  # fell back, tried elastic sizing again, fell back
+    plain: list[Any] = []
+    simulate(trajs, make_policy("tangram", pool, start_or_wait=False, fallback=False),
+             observers=[recorder(plain)], time_resolution=1e-6)
+    assert plain != sim_log
+
+    rt_log: list[Any] = []
+    loop = asyncio.get_running_loop()
+    async with Tangram(pool, observers=[recorder(rt_log)], batch=False, start_or_wait=False) as tangram:
+
+        async def run(tr: Trajectory) -> None:
+            for act in tr.acts:
+                await asyncio.sleep(act.think)
+                async with tangram.acquire(act.spec) as lease:
+                    now = loop.time()  # to the same 1-us tick the simulator computes
+                    end = round((now + act.work * act.relative_duration(lease.units) + CPU_UPDATE_S) * 1e6) / 1e6
+                    await asyncio.sleep(end - now)
+
+        await asyncio.gather(*(run(tr) for tr in trajs))
+    assert len(sim_log) == len(rt_log)
+    for i, (a, b) in enumerate(zip(sim_log, rt_log)):
+        assert a == b, f"entry {i} differs:\nsim {a}\nrt  {b}"
