@@ -27,8 +27,8 @@ import time
 from typing import Any
 
 import tangram_sdk.scheduler.moldable as moldable
-from tangram_sdk import ActionSpec, Pool, Scheduler
-from tangram_sdk.sim.openloop import elastic_spec, fixed_dop_acts, fixed_pair_acts, open_loop
+from tangram_sdk import ActionSpec, Scheduler
+from tangram_sdk.sim.openloop import elastic_spec, fixed_dop_acts, fixed_pair_acts, node_pool, open_loop
 
 SHAPES = "0.9:16:16,0.75:16:16,0.97:16:16,0.5:16:16,0.9:8:16,0.9:16:32,0.9:32:32,0.9:16:64,0.9:32:128"
 LOADS = "0.15,0.3,0.45,0.6,0.75,0.9"
@@ -36,7 +36,8 @@ LOADS = "0.15,0.3,0.45,0.6,0.75,0.9"
 
 def cell(p: float, cap: int, cores: int, load: float, seeds: int, n: int,
          variants: list[dict[str, Any]], sigma: float | None = None,
-         learned: bool = False, mix: float | None = None, measured: bool = False) -> tuple[str, list[float]]:
+         learned: bool = False, mix: float | None = None, measured: bool = False,
+         nodes: int = 1) -> tuple[str, list[float]]:
     """(best fixed DoP, Tangram / best for each variant) on ``seeds`` streams; a variant sets
     ``moldable`` constants (names starting with ``_``) and Scheduler options for its run (``{}``:
     the default). ``mix``: a second kind of Amdahl ``mix`` (same cap) takes half the arrivals,
@@ -46,7 +47,7 @@ def cell(p: float, cap: int, cores: int, load: float, seeds: int, n: int,
     fixed: list[dict[Any, float]]
     spec: ActionSpec | tuple[ActionSpec, ...]
     if mix is None:
-        fixed = [fixed_dop_acts(p, cap, cores, gap, n, seed=s, sigma=sigma) for s in range(seeds)]
+        fixed = [fixed_dop_acts(p, cap, cores, gap, n, seed=s, sigma=sigma, nodes=nodes) for s in range(seeds)]
         spec = elastic_spec(cap, p, dur)
     else:
         fixed = [fixed_pair_acts(p, mix, cap, cores, gap, n, seed=s, sigma=sigma) for s in range(seeds)]
@@ -62,7 +63,7 @@ def cell(p: float, cap: int, cores: int, load: float, seeds: int, n: int,
         for name, value in consts.items():
             setattr(moldable, name, type(saved[name])(value))
         try:
-            t = sum(open_loop(Scheduler(Pool(cpus=cores), **options), spec, gap, n, seed=s, sigma=sigma,
+            t = sum(open_loop(Scheduler(node_pool(cores, nodes), **options), spec, gap, n, seed=s, sigma=sigma,
                               measured=measured)
                     for s in range(seeds))
         finally:
@@ -74,7 +75,8 @@ def cell(p: float, cap: int, cores: int, load: float, seeds: int, n: int,
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--shapes", default=SHAPES, help="p:cap:cores,... (Amdahl p, DoP cap, pool cores)")
+    ap.add_argument("--shapes", default=SHAPES,
+                    help="p:cap:cores[:nodes],... (Amdahl p, DoP cap, pool cores, NUMA nodes: 1)")
     ap.add_argument("--loads", default=LOADS, help="offered load as a share of the pool at one core each")
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--n", type=int, default=1500, help="arrivals per stream")
@@ -116,15 +118,16 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'p':>5} {'cap':>4} {'cores':>5} {'load':>5}  {'best':<9} " + "  ".join(f"{n:>9}" for n in names))
     ratios: list[list[float]] = [[] for _ in variants]
     for shape in args.shapes.split(","):
-        ps, caps, cs = shape.split(":")
-        p, cap, cores = float(ps), int(caps), int(cs)
+        ps, caps, cs, *ns = shape.split(":")
+        p, cap, cores, nodes = float(ps), int(caps), int(cs), int(ns[0]) if ns else 1
         for load in (float(x) for x in args.loads.split(",")):
             best, rs = cell(p, cap, cores, load, args.seeds, args.n, variants, args.sigma, args.learned,
-                            args.mix, args.measured)
+                            args.mix, args.measured, nodes)
             for i, r in enumerate(rs):
                 ratios[i].append(r)
             marks = "  ".join(f"{r:>8.3f}{'*' if r > 1.02 else ' '}" for r in rs)
-            print(f"{p:>5} {cap:>4} {cores:>5} {load:>5}  {best:<9} " + marks, flush=True)
+            where = f"{cores}" if nodes == 1 else f"{cores}/{nodes}"
+            print(f"{p:>5} {cap:>4} {where:>5} {load:>5}  {best:<9} " + marks, flush=True)
     print()
     for name, rs in zip(names, ratios):
         geo = math.exp(sum(map(math.log, rs)) / len(rs))

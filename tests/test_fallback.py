@@ -16,7 +16,7 @@ from tangram_sdk.sim.engine import Act, Trajectory, simulate
 from tangram_sdk.scheduler.decisions import Grant
 from tangram_sdk.scheduler.events import Cancelled, Released, Submitted
 from tangram_sdk.scheduler.fallback import _Fifo
-from tangram_sdk.sim.openloop import elastic_spec, fixed_dop_acts, open_loop
+from tangram_sdk.sim.openloop import elastic_spec, fixed_dop_acts, fixed_spec, open_loop
 
 
 def _stream(gap: float, n: int, seed: int) -> list[tuple[float, float]]:
@@ -37,7 +37,7 @@ def test_the_replay_of_a_fixed_dop_is_that_policy_run_on_the_same_stream() -> No
     fixed = fixed_dop_acts(p, 16, cores, gap, n, seed=3)
     a = Amdahl(p)
     for d in (1, 2, 4, 8, 16):
-        fifo = _Fifo(cores)
+        fifo = _Fifo((cores,))
         total = sum(fifo.run(t, d, w / a.speedup(d)) - t for t, w in _stream(gap, n, 3))
         assert abs(total / n - fixed[d]) < 1e-9 * fixed[d], d
 
@@ -45,6 +45,24 @@ def test_the_replay_of_a_fixed_dop_is_that_policy_run_on_the_same_stream() -> No
 def _run(p: float, cap: int, cores: int, load: float, n: int, seed: int, **opts: object) -> tuple[float, Scheduler]:
     sched = Scheduler(Pool(cpus=cores), **opts)  # type: ignore[arg-type]
     return open_loop(sched, elastic_spec(cap, p, 1.0), 1 / (load * cores), n, seed=seed), sched
+
+
+def test_on_several_nodes_the_replay_places_as_the_core_does() -> None:
+    # two 12-core nodes: a fixed DoP of 8 leaves 4 cores a node that only narrower grants use; the
+    # replay (worst fit for the elastic kind, strict FIFO across nodes) is the baseline exactly
+    p, gap, n = 0.9, 1 / (0.6 * 24), 600
+    pool = Pool(cpus=24, numa=["0-11", "12-23"])
+    a = Amdahl(p)
+    for d in (1, 2, 4, 8, 12):
+        base = open_loop(Scheduler(pool, elastic=False), fixed_spec(p, d), gap, n, seed=2)
+        fifo = _Fifo((12, 12))
+        total = sum(fifo.run(t, d, w / a.speedup(d)) - t for t, w in _stream(gap, n, 2))
+        assert abs(total / n - base) < 1e-9 * base, d
+    # a fixed-size action packs into the fullest node that fits (best fit), as Placement does
+    fifo = _Fifo((12, 12))
+    fifo.run(0.0, 8, 10.0)  # worst fit: node 0
+    fifo.run(0.0, 2, 10.0, worst=False)  # best fit: node 0 (4 free), not node 1 (12)
+    assert fifo.free == [2, 12]
 
 
 def test_a_stream_where_elastic_sizing_loses_falls_back_to_the_best_fixed_dop() -> None:
@@ -80,14 +98,14 @@ def test_lengths_learned_it_acts_on_measured_parallelism_and_never_on_durations_
 
 def test_the_narrowest_dop_is_a_candidate_however_busy_it_keeps_the_node() -> None:
     # work that gains little (Amdahl 0.5) at 90 % busy: fifo1 is best and its replay keeps the node
-    # over 90 % busy, the cut for wider DoPs; it spends the fewest core-seconds of any policy, so
+    # over 80 % busy, the cut for wider DoPs; it spends the fewest core-seconds of any policy, so
     # it stays a candidate (seed 0: 1.006 of fifo1 with the fallback, 1.021 without)
     n, gap = 5000, 1 / (0.9 * 16)
     best = fixed_dop_acts(0.5, 16, 16, gap, n, seed=0, dops=(1,))[1]
     sched = Scheduler(Pool(cpus=16))
     with_it = open_loop(sched, elastic_spec(16, 0.5, 1.0), gap, n, seed=0)
     without = open_loop(Scheduler(Pool(cpus=16), fallback=False), elastic_spec(16, 0.5, 1.0), gap, n, seed=0)
-    assert sched._fallback.mode == 1 and sched._fallback._util(0) > 0.9
+    assert sched._fallback.mode == 1 and sched._fallback._util(0) > 0.8
     assert with_it < 1.01 * best < 1.02 * best < without
 
 
@@ -128,7 +146,6 @@ def test_outside_its_scope_it_is_off_and_decisions_are_exactly_as_without_it() -
     cases = [
         (Pool(cpus=16), [t, u]),  # two elastic kinds: the candidates would be pairs of DoPs
         (Pool(cpus=16), [mall]),  # a malleable kind is resized, which the replay does not model
-        (Pool(cpus=32, numa=["0-15", "16-31"]), [t]),  # two nodes
     ]
     for pool, specs in cases:
         on = Scheduler(pool)

@@ -4,8 +4,9 @@ to the best of them while elastic sizing is measurably behind it.
 Why: the bar Tangram is held to is "never worse than the fixed policy a user would otherwise
 pick". Pricing and start-or-wait get close to it from a model of the pool; the fallback checks it
 on the stream itself. Every CPU action's arrival and, once it ends, its run are replayed, in
-arrival order, through one strict-FIFO node per candidate DoP ``d``: the elastic kind at ``d``
-cores (a run of ``t`` on ``m`` cores takes ``t * S(m) / S(d)``), every fixed-size action as it ran,
+arrival order, through one strict-FIFO copy of the pool per candidate DoP ``d``: the elastic
+kind at ``d`` cores (a run of ``t`` on ``m`` cores takes ``t * S(m) / S(d)``), every fixed-size
+action as it ran,
 exactly what ``Scheduler(elastic=False)`` with that DoP would do. On an open stream (arrivals that
 do not depend on the scheduler) the replay is that policy's counterfactual on the same arrivals
 and lengths: a paired comparison, with none of the noise of two separate runs. In a closed loop
@@ -33,9 +34,10 @@ by them, and a slope learned from durations alone is too far off for hundreds of
 Measured (docs/evaluation.md, "The fallback to a fixed DoP"): it needs ~1,300 samples before it
 can act, so it serves long streams; shorter jobs' decisions are exactly as without it.
 
-Scope: a one-node pool with a single elastic CPU kind, not malleable or restartable (those resize
-or rerun, which the replay does not model), its cap within the node. Anything else leaves the
-fallback off and decisions exactly as without it.
+Scope: a pool of one node or several (no grant spans nodes; the replay places as ``Placement``
+does), with a single elastic CPU kind, not malleable or restartable (those resize or rerun, which
+the replay does not model). Anything else leaves the fallback off and decisions exactly as
+without it.
 """
 
 from __future__ import annotations
@@ -56,39 +58,50 @@ _EXPLORE = 32  # blocks at a fixed DoP before elastic sizing is tried again (dou
 _TRIAL = 16  # blocks a trial of elastic sizing lasts, unless it falls clearly behind sooner
 _SHIFT = 0.1  # a change in the fixed DoP's share of the node, since the fallback, that is a new load
 _MAX_PENDING = 1 << 16  # records waiting on an earlier one's end: past it, the fallback gives up
-# a candidate whose replay asks more of the node than this share of its cores is never picked:
-# over a short window an overloaded DoP can look best (its queue has not built up yet) and then
-# leaves a backlog that no later switch undoes
-_MAX_UTIL = 0.9
+# a candidate whose replay asks more of the pool than this share of its cores is never picked
+# (the narrowest excepted): over a short window an overloaded DoP can look best (its queue has not
+# built up yet) and then leaves a backlog that no later switch undoes, and one near saturation
+# loses the bursts that elastic sizing wins (0.9 let 0.97:16:32 on two nodes at 75 % busy switch
+# to fifo4 at 82 %: 0.971 -> 1.010 of it over 5,000 arrivals)
+_MAX_UTIL = 0.8
 _KEEP = 1.0 - 1.0 / 1024  # the fading of the long record (which fixed DoP is best, and its load)
 
 
 class _Fifo:
-    """One node of ``cores`` under strict FIFO: an action starts when every earlier one has and
-    its cores are free."""
+    """Nodes of the given sizes under strict FIFO, placed as the core places: an action starts
+    when every earlier one has and a node has its cores free, the elastic kind on the node with
+    the most free (room to grow), a fixed-size one on the fullest that fits (``Placement``)."""
 
     __slots__ = ("free", "ends", "last")
 
-    def __init__(self, cores: int) -> None:
-        self.free = cores
-        self.ends: list[tuple[float, int]] = []  # (end, cores) of the replayed actions running
+    def __init__(self, sizes: tuple[int, ...]) -> None:
+        self.free = list(sizes)
+        self.ends: list[tuple[float, int, int]] = []  # (end, node, cores) of the replayed actions running
         self.last = 0.0  # the latest start: FIFO never starts one earlier
 
-    def run(self, arrival: float, k: int, dur: float) -> float:
-        """Start the next arrival (``k`` cores for ``dur`` s); returns its end."""
+    def run(self, arrival: float, k: int, dur: float, worst: bool = True) -> float:
+        """Start the next arrival (``k`` cores for ``dur`` s; ``worst``: worst fit, else best);
+        returns its end."""
         t = arrival if arrival > self.last else self.last
-        ends = self.ends
+        ends, free = self.ends, self.free
         while ends and ends[0][0] <= t:
-            self.free += heapq.heappop(ends)[1]
-        while self.free < k:
-            e, c = heapq.heappop(ends)
-            self.free += c
+            _e, n, c = heapq.heappop(ends)
+            free[n] += c
+        while True:
+            node = -1
+            for i, f in enumerate(free):
+                if f >= k and (node < 0 or (f > free[node] if worst else f < free[node])):
+                    node = i
+            if node >= 0:
+                break
+            e, n, c = heapq.heappop(ends)
+            free[n] += c
             if e > t:
                 t = e
-        self.free -= k
+        free[node] -= k
         self.last = t
         end = t + dur
-        heapq.heappush(ends, (end, k))
+        heapq.heappush(ends, (end, node, k))
         return end
 
 
@@ -96,13 +109,15 @@ class Fallback:
     """Per pool: the replay and the switch (see the module docstring). The core tells it of
     arrivals, ends and drops; admission asks :meth:`fixed` for the DoP to use, or None."""
 
-    __slots__ = ("on", "_cores", "kind", "_spec", "watch", "_pending", "ids", "_fifos", "_dops",
+    __slots__ = ("on", "_sizes", "_cores", "_widest", "kind", "_spec", "watch", "_pending", "ids", "_fifos", "_dops",
                  "_blk", "_blocks", "_all", "_busy", "_span", "_last", "_n", "mode", "_explore",
                  "_since", "_trial", "switches", "_elastic", "_util_at", "_shape", "_sp", "recording")
 
     def __init__(self, node_sizes: tuple[int, ...], enabled: bool = True) -> None:
-        self.on = enabled and len(node_sizes) == 1
-        self._cores = node_sizes[0] if node_sizes else 0
+        self.on = enabled and bool(node_sizes)
+        self._sizes = tuple(node_sizes)
+        self._cores = sum(node_sizes)  # the pool's, for the replays' utilisation
+        self._widest = max(node_sizes, default=0)  # no grant spans nodes
         self.kind: str | None = None  # the one elastic CPU kind
         self.recording = False  # its speedups are declared or measured: the replay runs
         self._spec: Any = None  # its latest spec: the candidate DoPs
@@ -147,7 +162,7 @@ class Fallback:
         if eres == "cpu":
             if self.kind is None:
                 el = spec.elastic
-                if el.malleable or el.restartable or spec.min_units > self._cores:
+                if el.malleable or el.restartable or spec.min_units > self._widest:
                     self._off()
                     return
                 self.kind = spec.kind
@@ -208,7 +223,7 @@ class Fallback:
         """The candidates for ``spec``: powers of two from its minimum, and its cap (within the
         node), as the fixed policies a user would try. A new set mid-stream starts over."""
         self._spec = spec
-        lo, hi = spec.min_units, min(spec.max_units, self._cores)
+        lo, hi = spec.min_units, min(spec.max_units, self._widest)
         dops = []
         d = lo
         while d < hi:
@@ -218,7 +233,7 @@ class Fallback:
         new = tuple(dops)
         if new != self._dops:
             self._dops = new
-            self._fifos = {d: _Fifo(self._cores) for d in new}
+            self._fifos = {d: _Fifo(self._sizes) for d in new}
             self._all = [0.0] * len(new)
             self._busy = [0.0] * len(new)
             self.mode = None
@@ -254,7 +269,7 @@ class Fallback:
                     k, dur = size, exec_s
                 else:
                     k, dur = d, exec_s * sm / sp[d]
-                r = fifo.run(arrival, k, dur) - arrival
+                r = fifo.run(arrival, k, dur, not size) - arrival
                 blk[i + 1] += r
                 whole[i] = whole[i] * _KEEP + r
                 busy[i] = busy[i] * _KEEP + k * dur

@@ -20,7 +20,15 @@ from ..scheduler.decisions import Grant
 from ..scheduler.events import Released, Submitted
 from ..spec import ActionSpec, Amdahl, Elasticity
 
-__all__ = ["elastic_spec", "fixed_dop_acts", "fixed_pair_acts", "fixed_spec", "open_loop"]
+__all__ = ["elastic_spec", "fixed_dop_acts", "fixed_pair_acts", "fixed_spec", "node_pool", "open_loop"]
+
+
+def node_pool(cores: int, nodes: int = 1) -> Pool:
+    """``cores`` in ``nodes`` equal NUMA nodes (one: a plain pool); no grant spans nodes."""
+    if nodes == 1:
+        return Pool(cpus=cores)
+    per = cores // nodes
+    return Pool(cpus=per * nodes, numa=[list(range(i * per, (i + 1) * per)) for i in range(nodes)])
 
 
 def elastic_spec(max_units: int, p: float, duration: float | None = 1.0, kind: str = "t") -> ActionSpec:
@@ -82,12 +90,13 @@ def fixed_spec(p: float, dop: int, kind: str = "t") -> ActionSpec:
 
 def fixed_dop_acts(p: float, cap: int, cores: int, gap: float, n: int, seed: int = 0,
                    dops: Iterable[int] = (1, 2, 4, 8, 16, 32, 64),
-                   sigma: float | None = None) -> dict[int, float]:
+                   sigma: float | None = None, nodes: int = 1) -> dict[int, float]:
     """Mean ACT of each fixed DoP up to ``cap`` (Amdahl ``p``) on the same open loop: an action of
-    exactly that many cores, FCFS (``elastic=False``)."""
+    exactly that many cores, FCFS (``elastic=False``), on ``cores`` in ``nodes`` NUMA nodes."""
     out = {}
-    for dop in (d for d in dops if d <= cap):
-        out[dop] = open_loop(Scheduler(Pool(cpus=cores), elastic=False), fixed_spec(p, dop), gap, n, seed, sigma)
+    for dop in (d for d in dops if d <= min(cap, cores // nodes)):
+        out[dop] = open_loop(Scheduler(node_pool(cores, nodes), elastic=False), fixed_spec(p, dop), gap, n, seed,
+                             sigma)
     return out
 
 
