@@ -143,9 +143,12 @@ def test_outside_its_scope_it_is_off_and_decisions_are_exactly_as_without_it() -
     t = ActionSpec(kind="t", cpus=1, elastic=el)
     u = ActionSpec(kind="u", cpus=1, elastic=el)
     mall = ActionSpec(kind="m", cpus=1, elastic=Elasticity("cpu", max_units=8, efficiency=Amdahl(0.9), malleable=True))
+    declared = ActionSpec(kind="d", cpus=1, duration=0.2, elastic=el)
+    big = ActionSpec(kind="big", cpus=12, duration=0.2)
     cases = [
         (Pool(cpus=16), [t, u]),  # two elastic kinds: the candidates would be pairs of DoPs
         (Pool(cpus=16), [mall]),  # a malleable kind is resized, which the replay does not model
+        (Pool(cpus=16, numa=["0-7", "8-15"]), [declared, big]),  # an action spanning nodes
     ]
     for pool, specs in cases:
         on = Scheduler(pool)

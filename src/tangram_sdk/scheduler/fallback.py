@@ -184,6 +184,9 @@ class Fallback:
             self.recording = True
             size = 0
         elif cpus and self.recording:
+            if cpus > self._widest:  # it spans nodes, which the replay does not model
+                self._off()
+                return
             size = cpus
         else:
             return
