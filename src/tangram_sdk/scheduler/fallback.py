@@ -180,6 +180,9 @@ class Fallback:
                 # firing at all. Nothing is recorded until the runs report their parallelism.
                 return
             if spec is not self._spec:
+                if spec.min_units > self._widest:  # a spec of the kind that spans nodes
+                    self._off()
+                    return
                 self._adopt(spec)
             self.recording = True
             size = 0

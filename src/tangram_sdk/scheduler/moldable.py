@@ -620,7 +620,7 @@ class CpuSizing:
         everyone queued behind it and the idle reserved cores at the price then, than starting
         now on what is free at the price now."""
         fb = self.fallback
-        if fb.mode is not None and fb.kind == a.spec.kind:  # fb.fixed(kind), inline
+        if fb.mode is not None and fb.kind == a.spec.kind and not span:  # fb.fixed(kind), inline
             # behind the best fixed DoP on this stream: run as it would, in FIFO order
             d = min(max(fb.mode, a.spec.min_units), a.spec.max_units)
             return (d, None) if node_free[node] >= d else (0, None)
