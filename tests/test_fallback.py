@@ -157,6 +157,25 @@ def test_outside_its_scope_it_is_off_and_decisions_are_exactly_as_without_it() -
         assert got == _grants(Scheduler(pool, fallback=False), specs, 400, 5)
 
 
+def test_a_new_cap_for_its_kind_starts_the_comparison_over() -> None:
+    # the kind's spec changes mid-stream (another cap): other candidates, so a record with a
+    # column per old candidate must not be compared against the new ones
+    from tangram_sdk.scheduler.fallback import Fallback
+    from tangram_sdk.scheduler.learn import KindStats
+
+    fb = Fallback((16,))
+    st = KindStats(1.0)
+    wide, narrow = elastic_spec(16, 0.9, 1.0), elastic_spec(8, 0.9, 1.0)
+    rng = random.Random(4)
+    t = 0.0
+    for i in range(3000):
+        spec = wide if i < 2000 else narrow
+        t += rng.expovariate(8.0)
+        fb.arrived(i, spec, st, "cpu", 1, t)
+        fb.ended(i, rng.expovariate(1.0) / 3.0, 4, 0.4)
+    assert fb.on and fb._dops == (1, 2, 4, 8) and len(fb._elastic) <= 1000 // 32
+
+
 def test_a_cancelled_or_failed_action_leaves_the_replay_without_stalling_it() -> None:
     sched = Scheduler(Pool(cpus=4))
     spec = elastic_spec(4, 0.9, 1.0)

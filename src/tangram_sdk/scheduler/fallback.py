@@ -6,10 +6,10 @@ pick". Pricing and start-or-wait get close to it from a model of the pool; the f
 on the stream itself. Every CPU action's arrival and, once it ends, its run are replayed, in
 arrival order, through one strict-FIFO copy of the pool per candidate DoP ``d``: the elastic
 kind at ``d`` cores (a run of ``t`` on ``m`` cores takes ``t * S(m) / S(d)``), every fixed-size
-action as it ran,
-exactly what ``Scheduler(elastic=False)`` with that DoP would do. On an open stream (arrivals that
-do not depend on the scheduler) the replay is that policy's counterfactual on the same arrivals
-and lengths: a paired comparison, with none of the noise of two separate runs. In a closed loop
+action as it ran, exactly what ``Scheduler(elastic=False)`` with that DoP would do. On an open
+stream (arrivals that do not depend on the scheduler) the replay is that policy's counterfactual
+on the same arrivals and lengths: a paired comparison, with none of the noise of two separate
+runs. In a closed loop
 (trajectories whose next action waits on this one) it is an approximation: the replay sees the
 arrivals the realised run produced, not those the fixed policy would have (a job running faster
 submits sooner, which makes the replay of the slower policy busier than it would be).
@@ -22,11 +22,11 @@ blocks (the stream's first ``_WARMUP`` blocks left out: what the core learns is 
 - elastic sizing, and the best fixed DoP is ahead of it on the blocks elastic sizing ran: use
   that DoP (FIFO, exactly ``d`` cores, as the replay does);
 - fixed at ``d``, and another candidate is ahead of ``d`` since the switch: use that one;
-- fixed, and the load moved (the DoP's share of the node by ``_SHIFT``): try elastic sizing
+- fixed, and the load moved (the DoP's share of the pool by ``_SHIFT``): try elastic sizing
   again on a fresh record; or fixed for ``_EXPLORE`` blocks (doubling after each trial that
   loses): try it again, its old record kept, so a trial that changes nothing costs a block.
 
-Only a candidate whose replay keeps the node under ``_MAX_UTIL`` busy is picked (the narrowest
+Only a candidate whose replay keeps the pool under ``_MAX_UTIL`` busy is picked (the narrowest
 always), and only for a kind whose speedups are declared (a declared duration: the core trusts
 the declaration everywhere) or measured (its runs report their parallelism): the replay divides
 by them, and a slope learned from durations alone is too far off for hundreds of completions.
@@ -56,7 +56,7 @@ _MARGIN = 0.01  # ... and how large it must be, as a share of the mean ACT it is
 _WARMUP = 8  # blocks at the stream's start left out of every comparison (what is learned settles)
 _EXPLORE = 32  # blocks at a fixed DoP before elastic sizing is tried again (doubles on a loss)
 _TRIAL = 16  # blocks a trial of elastic sizing lasts, unless it falls clearly behind sooner
-_SHIFT = 0.1  # a change in the fixed DoP's share of the node, since the fallback, that is a new load
+_SHIFT = 0.1  # a change in the fixed DoP's share of the pool, since the fallback, that is a new load
 _MAX_PENDING = 1 << 16  # records waiting on an earlier one's end: past it, the fallback gives up
 # a candidate whose replay asks more of the pool than this share of its cores is never picked
 # (the narrowest excepted): over a short window an overloaded DoP can look best (its queue has not
@@ -122,7 +122,8 @@ class Fallback:
         self.recording = False  # its speedups are declared or measured: the replay runs
         self._spec: Any = None  # its latest spec: the candidate DoPs
         self.watch: Any = None  # its KindStats: the speedups it has learned (speedup_at)
-        self._pending: deque[list[Any]] = deque()  # [arrival, size or 0 (elastic), work or None, act]
+        # [arrival, size (0: the elastic kind), its run or None (-1: dropped), ACT, units], by arrival
+        self._pending: deque[list[Any]] = deque()
         self.ids: dict[int, list[Any]] = {}
         self._fifos: dict[int, _Fifo] = {}
         self._dops: tuple[int, ...] = ()
@@ -131,7 +132,7 @@ class Fallback:
         self._blocks: deque[list[float]] = deque(maxlen=_MAX_BLOCKS)  # full blocks since the last switch
         # the blocks elastic sizing ran, across switches (a trial adds to what the fallback saw)
         self._elastic: deque[list[float]] = deque(maxlen=_MAX_BLOCKS)
-        self._util_at = 0.0  # the fixed DoP's share of the node when it was switched to
+        self._util_at = 0.0  # the fixed DoP's share of the pool when it was switched to
         # the kind's learned speedup per size, memoised while its shape (beta, upgrade) holds: the
         # replay asks for every candidate at every completion (the hot path's call budget)
         self._shape: tuple[Any, ...] = ()
@@ -243,6 +244,8 @@ class Fallback:
             self._all = [0.0] * len(new)
             self._busy = [0.0] * len(new)
             self.mode = None
+            self._trial, self._explore = False, _EXPLORE
+            self._elastic.clear()  # its blocks have a column per old candidate
             self._new_window()
 
     def _new_window(self) -> None:
@@ -307,7 +310,7 @@ class Fallback:
         return mean * mean * n > _T * _T * var
 
     def _util(self, i: int) -> float:
-        """The share of the node candidate ``i``'s replay asked for (faded record)."""
+        """The share of the pool candidate ``i``'s replay asked for (faded record)."""
         return self._busy[i] / (self._cores * self._span) if self._span > 0 else 0.0
 
     def _decide(self) -> None:
