@@ -317,10 +317,6 @@ class Fallback:
         # the narrowest candidate is always one: it spends the fewest core-seconds of any
         # policy, so a backlog it leaves every other would leave too
         stable = [i for i in range(len(self._dops)) if i == 0 or self._util(i) < _MAX_UTIL]
-        if not stable:
-            if self.mode is not None:
-                self._switch(None)
-            return
         best = min(stable, key=self._all.__getitem__)
         if self.mode is None:
             if self._ahead(self._elastic, best + 1, 0):
