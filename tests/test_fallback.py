@@ -237,3 +237,36 @@ async def test_the_live_runtime_and_the_simulator_fall_back_alike() -> None:
     assert len(sim_log) == len(rt_log)
     for i, (a, b) in enumerate(zip(sim_log, rt_log)):
         assert a == b, f"entry {i} differs:\nsim {a}\nrt  {b}"
+
+
+def test_operators_see_the_fallback_in_prometheus_and_in_tangram_top() -> None:
+    # a pool held at a fixed DoP is not sized elastically: the exporter says which DoP, and
+    # `tangram top` says so in a note (0 / no note while sizing is elastic)
+    prometheus_client = pytest.importorskip("prometheus_client")
+    from tangram_sdk.observe import PrometheusMetrics
+    from tangram_sdk.top import from_prometheus, render
+
+    reg = prometheus_client.CollectorRegistry()
+    sched = Scheduler(Pool(cpus=16))
+    prom = PrometheusMetrics(sched, registry=reg, namespace="fb")
+    try:
+        text = prometheus_client.generate_latest(reg).decode()
+        assert "fb_fallback_dop 0.0" in text
+        assert not any("fallback" in n for n in from_prometheus(text, "fb")["notes"])
+        open_loop(sched, elastic_spec(16, 0.97, 1.0), 1 / (0.45 * 16), 8000, seed=0)
+        assert sched.statistics().fallback_dop == 8
+        text = prometheus_client.generate_latest(reg).decode()
+        assert "fb_fallback_dop 8.0" in text
+        snap = from_prometheus(text, "fb")
+        view = "\n".join(render(snap, source="test"))
+        assert "CPU sizing: fixed DoP 8, the fallback" in view
+        # the job-wide Ray pool: per node
+        from tangram_sdk.top import from_ray
+        notes = from_ray({"name": "p", "nodes": {"a": {"alive": True, "cpus_total": 16, "cpus_free": 0,
+                                                       "fallback_dop": 4},
+                                                 "b": {"alive": True, "cpus_total": 16, "fallback_dop": None}}})["notes"]
+        assert [n for n in notes if "fallback" in n] == [
+            "a: CPU sizing: fixed DoP 4, the fallback (elastic sizing is measurably behind that fixed DoP on this "
+            "stream; it is tried again when the load moves)"]
+    finally:
+        prom.unregister()

@@ -218,6 +218,11 @@ class PrometheusMetrics:
             g = G(f"{ns}_{key}", help_)
             g.add_metric([], s.get(key, 0) or 0)
             yield g
+        if "fallback_dop" in s:  # a pool with an elastic CPU kind: is it sized elastically now?
+            g = G(f"{ns}_fallback_dop", "The fixed DoP the fallback holds the pool's elastic CPU kind at while "
+                  "elastic sizing is measurably behind it on this stream (0: sized elastically)")
+            g.add_metric([], s.get("fallback_dop") or 0)
+            yield g
         c = self._counter(f"{ns}_completed", "Actions completed")
         c.add_metric([], s.get("completed", 0) or 0)
         yield c

@@ -160,6 +160,9 @@ def from_prometheus(text: str, ns: str = "tangram") -> dict[str, Any]:
         for lab, v in m.get(metric, ()):
             services.setdefault(lab.get("service", "?"), {"restores": 0, "evictions": 0, "restore_s": 0.0})[key] = v
     notes: list[str] = []
+    fb = _one(m, f"{ns}_fallback_dop")
+    if fb:
+        notes.append(_fallback_note(int(fb)))
     missing = None
     if f"{ns}_queued_by_kind" not in m:
         missing = "this exporter predates the per-kind and per-service metrics: upgrade tangram-sdk there"
@@ -168,6 +171,12 @@ def from_prometheus(text: str, ns: str = "tangram") -> dict[str, Any]:
             "kinds": kinds, "per_kind": f"{ns}_queued_by_kind" in m,
             "act": act, "services": services, "per_service": any(k in m for k in (f"{ns}_service_restores", f"{ns}_service_restores_total")), "notes": notes,
             "missing": missing}
+
+
+def _fallback_note(dop: int, where: str = "") -> str:
+    """Why a pool's elastic kind runs at one size: the user should know sizing is not elastic now."""
+    return (f"{where}CPU sizing: fixed DoP {dop}, the fallback (elastic sizing is measurably behind that "
+            "fixed DoP on this stream; it is tried again when the load moves)")
 
 
 def from_ray(stats: Mapping[str, Any]) -> dict[str, Any]:
@@ -209,6 +218,9 @@ def from_ray(stats: Mapping[str, Any]) -> dict[str, Any]:
                    act_s=sums["mean_act_s"] / weight)
     notes = [f"Ray pool {stats.get('name', '?')!r}: {stats.get('clients', 0)} client(s), {stats.get('held', 0)} "
              f"lease(s) held, {stats.get('pending', 0)} pending, {evictions} GPU eviction(s) in all"]
+    for label, n in sorted((stats.get("nodes") or {}).items()):
+        if n.get("alive", True) and n.get("fallback_dop"):
+            notes.append(_fallback_note(int(n["fallback_dop"]), f"{label if len(label) <= 12 else label[:8]}: "))
     if stats.get("lost_nodes"):
         notes.append(f"lost nodes: {', '.join(map(str, stats['lost_nodes']))}")
     return {"resources": resources, "running": running, "queued": queued,
