@@ -612,6 +612,16 @@ class CpuSizing:
                 best, best_d = act, d
         return best_d
 
+    def _stranding(self, a: Action, node: int, d: int, since: float) -> bool:
+        """Whether a running action of ``a``'s kind on ``node``, granted before ``since`` (the
+        fallback's switch to ``d``), holds a number of cores that ``d`` does not divide."""
+        st = a.stats
+        for r in self._running.values():
+            g = r.grant
+            if r.stats is st and r.node == node and r.started < since and g is not None and len(g.cpus) % d:
+                return True
+        return False
+
     def units(self, a: Action, node: int, node_free: list[int], span: bool, now: float,
               rnd: int) -> tuple[int, float | None]:
         """Cores for elastic CPU action ``a`` at its price, or 0 to wait for more, and when a
@@ -623,7 +633,18 @@ class CpuSizing:
         if fb.mode is not None and fb.kind == a.spec.kind and not span:  # fb.fixed(kind), inline
             # behind the best fixed DoP on this stream: run as it would, in FIFO order
             d = min(max(fb.mode, a.spec.min_units), a.spec.max_units)
-            return (d, None) if node_free[node] >= d else (0, None)
+            free = node_free[node]
+            if free >= d:
+                return d, None
+            if free >= a.spec.min_units and self._stranding(a, node, d, fb.at):
+                # cores the replay's FIFO of d never strands: a grant of the kind sized before
+                # this DoP began, of a size d does not divide, still runs on the node. Left idle,
+                # they cost for as long as that run lasts: a 1-core run of 74 s (heavy tails)
+                # left 3 of 16 cores idle under a burst, the queue reached 91 and the stream went
+                # 0.852 -> 1.163 of fifo4's mean ACT (docs/evaluation.md, "ten seeds"). Fixed-size
+                # kinds strand the replay's cores too, and grants made here end: neither counts
+                return free, None
+            return 0, None
         gi = self._cpu_price(a, now, rnd)
         dops = self.dops_of(a.spec)
         want = dops[gi]
