@@ -267,7 +267,7 @@ def test_operators_see_the_fallback_in_prometheus_and_in_tangram_top() -> None:
                                                  "b": {"alive": True, "cpus_total": 16, "fallback_dop": None}}})["notes"]
         assert [n for n in notes if "fallback" in n] == [
             "a: CPU sizing: fixed DoP 4, the fallback (elastic sizing is measurably behind that fixed DoP on this "
-            "stream; it is tried again when the load moves)"]
+            "stream; it is tried again now and then, and when the load moves)"]
     finally:
         prom.unregister()
 

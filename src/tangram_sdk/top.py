@@ -176,7 +176,7 @@ def from_prometheus(text: str, ns: str = "tangram") -> dict[str, Any]:
 def _fallback_note(dop: int, where: str = "") -> str:
     """Why a pool's elastic kind runs at one size: the user should know sizing is not elastic now."""
     return (f"{where}CPU sizing: fixed DoP {dop}, the fallback (elastic sizing is measurably behind that "
-            "fixed DoP on this stream; it is tried again when the load moves)")
+            "fixed DoP on this stream; it is tried again now and then, and when the load moves)")
 
 
 def from_ray(stats: Mapping[str, Any]) -> dict[str, Any]:
@@ -186,12 +186,15 @@ def from_ray(stats: Mapping[str, Any]) -> dict[str, Any]:
     evictions = 0
     sums = {"mean_act_s": 0.0, "mean_queue_s": 0.0, "mean_exec_s": 0.0}
     weight = 0
+    fallbacks: list[str] = []  # nodes whose elastic CPU kind runs at a fixed DoP
     for label, n in sorted((stats.get("nodes") or {}).items()):
         label = label if len(label) <= 12 else label[:8]  # a Ray node id: its first 8 hex digits
         if not n.get("alive", True):
             resources.append({"name": f"{label}: lost ({n.get('reason') or 'no reason given'})",
                               "allocated": None, "total": None, "busy": None})
             continue
+        if n.get("fallback_dop"):
+            fallbacks.append(_fallback_note(int(n["fallback_dop"]), f"{label}: "))
         for r in ("cpus", "gpus"):
             total, free = n.get(f"{r}_total"), n.get(f"{r}_free")
             if total:
@@ -218,9 +221,7 @@ def from_ray(stats: Mapping[str, Any]) -> dict[str, Any]:
                    act_s=sums["mean_act_s"] / weight)
     notes = [f"Ray pool {stats.get('name', '?')!r}: {stats.get('clients', 0)} client(s), {stats.get('held', 0)} "
              f"lease(s) held, {stats.get('pending', 0)} pending, {evictions} GPU eviction(s) in all"]
-    for label, n in sorted((stats.get("nodes") or {}).items()):
-        if n.get("alive", True) and n.get("fallback_dop"):
-            notes.append(_fallback_note(int(n["fallback_dop"]), f"{label if len(label) <= 12 else label[:8]}: "))
+    notes += fallbacks
     if stats.get("lost_nodes"):
         notes.append(f"lost nodes: {', '.join(map(str, stats['lost_nodes']))}")
     return {"resources": resources, "running": running, "queued": queued,

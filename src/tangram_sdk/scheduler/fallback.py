@@ -223,8 +223,8 @@ class Fallback:
             return
         rec[2] = exec_s
         rec[3] = act
-        self.now = rec[0] + act
         rec[4] = units
+        self.now = rec[0] + act  # its end: now, for the core
         self._advance()
 
     def dropped(self, aid: int) -> None:
