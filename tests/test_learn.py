@@ -383,3 +383,27 @@ def test_simulated_measurement_learns_a_modest_declaration_upwards():
     # the fit reads a little low: the wall time measured includes the action's start overhead
     assert out[True][0] == pytest.approx(0.9, abs=0.03) and out[True][1] == 16.0, out
     assert out[True][2] < 1.02, out
+
+
+def test_the_slow_rate_is_the_streams_and_a_burst_barely_moves_it():
+    """``slow_rate`` (the mean gap over the last ~SLOW arrivals) is what a fixed DoP is picked for;
+    ``window_rate`` (32 arrivals) follows a burst. Arrivals every second, then 32 at once-ish."""
+    from tangram_sdk.scheduler.learn import SLOW
+
+    st = KindStats(1.0)
+    t = 0.0
+    for _ in range(SLOW + 100):
+        st.observe_arrival(t, 0.1)
+        t += 1.0
+    assert st.slow_rate() == pytest.approx(1.0)
+    for _ in range(32):
+        t += 0.01
+        st.observe_arrival(t, 0.1)
+    assert st.window_rate(t) > 20.0
+    assert 1.0 < st.slow_rate() < 1.1
+    # before SLOW arrivals it is their plain mean
+    st = KindStats(1.0)
+    for at in (0.0, 1.0, 4.0):
+        st.observe_arrival(at, 0.1)
+    assert st.slow_rate() == pytest.approx(2 / 4.0)
+    assert KindStats(1.0).slow_rate() == 0.0

@@ -42,8 +42,8 @@ never switched: there the block test picks whichever DoP the last burst favoured
 
 At a fixed DoP, admission grants exactly it, FIFO, with one exception the replay has no need of:
 cores stranded by a grant of the kind sized before the switch (a size the DoP does not divide)
-go to the head of the line rather than idle for as long as that run lasts
-(``CpuSizing._stranding``).
+go to the head of the line rather than idle for as long as that run lasts, where that ends it
+sooner than waiting for the DoP's cores (``CpuSizing._stranding``).
 """
 
 from __future__ import annotations

@@ -15,6 +15,7 @@ from .lengths import HORIZON, SandboxLengths, add_sample
 __all__ = ["ACT_ALPHA", "KindStats", "UP_MIN", "amdahl_speedup"]
 
 RING = 32
+SLOW = 512  # arrivals over which slow_rate averages (moldable.CpuSizing._heavy_dop)
 # a kind whose last LONE arrivals each found none of its own in flight is one caller's loop (a
 # notebook, a rollout worker stepping one trajectory): none of its arrivals comes while one of its
 # actions runs, so its own forecast is left out of that action's price (moldable.CpuSizing._market)
@@ -95,12 +96,14 @@ class KindStats:
 
     __slots__ = ("t1", "t1_samples", "gap", "last_arrival", "arrivals", "spec", "ring", "ring_i",
                  "log_var", "beta", "buckets", "_rel", "_rel_shape", "_pxx", "_pxy", "hints", "sandboxes",
-                 "up", "measured", "_avv", "_auv", "up_n", "inflight", "lone", "declared", "act", "peak")
+                 "up", "measured", "_avv", "_auv", "up_n", "inflight", "lone", "declared", "act", "peak",
+                 "slow_gap")
 
     def __init__(self, prior_t1: float) -> None:
         self.t1 = prior_t1  # seconds at one unit of the elastic resource (or plain duration)
         self.t1_samples = 0
         self.gap = math.inf  # EWMA of inter-arrival gaps, seconds
+        self.slow_gap = math.inf  # their mean over the last ~SLOW arrivals (see slow_rate)
         self.last_arrival: float | None = None
         self.arrivals = 0
         self.spec: Any = None  # the kind's latest ActionSpec: demand shape for arrival lookahead
@@ -160,6 +163,8 @@ class KindStats:
             if g < 0.0:  # max(0, ...) and isinf(gap) as expressions: this runs per arrival
                 g = 0.0
             self.gap = g if self.gap == math.inf else (1 - alpha) * self.gap + alpha * g
+            n = self.arrivals  # gaps seen, this one included: their plain mean up to SLOW
+            self.slow_gap = g if n == 1 else self.slow_gap + (g - self.slow_gap) / (n if n < SLOW else SLOW)
         self.last_arrival = now
         self.arrivals += 1
         if self.inflight:
@@ -364,6 +369,12 @@ class KindStats:
             return 0.0
         gap = max(self.gap, now - self.last_arrival, 1e-6)
         return 1.0 / gap
+
+    def slow_rate(self) -> float:
+        """Arrivals per second over the last ~:data:`SLOW` arrivals: the load a fixed DoP is
+        picked for, where :meth:`window_rate` (32 arrivals) also sees a burst's."""
+        g = self.slow_gap
+        return 1.0 / g if 0.0 < g < math.inf else 0.0
 
     def window_rate(self, now: float) -> float:
         """Arrivals per second over the last RING arrivals (steadier than the gap EWMA, which a

@@ -106,6 +106,13 @@ _FRAGMENT_SPREAD = 1.9
 # (docs/evaluation.md, "heavy tails")
 _HEAVY_SPREAD = 2.0
 _HEAVY_MIN = 64
+# ... at the lower of the kind's windowed rate (32 arrivals) and its slow one (~512: learn.SLOW),
+# as a fixed policy picks its DoP for the stream's load and keeps it through a burst. At the
+# windowed rate alone the model chose 4 cores in each Poisson burst, and those slow runs were still
+# in flight after it: Amdahl 0.97 at cap 16 on 16 cores, 30 % busy, log-normal sigma 1.5, ten
+# streams of 5,000, 1.051 of fifo8 (8 of 10 losing); with the slow rate 1.007 (Amdahl 0.9 at 15 %:
+# 1.030 -> 0.992; docs/evaluation.md, "the stream's rate")
+_HEAVY_SLOW = True
 # a busy node less than _FRAGMENT_GRANTS of an action's priced grants wide, its lengths not heavy,
 # is granted no more than the fixed DoP a closed pool of the job's callers says is best there
 # (CpuSizing._closed_dop) while the job has had at most this many actions in the system at once:
@@ -589,7 +596,9 @@ class CpuSizing:
         Allen-Cunneen wait: the M/M/c wait times (1 + scv) / 2, scv the lengths' squared
         coefficient of variation (log-normal: e^spread - 1). With heavy tails that wait, behind a
         long run holding the node, is what a wide grant costs, and the price, which sizes for
-        core-seconds, does not count it. None otherwise, or when every size would overload."""
+        core-seconds, does not count it. The rate is the stream's, not a burst's (the lower of the
+        windowed and the slow rate, :data:`_HEAVY_SLOW`). None otherwise, or when every size
+        would overload."""
         st = a.stats
         if spread <= _HEAVY_SPREAD or (st.declared[0] if a.spec.duration is not None
                                        else st.t1_samples) < _HEAVY_MIN:
@@ -597,6 +606,10 @@ class CpuSizing:
         lam = st.window_rate(now)
         if lam <= 0.0:
             return None
+        if _HEAVY_SLOW:
+            slow = st.slow_rate()
+            if 0.0 < slow < lam:
+                lam = slow
         rel = self._rel_fn(a.spec)
         d0 = dur_min(a)
         var = math.exp(spread) / 2.0  # (1 + scv) / 2
@@ -642,8 +655,16 @@ class CpuSizing:
                 # they cost for as long as that run lasts: a 1-core run of 74 s (heavy tails)
                 # left 3 of 16 cores idle under a burst, the queue reached 91 and the stream went
                 # 0.852 -> 1.163 of fifo4's mean ACT (docs/evaluation.md, "ten seeds"). Fixed-size
-                # kinds strand the replay's cores too, and grants made here end: neither counts
-                return free, None
+                # kinds strand the replay's cores too, and grants made here end: neither counts.
+                # The head takes them only where that ends it sooner than waiting for d (start
+                # or wait): taken at once, a near-linear stream's heads ran on 3-5 of 8 cores
+                # while the d cores came back within a run (0.97:16:16 at 60 % busy, 1,500
+                # arrivals, seed 2: 1.052 of fifo8 without the fallback, 1.124 with it)
+                back = self.book.line(now, rnd, self._running).node(node).when(d - free)
+                rel = self._rel_fn(a.spec)
+                t1 = dur_min(a)
+                if now + t1 * rel(free) < back + t1 * rel(d):
+                    return free, None
             return 0, None
         gi = self._cpu_price(a, now, rnd)
         dops = self.dops_of(a.spec)
