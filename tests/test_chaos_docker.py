@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from docker_fixtures import HOST_CPUS, IMAGE, _unavailable  # noqa: E402
 from waits import until  # noqa: E402
 
-from tangram_sdk import ActionSpec, Pool, Quota, Tangram  # noqa: E402
+from tangram_sdk import ActionSpec, ExecResult, Pool, Quota, Tangram  # noqa: E402
 from tangram_sdk.errors import DockerError, TangramError  # noqa: E402
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(300)]
@@ -757,10 +757,14 @@ async def test_frozen_daemon_exec_timeout_returns_timed_out_and_kills_the_comman
                 tries: list[object] = []
                 end = time.monotonic() + 15.0
                 while True:
-                    r = await lease.exec(["echo", "thawed"], timeout=20)
-                    if r.ok and r.stdout == b"thawed\n":
+                    got: ExecResult | DockerError
+                    try:  # a container the runtime sees stopped is a DockerError naming it
+                        got = await lease.exec(["echo", "thawed"], timeout=20)
+                    except DockerError as exc:
+                        got = exc
+                    if isinstance(got, ExecResult) and got.ok and got.stdout == b"thawed\n":
                         break
-                    tries.append(r)
+                    tries.append(got)
                     if time.monotonic() >= end:
                         state = daemon._cli("inspect", "-f", "{{json .State}}", box).stdout[-600:]
                         raise AssertionError(f"no command ran after the thaw: {tries}; state {state!r}; "

@@ -334,6 +334,23 @@ async def test_a_command_that_never_started_says_so_on_stderr_as_lease_run_does(
     assert (r.exit_code, r.stdout) == (127, b"") and b"no-such-binary-xyz" in r.stderr, r
 
 
+def test_an_exec_the_runtime_refuses_for_a_stopped_container_is_not_a_program_result() -> None:
+    """runc's "cannot exec in a stopped state" (exit 126 on stdout: the container's init is not
+    running though the daemon accepted the exec) came back once, right after a frozen daemon was
+    thawed, as the command's own result, which a grader reads as a program that could not execute.
+    It is the sandbox's fault and the command never ran: exec raises a DockerError naming the
+    container for it (``_stopped_state``), and only for it."""
+    from tangram_sdk.managers._docker import _stopped_state
+
+    for out in (b"cannot exec in a stopped state: unknown\r\n",
+                b"OCI runtime exec failed: exec failed: cannot exec in a stopped state: unknown\r\n"):
+        assert _stopped_state(126, bytearray(out), bytearray())
+    assert not _stopped_state(1, bytearray(b"cannot exec in a stopped state"), bytearray())  # a program's own
+    assert not _stopped_state(126, bytearray(b"cannot exec in a stopped state"), bytearray(b"x"))
+    assert not _stopped_state(126, bytearray(b"OCI runtime exec failed: exec: \"nope\": executable file not found"),
+                              bytearray())
+
+
 async def test_exec_and_run_refuse_the_same_bad_environments(manager_factory: Any, docker_engine: str) -> None:
     """Docker took ``env={"A=B": "c"}`` as A=B=c, ``{"X": None}`` as the text "None" and ``{"": "v"}``
     as an OCI failure (exit 126), where lease.run raised TypeError/ValueError: one SpecError rule

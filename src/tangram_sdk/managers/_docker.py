@@ -528,6 +528,11 @@ class DockerClient:
                         return timed_out_result(bytes(out), bytes(err), truncated=truncated)
                     if code == KILLED:  # its own SIGKILL (or an OOM kill), or the container's end?
                         await self._check_still_running(ref, wall0)
+                    if _stopped_state(code, out, err):
+                        raise DockerError(
+                            f"Docker exec: container {ref!r} is not running (the runtime said "
+                            f"{bytes(out).strip().decode(errors='replace')!r}); the command never ran",
+                            resource=ref, status=409)
                     code, out, err = _start_failure(code, out, err)
                     return ExecResult(exit_code=code, stdout=bytes(out), stderr=bytes(err),
                                       duration_s=time.monotonic() - started, truncated=truncated)
@@ -793,6 +798,16 @@ def _refused(exc: BaseException) -> bool:
 
 
 _START_FAILED = (b"OCI runtime exec failed", b"unable to find user")
+
+
+def _stopped_state(code: int, out: bytearray, err: bytearray) -> bool:
+    """An exec the runtime refused because the container's init is not running, while the daemon
+    still took the container for running (a create it accepted): exit 126 and runc's "cannot exec
+    in a stopped state" on stdout, alone or after "OCI runtime exec failed: exec failed: ". Seen
+    once right after a frozen daemon was thawed (docs/reliability.md, stop 64). Returned as the
+    command's result it read as a program that could not execute (a grader's false negative); it is
+    the sandbox's fault, and the command never ran."""
+    return code == 126 and not err and b"cannot exec in a stopped state" in out[:200]
 
 
 def _start_failure(code: int, out: bytearray, err: bytearray) -> tuple[int, bytearray, bytearray]:
