@@ -14,6 +14,7 @@ sizing past the fragment on an idle narrow node (stop 55; ``moldable._FRAGMENT_G
     python benchmarks/open_loop.py --fragment-grants 0   # and without stop 55's rule, same run
     python benchmarks/open_loop.py --option supply=expected   # a Scheduler option, same run
     python benchmarks/open_loop.py --option _POOL_GRANTS=0    # a moldable constant: stop 57's window off
+    python benchmarks/open_loop.py --learned --option learn._SMEAR_Z=inf   # another module's: stop 65's mean off
     python benchmarks/open_loop.py --learned --sigma 1.5 --shapes 0.97:16:16   # heavy tails, learned
     python benchmarks/open_loop.py --shapes 0.9:16:16 --loads 0.3 --seeds 5
     python benchmarks/open_loop.py --mix 0.9 --shapes 0.97:16:16 --sigma 1.5   # two kinds, one node
@@ -22,6 +23,7 @@ sizing past the fragment on an idle narrow node (stop 55; ``moldable._FRAGMENT_G
 from __future__ import annotations
 
 import argparse
+import importlib
 import math
 import time
 from typing import Any
@@ -32,6 +34,13 @@ from tangram_sdk.sim.openloop import elastic_spec, fixed_dop_acts, fixed_pair_ac
 
 SHAPES = "0.9:16:16,0.75:16:16,0.97:16:16,0.5:16:16,0.9:8:16,0.9:16:32,0.9:32:32,0.9:16:64,0.9:32:128"
 LOADS = "0.15,0.3,0.45,0.6,0.75,0.9"
+
+
+def _const(name: str) -> tuple[Any, str]:
+    """(module, attribute) of a constant named ``_NAME`` (moldable's) or ``module._NAME`` (a module
+    of ``tangram_sdk.scheduler``: ``learn._SMEAR_Z``)."""
+    mod, _, attr = name.rpartition(".")
+    return (importlib.import_module(f"tangram_sdk.scheduler.{mod}") if mod else moldable), attr
 
 
 def cell(p: float, cap: int, cores: int, load: float, seeds: int, n: int,
@@ -57,18 +66,18 @@ def cell(p: float, cap: int, cores: int, load: float, seeds: int, n: int,
     label = f"fifo{best}" if mix is None else "fifo{}+{}".format(*best)
     out = []
     for variant in variants:
-        consts = {k: v for k, v in variant.items() if k.startswith("_")}
-        options = {k: v for k, v in variant.items() if not k.startswith("_")}
-        saved = {name: getattr(moldable, name) for name in consts}
+        consts = {k: v for k, v in variant.items() if k.startswith("_") or "." in k}
+        options = {k: v for k, v in variant.items() if k not in consts}
+        saved = {name: getattr(*_const(name)) for name in consts}
         for name, value in consts.items():
-            setattr(moldable, name, type(saved[name])(value))
+            setattr(*_const(name), type(saved[name])(value))
         try:
             t = sum(open_loop(Scheduler(node_pool(cores, nodes), **options), spec, gap, n, seed=s, sigma=sigma,
                               measured=measured)
                     for s in range(seeds))
         finally:
             for name, value in saved.items():
-                setattr(moldable, name, value)
+                setattr(*_const(name), value)
         out.append(t / best_sum)
     return label, out
 
@@ -86,7 +95,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="also run with moldable._FRAGMENT_GRANTS at this value (0: the rule off); repeatable")
     ap.add_argument("--option", action="append", default=[], metavar="NAME=VALUE",
                     help="also run with this Scheduler option (supply=expected, load_target=1.0, ...) or, "
-                         "named with a leading _, moldable constant (_FRAGMENT_SPREAD=inf); repeatable")
+                         "named with a leading _, moldable constant (_FRAGMENT_SPREAD=inf), or another "
+                         "scheduler module's (learn._SMEAR_Z=inf); repeatable")
     ap.add_argument("--sigma", type=float, default=None,
                     help="log-normal work of this log-sigma (mean 1 s) instead of exponential")
     ap.add_argument("--learned", action="store_true",

@@ -54,6 +54,12 @@ _SIMULTANEOUS = 1e-6
 UP_MIN = 1.5  # two completions (their decayed weight: 1.97)
 _UP_FLAT_P = 0.2
 _UP_P_MAX = 0.999
+# t1's mean over its geometric mean from the lengths themselves (_mean_excess): completions a
+# kind's sizes must add up to, and how many standard errors below the log-normal's the plain
+# average must be, before it replaces the log-normal formula
+_SMEAR_N = 128.0
+_SMEAR_Z = 3.0
+_SMEAR_EVERY = 63  # re-checked at every 64th completion (a mask): the hot path's call budget
 
 
 def amdahl_speedup(p: float, m: int) -> float:
@@ -66,7 +72,7 @@ def _spreads(bs: dict[tuple[float, int], list[float]], few: float) -> tuple[floa
     over those with ``few`` each (one pass, no builtins: it runs at every completion)."""
     lo = flo = math.inf
     hi = fhi = -math.inf
-    for (x, _u), (w, _m, _v) in bs.items():
+    for (x, _u), (w, _m, _v, _e) in bs.items():
         if w >= _MIN_PER_SIZE:
             if x < lo:
                 lo = x
@@ -78,6 +84,23 @@ def _spreads(bs: dict[tuple[float, int], list[float]], few: float) -> tuple[floa
             if x > fhi:
                 fhi = x
     return (hi - lo if hi > lo else 0.0), (fhi - flo if fhi > flo else 0.0)
+
+
+def _mean_excess(var: float, n: float, smear: float) -> float | None:
+    """log(mean / geometric mean) of a kind's lengths where the log-normal's ``var / 2`` is
+    significantly too high, else None (keep it). ``smear``: the lengths' own mean over their
+    geometric mean (Duan's smearing factor, averaged per size over the same ~500 completions).
+    Lengths whose logs are skewed left, as exponential ones are, have a mean the log-normal
+    formula puts 28 % too high. Only downward and only past ``_SMEAR_Z`` standard errors of that
+    average (under the log-normal): a log-normal kind keeps the formula, a plain mean of heavy
+    tails is noisy and early completions are the short ones (docs/scheduler.md: an EWMA jumped
+    to 13.8 s)."""
+    c = 0.5 * min(var, 4.0)
+    if smear > 0.0 and n >= _SMEAR_N:
+        low = math.log(smear)
+        if low < c - _SMEAR_Z * math.sqrt(math.expm1(2.0 * c) / n):
+            return low if low > 0.0 else 0.0
+    return None
 
 
 class KindStats:
@@ -97,11 +120,12 @@ class KindStats:
     __slots__ = ("t1", "t1_samples", "gap", "last_arrival", "arrivals", "spec", "ring", "ring_i",
                  "log_var", "beta", "buckets", "_rel", "_rel_shape", "_pxx", "_pxy", "hints", "sandboxes",
                  "up", "measured", "_avv", "_auv", "up_n", "inflight", "lone", "declared", "act", "peak",
-                 "slow_gap")
+                 "slow_gap", "_low")
 
     def __init__(self, prior_t1: float) -> None:
         self.t1 = prior_t1  # seconds at one unit of the elastic resource (or plain duration)
         self.t1_samples = 0
+        self._low: float | None = None  # _mean_excess's verdict, re-checked every 64th completion
         self.gap = math.inf  # EWMA of inter-arrival gaps, seconds
         self.slow_gap = math.inf  # their mean over the last ~SLOW arrivals (see slow_rate)
         self.last_arrival: float | None = None
@@ -226,7 +250,7 @@ class KindStats:
         if b is None:
             if len(self.buckets) >= 64:  # keep the most used sizes
                 del self.buckets[min(self.buckets, key=lambda k: self.buckets[k][0])]
-            b = self.buckets[key] = [0.0, 0.0, 0.0]  # weight, mean y, mean squared deviation
+            b = self.buckets[key] = [0.0, 0.0, 0.0, 0.0]  # weight, mean y, its mean squared deviation, mean exec
         n = b[0] + 1.0
         inv = 1.0 / n
         w = inv if inv > alpha else alpha  # max(alpha, 1/n) and min(n, 1/alpha) without the calls
@@ -235,6 +259,7 @@ class KindStats:
         b[0] = cap if cap < n else n
         b[1] += w * d
         b[2] = (1 - w) * (b[2] + w * d * d)
+        b[3] += w * (exec_s - b[3])
         self.t1_samples += 1
         if parallelism is not None and parallelism > 0 and math.isfinite(parallelism):
             self.measured = True
@@ -254,15 +279,18 @@ class KindStats:
         if len(bs) == 1 and not (learn_beta and (self._pxx > 0 or self.up_n > 0)):
             # one size (every fixed-size kind): beta stays 1 (no slope from one size, no measured
             # parallelism), the same arithmetic as the loop below, without it
-            (((x, _u), (w, my, v)),) = bs.items()
+            (((x, _u), (w, my, v, e)),) = bs.items()
             mx, my_all, var = (0.0 + w * x) / w, (0.0 + w * my) / w, (0.0 + w * v) / w
             self.beta = 1.0
             self.log_var = var
-            self.t1 = math.exp(my_all + 1.0 * mx + 0.5 * min(var, 4.0))
+            if not self.t1_samples & _SMEAR_EVERY:
+                self._low = _mean_excess(var, w, e / math.exp(my) if e > 0.0 else 0.0)
+            low = self._low
+            self.t1 = math.exp(my_all + 1.0 * mx + (0.5 * min(var, 4.0) if low is None else low))
             return
         sw = sx = sy = 0.0
         within = 0.0
-        for (x, _u), (w, my, v) in bs.items():
+        for (x, _u), (w, my, v, _e) in bs.items():
             sw += w
             sx += w * x
             sy += w * my
@@ -287,7 +315,7 @@ class KindStats:
             self.up = self._upgrade(math.inf)
         elif learn_beta and (evidence := self._evidence(bs)):
             cxx = cxy = 0.0
-            for (x, _u), (w, my, _v) in bs.items():
+            for (x, _u), (w, my, _v, _e) in bs.items():
                 cxx += w * (x - mx) ** 2
                 cxy += w * (x - mx) * (my - my_all)
             if cxx > 1e-9:
@@ -302,13 +330,20 @@ class KindStats:
         if up is not None:  # E[log exec] at one unit under the fitted shape, size by size
             beta = 1.0
             sa = 0.0
-            for (_x, u), (w, my, _v) in bs.items():
+            for (_x, u), (w, my, _v, _e) in bs.items():
                 sa += w * (my + math.log(amdahl_speedup(up, max(u, 1))))
             a = sa / sw
         else:
             a = my_all + beta * mx  # E[log exec] at one unit (x = 0)
         self.beta = beta
-        self.t1 = math.exp(a + 0.5 * min(var, 4.0))
+        if not self.t1_samples & _SMEAR_EVERY:
+            smear = 0.0
+            for (_x, _u), (w, my, _v, e) in bs.items():
+                if e > 0.0:
+                    smear += w * e / math.exp(my)
+            self._low = _mean_excess(var, sw, smear / sw)
+        low = self._low
+        self.t1 = math.exp(a + (0.5 * min(var, 4.0) if low is None else low))
 
     def _evidence(self, bs: dict[tuple[float, int], list[float]]) -> str:
         """Whether durations alone may move beta: "many" (two sizes ``_MIN_SPREAD`` apart with
