@@ -15,6 +15,7 @@ sizing past the fragment on an idle narrow node (stop 55; ``moldable._FRAGMENT_G
     python benchmarks/open_loop.py --option supply=expected   # a Scheduler option, same run
     python benchmarks/open_loop.py --option _POOL_GRANTS=0    # a moldable constant: stop 57's window off
     python benchmarks/open_loop.py --learned --option learn._SMEAR_Z=inf   # another module's: stop 65's mean off
+    python benchmarks/open_loop.py --shapes 0.97:16:32:2 --option learn._SKEW_Z=inf   # stop 66's right tail off
     python benchmarks/open_loop.py --learned --sigma 1.5 --shapes 0.97:16:16   # heavy tails, learned
     python benchmarks/open_loop.py --shapes 0.9:16:16 --loads 0.3 --seeds 5
     python benchmarks/open_loop.py --mix 0.9 --shapes 0.97:16:16 --sigma 1.5   # two kinds, one node

@@ -466,3 +466,72 @@ def test_the_open_loop_benchmark_turns_another_modules_constant_off_for_its_colu
     assert bench.main(["--learned", "--shapes", "0.9:16:16", "--loads", "0.6", "--n", "300", "--seeds", "1",
                        "--option", "learn._SMEAR_Z=inf"]) in (0, None)
     assert learn._SMEAR_Z == before
+
+
+def _heavy_reads(draw, n: int, seeds: int, declared: bool) -> tuple[int, list[float], list[float]]:
+    """Over ``seeds`` kinds fed ``n`` lengths from ``draw(rng)`` each (declared: as a kind with a
+    declared duration records its runs; else learned, one size): how many read as heavy tails
+    (spread past moldable._HEAVY_SPREAD), and each kind's spread and plain log-variance."""
+    from tangram_sdk.scheduler.moldable import _HEAVY_SPREAD
+
+    spreads, variances = [], []
+    for seed in range(seeds):
+        rng = random.Random(seed)
+        st = KindStats(1.0)
+        logs = []
+        for _ in range(n):
+            x = draw(rng)
+            logs.append(math.log(x))
+            if declared:
+                st.observe_declared(x, 1.0)
+            else:
+                st.observe_exec(x, 1.0, 0.002, learn_beta=True)
+        mean = sum(logs) / n
+        spreads.append(st.spread())
+        variances.append(sum((y - mean) ** 2 for y in logs) / (n - 1))
+    return sum(s > _HEAVY_SPREAD for s in spreads), spreads, variances
+
+
+@pytest.mark.parametrize("declared", [True, False])
+def test_exponential_lengths_are_not_read_as_heavy_tails(declared: bool) -> None:
+    """What the heavy-tail rules fear is long actions. The logs of exponential lengths are skewed
+    left (very short runs, which block no one) and their variance, 1.64, crossed the heavy line
+    (2.0) in about one kind of five after 64 runs: near-linear work was then sized on one or two
+    cores (an open loop on two 16-core nodes: one stream 1.30x fifo16's mean ACT). Read by their
+    right tail (~1.2) they stay below it; log-normal lengths, whose logs are symmetric, keep their
+    variance exactly (in all but the rare sample that looks skewed), heavy ones included."""
+    heavy, spreads, variances = _heavy_reads(lambda r: r.expovariate(1.0), 64, 60, declared)
+    plain = sum(v > 2.0 for v in variances)  # what the plain variance said: 12 of 60 here
+    assert plain >= 8
+    assert heavy * 4 <= plain  # 2 of 60
+    _, spreads, variances = _heavy_reads(lambda r: r.expovariate(1.0), 1000, 10, declared)
+    assert all(s < 1.5 and s < v - 0.2 for s, v in zip(spreads, variances)), (spreads, variances)
+    for sigma in (1.0, 1.5):
+        _, spreads, variances = _heavy_reads(lambda r, s=sigma: r.lognormvariate(0.0, s), 256, 40, declared)
+        same = sum(s == pytest.approx(v, rel=0.02 if declared else 0.1) for s, v in zip(spreads, variances))
+        assert same >= 39, (sigma, spreads, variances)
+    heavy, _, _ = _heavy_reads(lambda r: r.lognormvariate(0.0, 1.5), 256, 40, declared)
+    assert heavy >= 30  # sigma 1.5 (log-variance 2.25) is still found heavy
+
+
+def test_right_spread_reads_the_right_tail_only_of_logs_significantly_skewed_left() -> None:
+    from tangram_sdk.scheduler.learn import right_spread
+
+    assert right_spread(1000, 1.6, 0.6, -2.5) == pytest.approx(1.2)  # exponential-like: the tail's
+    assert right_spread(1000, 2.25, 1.1, 0.0) == 2.25  # symmetric: the variance
+    assert right_spread(1000, 2.25, 1.5, 1.0) == 2.25  # skewed right: the variance (never less)
+    assert right_spread(16, 1.6, 0.6, -2.5) == 1.6  # too few to tell
+    assert right_spread(1000, 0.0, 0.0, 0.0) == 0.0
+
+
+def test_near_linear_work_on_two_nodes_is_not_sized_for_heavy_tails_it_does_not_have() -> None:
+    """End to end (``benchmarks/open_loop.py --shapes 0.97:16:32:2``, 45 % busy, seed 1): the
+    stream's exponential lengths read as heavy tails for ~200 runs, and the G/G/c model for heavy
+    tails sized near-linear work on one or two cores: 1.295x fifo16's mean ACT over the stream. By
+    their right tail they are not heavy, and the stream ties or beats fifo16."""
+    from tangram_sdk.sim.openloop import elastic_spec, fixed_dop_acts, node_pool, open_loop
+
+    gap = 1 / (0.45 * 32)
+    fifo16 = fixed_dop_acts(0.97, 16, 32, gap, 1500, seed=1, dops=(16,), nodes=2)[16]
+    sched = Scheduler(node_pool(32, 2))
+    assert open_loop(sched, elastic_spec(16, 0.97, 1.0), gap, 1500, seed=1) < 1.02 * fifo16

@@ -37,7 +37,7 @@ can act, so it serves long streams; shorter jobs' decisions are exactly as witho
 Scope: a pool of one node or several (no grant spans nodes; the replay places as ``Placement``
 does), with a single elastic CPU kind, not malleable or restartable (those resize or rerun, which
 the replay does not model). Anything else leaves the fallback off and decisions exactly as
-without it. A kind whose lengths are heavy tailed (log-variance past ``_HEAVY``) is recorded but
+without it. A kind whose lengths are heavy tailed (spread past ``_HEAVY``, ``KindStats.spread``) is recorded but
 never switched: there the block test picks whichever DoP the last burst favoured.
 
 At a fixed DoP, admission grants exactly it, FIFO, with one exception the replay has no need of:
@@ -71,7 +71,7 @@ _MAX_PENDING = 1 << 16  # records waiting on an earlier one's end: past it, the 
 # to fifo4 at 82 %: 0.971 -> 1.010 of it over 5,000 arrivals)
 _MAX_UTIL = 0.8
 _KEEP = 1.0 - 1.0 / 1024  # the fading of the long record (which fixed DoP is best, and its load)
-# past this log-variance of the kind's lengths (log-normal sigma 1.41; moldable._HEAVY_SPREAD, where
+# past this spread of the kind's lengths (KindStats.spread, a log-variance: log-normal sigma 1.41; moldable._HEAVY_SPREAD, where
 # the core sizes narrow nodes for heavy tails) the comparison does not hold and the fallback stands
 # aside: a block's mean is one burst behind a long run, so which policy is ahead over 64 blocks is
 # which one the last burst favoured. Log-normal sigma 1.5, 5,000 arrivals, ten seeds, 0.97:16:16 at

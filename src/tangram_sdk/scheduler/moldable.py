@@ -87,8 +87,9 @@ _POOL_GRANTS = 4
 # nodes (caps up to 64) are never that narrow, so they decide as before; its tiny 16-core cells,
 # seeds 0-2, too (3 of 160 seed and cap pairs move, docs/evaluation.md, "fragments")
 _FRAGMENT_GRANTS = 2
-# ... while the log-variance of its kind's lengths (KindStats.spread: learned, or for a declared
-# duration that of its runs) is at most this (log-normal sigma 1.38). Open loop, Amdahl 0.97 at
+# ... while the spread of its kind's lengths (KindStats.spread: the log-variance, learned or, for a
+# declared duration, of its runs; the right tail's for logs skewed left) is at most this (log-normal
+# sigma 1.38). Open loop, Amdahl 0.97 at
 # cap 16 on 16 cores, 30 % busy, ratio to the best fixed DoP without the rule / with it unbounded /
 # with this bound: log-normal sigma 1.5 learned 1.173 / 1.416 / 1.201, declared 1.185 / 1.363 /
 # 1.188 (the best fixed DoP is 8: short tests pass long ones); sigma 1 (the matrix's tests) 1.055 /
@@ -103,7 +104,9 @@ _FRAGMENT_SPREAD = 1.9
 # DoP (8) without it / with it: learned 1.342 / 0.989, 1.201 / 1.009; declared 1.346 / 0.997,
 # 1.188 / 0.920. Above the fragment rule's bound: exponential lengths (log-variance ~1.6) are not
 # heavy, and their estimate, noisy early, crossed 1.9 often enough to cost 1-2 points
-# (docs/evaluation.md, "heavy tails")
+# (docs/evaluation.md, "heavy tails"). Since stop 66 their spread is their right tail's (~1.2,
+# KindStats.spread): by their log-variance they crossed 2.0 too, in ~1 stream of 5 within its
+# first few hundred runs, and one such stream on two 16-core nodes lost 1.295x to fifo16 ("the right tail")
 _HEAVY_SPREAD = 2.0
 _HEAVY_MIN = 64
 # ... at the lower of the kind's windowed rate (32 arrivals) and its slow one (~512: learn.SLOW),
