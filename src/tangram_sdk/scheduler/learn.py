@@ -154,7 +154,8 @@ class KindStats:
         # ... twice its part above the mean, and its third moment (spread(): how heavy the right tail is)
         self._log_up = self._log_skew = 0.0
         self.beta = 1.0  # learned exponent on the declared speedup (quantised, see _fit)
-        # (log declared speedup, units) -> [weight, mean, var]; units apart for a flat declaration
+        # (log declared speedup, units) -> [weight, mean, var, mean exec, upper var, third moment] of
+        # the log lengths (observe_exec); units apart for a flat declaration
         self.buckets: dict[tuple[float, int], list[float]] = {}
         self._rel: dict[tuple[Any, int], float] = {}
         self._rel_shape = 1.0  # beta, or 10 + the upgraded fraction, that _rel was computed under
