@@ -135,7 +135,7 @@ class KindStats:
     """
 
     __slots__ = ("t1", "t1_samples", "gap", "last_arrival", "arrivals", "spec", "ring", "ring_i",
-                 "log_var", "_log_up", "_log_skew", "beta", "buckets", "_rel", "_rel_shape", "_pxx", "_pxy", "hints", "sandboxes",
+                 "log_var", "_log_up", "_log_skew", "_log_n", "beta", "buckets", "_rel", "_rel_shape", "_pxx", "_pxy", "hints", "sandboxes",
                  "up", "measured", "_avv", "_auv", "up_n", "inflight", "lone", "declared", "act", "peak",
                  "slow_gap", "_low")
 
@@ -152,7 +152,7 @@ class KindStats:
         self.ring_i = 0
         self.log_var = 0.0  # residual variance of log durations
         # ... twice its part above the mean, and its third moment (spread(): how heavy the right tail is)
-        self._log_up = self._log_skew = 0.0
+        self._log_up = self._log_skew = self._log_n = 0.0  # _log_n: their weight (the buckets')
         self.beta = 1.0  # learned exponent on the declared speedup (quantised, see _fit)
         # (log declared speedup, units) -> [weight, mean, var, mean exec, upper var, third moment] of
         # the log lengths (observe_exec); units apart for a flat declaration
@@ -258,10 +258,7 @@ class KindStats:
         d = right_spread(n, m2 / (n - 1.0), u2 / (n - 1.0), m3 / n) if n > 1 else 0.0
         if not self.buckets:
             return d
-        w = 0.0
-        for b in self.buckets.values():
-            w += b[0]
-        return max(right_spread(w, self.log_var, 0.5 * self._log_up, self._log_skew), d)
+        return max(right_spread(self._log_n, self.log_var, 0.5 * self._log_up, self._log_skew), d)
 
     def observe_exec(self, exec_s: float, speedup: float, alpha: float, *, learn_beta: bool,
                      parallelism: float | None = None, units: int = 0) -> None:
@@ -333,7 +330,7 @@ class KindStats:
             mx, my_all, var = (0.0 + w * x) / w, (0.0 + w * my) / w, (0.0 + w * v) / w
             self.beta = 1.0
             self.log_var = var
-            self._log_up, self._log_skew = 2.0 * h, k
+            self._log_up, self._log_skew, self._log_n = 2.0 * h, k, w
             if not self.t1_samples & _SMEAR_EVERY:
                 self._low = _mean_excess(var, w, e / math.exp(my) if e > 0.0 else 0.0)
             low = self._low
@@ -379,7 +376,7 @@ class KindStats:
                     beta = 1.0
                 beta = min(_BETA_MAX, max(0.0, round(beta * 20.0) / 20.0))
         self.log_var = var
-        self._log_up, self._log_skew = 2.0 * upper / sw, third / sw
+        self._log_up, self._log_skew, self._log_n = 2.0 * upper / sw, third / sw, sw
         up = self.up
         if up is not None:  # E[log exec] at one unit under the fitted shape, size by size
             beta = 1.0
