@@ -135,7 +135,7 @@ class KindStats:
     """
 
     __slots__ = ("t1", "t1_samples", "gap", "last_arrival", "arrivals", "spec", "ring", "ring_i",
-                 "log_var", "_log_up", "_log_skew", "_log_n", "beta", "buckets", "_rel", "_rel_shape", "_pxx", "_pxy", "hints", "sandboxes",
+                 "log_var", "_log_upper", "_log_skew", "_log_n", "beta", "buckets", "_rel", "_rel_shape", "_pxx", "_pxy", "hints", "sandboxes",
                  "up", "measured", "_avv", "_auv", "up_n", "inflight", "lone", "declared", "act", "peak",
                  "slow_gap", "_low")
 
@@ -151,8 +151,9 @@ class KindStats:
         self.ring: list[float] = []  # the last RING arrival times (a windowed rate for pricing)
         self.ring_i = 0
         self.log_var = 0.0  # residual variance of log durations
-        # ... twice its part above the mean, and its third moment (spread(): how heavy the right tail is)
-        self._log_up = self._log_skew = self._log_n = 0.0  # _log_n: their weight (the buckets')
+        # ... its part above the mean, its third moment and their weight (the buckets'), pooled as
+        # log_var is (spread(): how heavy the right tail is)
+        self._log_upper = self._log_skew = self._log_n = 0.0
         self.beta = 1.0  # learned exponent on the declared speedup (quantised, see _fit)
         # (log declared speedup, units) -> [weight, mean, var, mean exec, upper var, third moment] of
         # the log lengths (observe_exec); units apart for a flat declaration
@@ -258,7 +259,7 @@ class KindStats:
         d = right_spread(n, m2 / (n - 1.0), u2 / (n - 1.0), m3 / n) if n > 1 else 0.0
         if not self.buckets:
             return d
-        return max(right_spread(self._log_n, self.log_var, 0.5 * self._log_up, self._log_skew), d)
+        return max(right_spread(self._log_n, self.log_var, self._log_upper, self._log_skew), d)
 
     def observe_exec(self, exec_s: float, speedup: float, alpha: float, *, learn_beta: bool,
                      parallelism: float | None = None, units: int = 0) -> None:
@@ -330,7 +331,7 @@ class KindStats:
             mx, my_all, var = (0.0 + w * x) / w, (0.0 + w * my) / w, (0.0 + w * v) / w
             self.beta = 1.0
             self.log_var = var
-            self._log_up, self._log_skew, self._log_n = 2.0 * h, k, w
+            self._log_upper, self._log_skew, self._log_n = h, k, w
             if not self.t1_samples & _SMEAR_EVERY:
                 self._low = _mean_excess(var, w, e / math.exp(my) if e > 0.0 else 0.0)
             low = self._low
@@ -376,7 +377,7 @@ class KindStats:
                     beta = 1.0
                 beta = min(_BETA_MAX, max(0.0, round(beta * 20.0) / 20.0))
         self.log_var = var
-        self._log_up, self._log_skew, self._log_n = 2.0 * upper / sw, third / sw, sw
+        self._log_upper, self._log_skew, self._log_n = upper / sw, third / sw, sw
         up = self.up
         if up is not None:  # E[log exec] at one unit under the fitted shape, size by size
             beta = 1.0
